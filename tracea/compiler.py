@@ -1,0 +1,96 @@
+"""`tracea.compile`: a program of tracea ops (IR text, an MLIR module, or a Function built in
+Python) to a callable Kernel for a target, with an in-process cache keyed by the exact input."""
+from __future__ import annotations
+
+import hashlib
+import threading
+import time
+from pathlib import Path
+
+import mlir.ir as ir
+
+from . import knobs
+from .dialects.builder import Function
+from .dialects.context import make_context
+from .errors import CompileError, OpError
+from .passes.pipeline import compile_or_raise
+from .runtime.kernel import Kernel, Signature
+from .targets import get_target
+from .targets.cpu import function_signature, public_functions
+
+_CACHE: dict[str, Kernel] = {}
+_CACHE_LOCK = threading.Lock()
+
+
+def _source(program) -> tuple[str, str]:
+    """(IR text, name used in diagnostics)."""
+    if isinstance(program, Function):
+        return program.text(), f"<function {program.name}>"
+    if isinstance(program, ir.Module):
+        return program.operation.get_asm(enable_debug_info=True), "<module>"
+    if isinstance(program, ir.Operation):
+        return program.get_asm(enable_debug_info=True), "<module>"
+    if isinstance(program, Path):
+        return program.read_text(), str(program)
+    if isinstance(program, str):
+        return program, "<string>"
+    raise TypeError(f"tracea.compile takes IR text, a Path, an mlir Module or a tracea Function; "
+                    f"got {type(program).__name__}")
+
+
+def _signature(text: str, entry: str | None, source_name: str) -> Signature:
+    with make_context(threads=False):
+        module = ir.Operation.parse(text, source_name=source_name)
+        funcs = public_functions(module.operation)
+        names = [ir.StringAttr(f.attributes["sym_name"]).value for f in funcs]
+        if entry is None:
+            if len(funcs) != 1:
+                raise CompileError(f"{source_name} has {len(funcs)} public functions ({', '.join(names) or 'none'}); "
+                                   "name the one to run with entry=")
+            entry = names[0]
+        if entry not in names:
+            raise CompileError(f"no public function @{entry} in {source_name}; found: {', '.join(names) or 'none'}")
+        try:
+            inputs, outputs = function_signature(funcs[names.index(entry)])
+        except OpError as e:
+            raise CompileError(f"cannot compile @{entry}: {e}") from None
+    return Signature(entry, inputs, outputs)
+
+
+def compile(program, *, target: str = "cpu", entry: str | None = None, strategy: str = "reference",
+            keep_stages: bool = False) -> Kernel:
+    """Compile `program` for `target`; the result is cached for this exact input and options.
+
+    keep_stages=True keeps the IR after every stage in `kernel.stages` (also written to
+    $TRACEA_DUMP_DIR when set). Raises CompileError with file:line:col diagnostics for invalid
+    input, and InternalCompilerError (with a saved reproducer) if the compiler itself aborts.
+    """
+    text, source_name = _source(program)
+    key = hashlib.sha256("\0".join([text, target, str(entry), strategy, str(keep_stages)]).encode()).hexdigest()
+    with _CACHE_LOCK:
+        if key in _CACHE:
+            return _CACHE[key]
+    start = time.perf_counter()
+    backend = get_target(target)
+    dump = knobs.dump_dir()
+    result = compile_or_raise(text, backend.stages(strategy), source_name=source_name,
+                              keep_stages=keep_stages or dump is not None)
+    signature = _signature(text, entry, source_name)
+    if isinstance(program, Function):
+        signature.arg_names = program.arg_names
+    address, owner = backend.load(result.text, signature.name)
+    if dump is not None:
+        dump.mkdir(parents=True, exist_ok=True)
+        (dump / f"{signature.name}.0-input.mlir").write_text(text)
+        for i, (stage, stage_text) in enumerate(result.stages.items(), 1):
+            (dump / f"{signature.name}.{i}-{stage}.mlir").write_text(stage_text)
+    kernel = Kernel(signature, address, owner, target, result.stages if keep_stages else None,
+                    time.perf_counter() - start)
+    with _CACHE_LOCK:
+        _CACHE[key] = kernel
+    return kernel
+
+
+def clear_cache() -> None:
+    with _CACHE_LOCK:
+        _CACHE.clear()

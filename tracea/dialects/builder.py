@@ -1,0 +1,229 @@
+"""Building programs of tracea ops from Python, without writing IR text.
+
+    from tracea import dialects as td
+
+    @td.function(td.tensor((128, 256)), td.tensor((256, 512)), td.tensor((512,)))
+    def mlp(x, w, b):
+        return td.fused_gemm(x, w, [td.bias_add(b), td.gelu()])
+
+    print(mlp)                  # the MLIR module
+    kernel = tracea.compile(mlp)  # then kernel(x, w, b) on numpy arrays
+
+Every builder checks its operands with the op's own rules and raises OpError at the call, naming
+the operand at fault; the op records the Python call site as its location.
+"""
+from __future__ import annotations
+
+import inspect
+import os
+from dataclasses import dataclass
+from typing import Callable, Sequence
+
+import mlir.ir as ir
+from mlir.dialects import func
+
+from ..errors import OpError
+from .context import make_context
+from .ops import OP_DEFS, Epilogue, TensorSpec
+from .schedule import Schedule
+
+
+def tensor(shape: Sequence[int] | int, dtype: str = "f32") -> TensorSpec:
+    """A tensor type for function inputs: `tensor((M, K))`, `tensor((M, K), "bf16")`."""
+    shape = (shape,) if isinstance(shape, int) else tuple(int(s) for s in shape)
+    if any(s < 1 for s in shape):
+        raise OpError(f"tensor shape {list(shape)} must have positive sizes")
+    return TensorSpec(shape, dtype)
+
+
+# --- epilogue steps ---------------------------------------------------------------------------
+@dataclass(frozen=True)
+class EpilogueStep:
+    epilogue: Epilogue
+    operand: ir.Value | None = None
+
+
+def bias_add(bias: ir.Value) -> EpilogueStep:
+    """Add a bias of shape [N] to every row."""
+    return EpilogueStep(Epilogue("bias_add"), bias)
+
+
+def residual_add(residual: ir.Value) -> EpilogueStep:
+    """Add a tensor of the result's shape."""
+    return EpilogueStep(Epilogue("residual_add"), residual)
+
+
+def scale(value: float) -> EpilogueStep:
+    return EpilogueStep(Epilogue("scale", float(value)))
+
+
+def relu() -> EpilogueStep:
+    return EpilogueStep(Epilogue("relu"))
+
+
+def gelu(approximate: str = "erf") -> EpilogueStep:
+    """GELU, exact ("erf") or the tanh approximation ("tanh")."""
+    return EpilogueStep(Epilogue("gelu", approximate=approximate))
+
+
+def sigmoid() -> EpilogueStep:
+    return EpilogueStep(Epilogue("sigmoid"))
+
+
+def silu() -> EpilogueStep:
+    return EpilogueStep(Epilogue("silu"))
+
+
+# --- op builders ---------------------------------------------------------------------------------
+def _call_site() -> ir.Location:
+    """The location of the user's call (the first frame outside this package)."""
+    here = os.path.dirname(os.path.dirname(__file__))
+    for frame in inspect.stack(context=0)[2:]:
+        if not frame.filename.startswith(here):
+            return ir.Location.file(frame.filename, frame.lineno, 1)
+    return ir.Location.unknown()
+
+
+def _create(name: str, operands: list, attrs: dict, out_dtype: str | None) -> ir.Value:
+    opdef = OP_DEFS[name]
+    names = opdef.operand_names(len(operands))
+    for value, operand_name in zip(operands, names):
+        if not isinstance(value, ir.Value):
+            raise OpError(f"{name}: operand '{operand_name}' must be a value built in a tracea function "
+                          f"(an argument or an op result), got {type(value).__name__}")
+    try:
+        specs = [TensorSpec.from_type(v.type, f"operand '{n}'") for v, n in zip(operands, names)]
+        values = {**{k: d.default for k, d in opdef.attrs.items()}, **attrs}
+        result = opdef.infer(specs, values, out_dtype)
+        encoded = opdef.encode_attrs(attrs)
+    except OpError as e:
+        raise OpError(f"{name}: {e}") from None
+    op = ir.Operation.create(name, results=[result.to_type()], operands=list(operands),
+                             attributes=encoded, loc=_call_site())
+    return op.result
+
+
+def _schedule(schedule: Schedule | None) -> dict:
+    if schedule is None:
+        return {}
+    schedule.validate()
+    return {"schedule": schedule}
+
+
+def gemm(a: ir.Value, b: ir.Value, *, transpose_a: bool = False, transpose_b: bool = False,
+         out_dtype: str | None = None, schedule: Schedule | None = None) -> ir.Value:
+    """C = op(A) x op(B) with f32 accumulation; `out_dtype` f32 or the inputs' type (default)."""
+    return _create("tracea.gemm", [a, b], {"transpose_a": transpose_a, "transpose_b": transpose_b,
+                                           **_schedule(schedule)}, out_dtype)
+
+
+def fused_gemm(a: ir.Value, b: ir.Value, epilogue: Sequence[EpilogueStep], *, transpose_a: bool = False,
+               transpose_b: bool = False, out_dtype: str | None = None,
+               schedule: Schedule | None = None) -> ir.Value:
+    """gemm followed by `epilogue` steps, in order, on the f32 accumulator."""
+    steps = list(epilogue)
+    for i, step in enumerate(steps):
+        if not isinstance(step, EpilogueStep):
+            raise OpError(f"tracea.fused_gemm: epilogue #{i} must be built with bias_add(), relu(), gelu(), ...; "
+                          f"got {step!r}")
+        try:
+            step.epilogue.validate()
+        except OpError as e:
+            raise OpError(f"tracea.fused_gemm: epilogue #{i}: {e}") from None
+    extra = [s.operand for s in steps if s.epilogue.takes_operand]
+    attrs = {"transpose_a": transpose_a, "transpose_b": transpose_b,
+             "epilogue": tuple(s.epilogue for s in steps), **_schedule(schedule)}
+    return _create("tracea.fused_gemm", [a, b, *extra], attrs, out_dtype)
+
+
+def softmax(x: ir.Value, axis: int = -1, *, schedule: Schedule | None = None) -> ir.Value:
+    return _create("tracea.softmax", [x], {"axis": axis, **_schedule(schedule)}, None)
+
+
+def _pair(value, name: str) -> tuple[int, ...]:
+    if isinstance(value, int):
+        return (value, value)
+    value = tuple(int(v) for v in value)
+    if len(value) not in (2, 4) or (len(value) == 4 and name != "padding"):
+        raise OpError(f"tracea.conv2d: {name} must be an int or a pair"
+                      + (" (or top, bottom, left, right)" if name == "padding" else "") + f", got {value}")
+    return value
+
+
+def conv2d(x: ir.Value, w: ir.Value, bias: ir.Value | None = None, *, stride=1, padding=0, dilation=1,
+           groups: int = 1, layout: str = "nchw", out_dtype: str | None = None,
+           schedule: Schedule | None = None) -> ir.Value:
+    """2-D convolution; `layout` "nchw" (filter FCHW) or "nhwc" (filter HWCF)."""
+    attrs = {"layout": layout, "stride": _pair(stride, "stride"), "padding": _pair(padding, "padding"),
+             "dilation": _pair(dilation, "dilation"), "groups": groups, **_schedule(schedule)}
+    return _create("tracea.conv2d", [x, w] + ([bias] if bias is not None else []), attrs, out_dtype)
+
+
+def attention(q: ir.Value, k: ir.Value, v: ir.Value, *, scale: float | None = None, causal: bool = False,
+              out_dtype: str | None = None, schedule: Schedule | None = None) -> ir.Value:
+    """softmax(scale * Q K^T) V over [..., S, D]; scale defaults to 1/sqrt(D)."""
+    attrs = {"scale": None if scale is None else float(scale), "causal": causal, **_schedule(schedule)}
+    return _create("tracea.attention", [q, k, v], attrs, out_dtype)
+
+
+# --- functions -----------------------------------------------------------------------------------
+class Function:
+    """A module holding one public function of tracea ops, built by calling `body`."""
+
+    def __init__(self, name: str, inputs: Sequence[TensorSpec], body: Callable):
+        self.name = name
+        self.inputs = list(inputs)
+        self.arg_names = list(inspect.signature(body).parameters)[:len(self.inputs)]
+        self.context = make_context()
+        with self.context, _call_site_or_unknown(body):
+            self.module = ir.Module.create()
+            with ir.InsertionPoint(self.module.body):
+                types = [s.to_type() for s in self.inputs]
+                results = self._build(types, body)
+            self.outputs = [TensorSpec.from_type(r.type, "result") for r in results]
+
+    def _build(self, types, body):
+        holder = []
+
+        @func.func(*types, name=self.name)
+        def _fn(*args):
+            out = body(*args)
+            out = list(out) if isinstance(out, (tuple, list)) else [out]
+            for i, value in enumerate(out):
+                if not isinstance(value, ir.Value):
+                    raise OpError(f"@{self.name}: result #{i} must be a value built in the function, "
+                                  f"got {type(value).__name__}")
+            holder.extend(out)
+            return out
+
+        return holder
+
+    def __str__(self) -> str:
+        return str(self.module)
+
+    def text(self) -> str:
+        """The module as text with locations, the form compile() and tracea-opt consume."""
+        return self.module.operation.get_asm(enable_debug_info=True)
+
+    def compile(self, target: str = "cpu", **kwargs):
+        from ..compiler import compile as _compile
+        return _compile(self, target=target, **kwargs)
+
+
+def _call_site_or_unknown(body: Callable) -> ir.Location:
+    code = getattr(body, "__code__", None)
+    if code is None:
+        return ir.Location.unknown()
+    return ir.Location.file(code.co_filename, code.co_firstlineno, 1)
+
+
+def function(*inputs: TensorSpec, name: str | None = None) -> Callable[[Callable], Function]:
+    """Decorator: build a Function whose arguments have the given tensor types."""
+    for i, spec in enumerate(inputs):
+        if not isinstance(spec, TensorSpec):
+            raise OpError(f"input #{i} of @function must be tracea.dialects.tensor(shape, dtype), got {spec!r}")
+
+    def build(body: Callable) -> Function:
+        return Function(name or body.__name__, inputs, body)
+
+    return build

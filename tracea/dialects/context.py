@@ -1,0 +1,77 @@
+"""MLIR contexts with the tracea dialect loaded, and diagnostics captured as values."""
+from __future__ import annotations
+
+import contextlib
+from typing import Iterator
+
+import mlir.ir as ir
+from mlir.dialects import irdl
+
+from ..errors import Diagnostic
+from .ops import irdl_source
+
+_SEVERITY = {"ERROR": "error", "WARNING": "warning", "NOTE": "note", "REMARK": "remark"}
+
+
+def load_tracea_dialect(ctx: ir.Context) -> None:
+    """Register the tracea ops in `ctx` (idempotent)."""
+    if ctx.is_registered_operation("tracea.gemm"):
+        return
+    with ctx:
+        irdl.load_dialects(ir.Module.parse(irdl_source()))
+
+
+def make_context(threads: bool = True) -> ir.Context:
+    """A fresh context with every upstream dialect and the tracea dialect loaded."""
+    ctx = ir.Context()
+    if not threads:
+        ctx.enable_multithreading(False)
+    load_tracea_dialect(ctx)
+    return ctx
+
+
+def to_diagnostic(d, source_name: str | None = None) -> Diagnostic:
+    """Copy an MLIR diagnostic into a plain value (locations resolved to file:line:col)."""
+    file = line = col = None
+    loc = d.location
+    while loc.is_a_callsite() if hasattr(loc, "is_a_callsite") else False:
+        loc = loc.caller
+    if loc.is_a_fused() and loc.locations:
+        loc = loc.locations[0]
+    if loc.is_a_name():
+        loc = loc.child_loc
+    if loc.is_a_file():
+        file, line, col = loc.filename, loc.start_line, loc.start_col
+        if source_name and file in ("", "-"):
+            file = source_name
+    severity = _SEVERITY.get(str(d.severity).rsplit(".", 1)[-1], "error")
+    notes = tuple(to_diagnostic(n, source_name) for n in d.notes)
+    return Diagnostic(severity, str(d.message), file, line, col, notes)
+
+
+class DiagnosticLog:
+    """Collects every diagnostic emitted in a context while active."""
+
+    def __init__(self, source_name: str | None = None):
+        self.source_name = source_name
+        self.diagnostics: list[Diagnostic] = []
+
+    def _handler(self, d) -> bool:
+        self.diagnostics.append(to_diagnostic(d, self.source_name))
+        return True
+
+    @contextlib.contextmanager
+    def capture(self, ctx: ir.Context) -> Iterator["DiagnosticLog"]:
+        handler = ctx.attach_diagnostic_handler(self._handler)
+        try:
+            yield self
+        finally:
+            handler.detach()
+
+    def absorb(self, error: ir.MLIRError) -> None:
+        """The bindings route diagnostics raised with an exception into the exception."""
+        self.diagnostics.extend(to_diagnostic(d, self.source_name) for d in error.error_diagnostics)
+
+    @property
+    def errors(self) -> list[Diagnostic]:
+        return [d for d in self.diagnostics if d.severity == "error"]

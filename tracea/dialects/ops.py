@@ -1,0 +1,445 @@
+"""The tracea dialect's ops (L2): what each op means and when it is valid.
+
+Each op is described once, by an `OpDef`: its operands, its attributes (with their decoders and
+defaults) and `infer`, which checks operand shapes/dtypes and computes the result. The same
+`infer` serves the Python builders (raising `OpError` before any IR exists) and the verifier
+pass (reporting at the op's location), and the IRDL definition is generated from the operands.
+"""
+from __future__ import annotations
+
+import math
+from abc import ABC, abstractmethod
+from dataclasses import dataclass
+from typing import Any, Callable
+
+import mlir.ir as ir
+
+from ..errors import OpError
+from .schedule import Schedule, decode_bool, decode_float, decode_ints, decode_int, decode_str
+
+FLOAT_DTYPES = ("f32", "f16", "bf16")
+ACCUMULATOR_DTYPE = "f32"
+
+
+@dataclass(frozen=True)
+class TensorSpec:
+    """A static tensor type: its shape and element type name (f32, f16, bf16, ...)."""
+
+    shape: tuple[int, ...]
+    dtype: str
+
+    @property
+    def rank(self) -> int:
+        return len(self.shape)
+
+    def __str__(self) -> str:
+        return "tensor<" + "".join(f"{d}x" for d in self.shape) + self.dtype + ">"
+
+    def to_type(self) -> ir.Type:
+        return ir.RankedTensorType.get(list(self.shape), ir.Type.parse(self.dtype))
+
+    @staticmethod
+    def from_type(t: ir.Type, what: str) -> "TensorSpec":
+        if not isinstance(t, ir.RankedTensorType):
+            raise OpError(f"{what} must be a ranked tensor, got {t}")
+        if not t.has_static_shape:
+            raise OpError(f"{what} has a dynamic shape ({t}); tracea ops need static shapes")
+        return TensorSpec(tuple(t.shape), str(t.element_type))
+
+
+# --- epilogues -----------------------------------------------------------------------
+@dataclass(frozen=True)
+class Epilogue:
+    """One step of a fused_gemm epilogue, applied to the f32 accumulator in order.
+
+    `bias_add` (operand of shape [N]) and `residual_add` (operand of the result's shape) each
+    consume the next extra operand of the op; `scale` multiplies by `value`; `gelu` takes
+    `approximate` = "erf" (exact) or "tanh".
+    """
+
+    kind: str
+    value: float | None = None
+    approximate: str | None = None
+
+    KINDS = ("bias_add", "scale", "relu", "gelu", "sigmoid", "silu", "residual_add")
+    OPERAND_KINDS = ("bias_add", "residual_add")
+
+    @property
+    def takes_operand(self) -> bool:
+        return self.kind in self.OPERAND_KINDS
+
+    def validate(self) -> None:
+        if self.kind not in self.KINDS:
+            raise OpError(f"unknown epilogue '{self.kind}'; known: {', '.join(self.KINDS)}")
+        if self.kind == "scale":
+            if self.value is None or not math.isfinite(self.value):
+                raise OpError("epilogue 'scale' needs a finite 'value'")
+        elif self.value is not None:
+            raise OpError(f"epilogue '{self.kind}' takes no 'value'")
+        if self.kind == "gelu":
+            if self.approximate not in ("erf", "tanh"):
+                raise OpError(f"epilogue 'gelu' approximate must be 'erf' or 'tanh', got '{self.approximate}'")
+        elif self.approximate is not None:
+            raise OpError(f"epilogue '{self.kind}' takes no 'approximate'")
+
+    def to_attr(self) -> ir.Attribute:
+        entries = {"kind": ir.StringAttr.get(self.kind)}
+        if self.value is not None:
+            entries["value"] = ir.FloatAttr.get_f64(float(self.value))
+        if self.approximate is not None:
+            entries["approximate"] = ir.StringAttr.get(self.approximate)
+        return ir.DictAttr.get(entries)
+
+    @staticmethod
+    def from_attr(attr: ir.Attribute, index: int) -> "Epilogue":
+        where = f"epilogue #{index}"
+        if not isinstance(attr, ir.DictAttr):
+            raise OpError(f"{where} must be a dictionary like {{kind = \"relu\"}}, got {attr}")
+        d = {attr[i].name: attr[i].attr for i in range(len(attr))}
+        unknown = set(d) - {"kind", "value", "approximate"}
+        if unknown:
+            raise OpError(f"{where} has unknown key(s) {', '.join(sorted(unknown))}")
+        if "kind" not in d:
+            raise OpError(f"{where} needs a 'kind'")
+        ep = Epilogue(decode_str(d["kind"], f"{where} kind"),
+                      decode_float(d["value"], f"{where} value") if "value" in d else None,
+                      decode_str(d["approximate"], f"{where} approximate") if "approximate" in d else None)
+        if ep.kind == "gelu" and ep.approximate is None:
+            ep = Epilogue("gelu", None, "erf")
+        try:
+            ep.validate()
+        except OpError as e:
+            raise OpError(f"{where}: {e}") from None
+        return ep
+
+
+def _decode_epilogue(attr: ir.Attribute, where: str) -> tuple[Epilogue, ...]:
+    if not isinstance(attr, ir.ArrayAttr):
+        raise OpError(f"{where} must be an array of epilogue dictionaries, got {attr}")
+    return tuple(Epilogue.from_attr(a, i) for i, a in enumerate(attr))
+
+
+def _encode_epilogue(value: tuple[Epilogue, ...]) -> ir.Attribute:
+    for ep in value:
+        ep.validate()
+    return ir.ArrayAttr.get([ep.to_attr() for ep in value])
+
+
+# --- attribute kinds -------------------------------------------------------------------
+@dataclass(frozen=True)
+class AttrDef:
+    """An op attribute: how to decode it from IR, encode it from Python, and its default."""
+
+    decode: Callable[[ir.Attribute, str], Any]
+    encode: Callable[[Any], ir.Attribute]
+    default: Any = None
+    required: bool = False
+
+
+def _i64_array(v) -> ir.Attribute:
+    return ir.DenseI64ArrayAttr.get([int(x) for x in v])
+
+
+BOOL = lambda default=False: AttrDef(decode_bool, lambda v: ir.BoolAttr.get(bool(v)), default)  # noqa: E731
+INT = lambda default: AttrDef(decode_int, lambda v: ir.IntegerAttr.get(ir.IntegerType.get_signless(64), int(v)), default)  # noqa: E731
+INTS = lambda default: AttrDef(lambda a, w: tuple(decode_ints(a, w)), _i64_array, default)  # noqa: E731
+FLOAT = lambda default=None: AttrDef(decode_float, lambda v: ir.FloatAttr.get_f64(float(v)), default)  # noqa: E731
+STR = lambda default: AttrDef(decode_str, ir.StringAttr.get, default)  # noqa: E731
+SCHEDULE = AttrDef(lambda a, w: Schedule.from_attr(a), lambda s: s.to_attr(), None)
+EPILOGUE = AttrDef(_decode_epilogue, _encode_epilogue, (), required=True)
+
+
+# --- op definitions ----------------------------------------------------------------------
+class OpDef(ABC):
+    """Base of the op definitions. Subclasses set `name`, `operands`, `attrs`, `infer`."""
+
+    name: str = ""
+    # (operand name, variadicity: "single" | "optional" | "variadic")
+    operands: tuple[tuple[str, str], ...] = ()
+    attrs: dict[str, AttrDef] = {}
+    summary: str = ""
+
+    # -- decoding
+    def decode_attrs(self, attributes) -> dict[str, Any]:
+        """Decode an op's attributes into Python values, defaults filled in."""
+        present = {attributes[i].name: attributes[i].attr for i in range(len(attributes))}
+        values: dict[str, Any] = {}
+        for key, attr in present.items():
+            if key in self.attrs:
+                values[key] = self.attrs[key].decode(attr, f"attribute '{key}'")
+            elif "." not in key:  # dialect-prefixed attributes (e.g. tracea.*) are allowed
+                raise OpError(f"unknown attribute '{key}'; {self.name} takes "
+                              f"{', '.join(sorted(self.attrs)) or 'none'}")
+        for key, spec in self.attrs.items():
+            if key not in values:
+                if spec.required:
+                    raise OpError(f"missing required attribute '{key}'")
+                values[key] = spec.default
+        return values
+
+    def encode_attrs(self, values: dict[str, Any]) -> dict[str, ir.Attribute]:
+        """Encode the non-default attribute values for op creation."""
+        out = {}
+        for key, value in values.items():
+            spec = self.attrs[key]
+            if value is None or (not spec.required and value == spec.default):
+                continue
+            out[key] = spec.encode(value)
+        return out
+
+    def operand_names(self, count: int) -> list[str]:
+        names = []
+        for name, kind in self.operands:
+            if kind == "single" or (kind == "optional" and len(names) < count):
+                names.append(name)
+            elif kind == "variadic":
+                names.extend(f"{name} #{i}" for i in range(count - len(names)))
+        return names[:count]
+
+    @abstractmethod
+    def infer(self, operands: list[TensorSpec], attrs: dict[str, Any], result_dtype: str | None) -> TensorSpec:
+        """Check the operands and attributes; return the result type (OpError if invalid)."""
+
+    # -- shared checks
+    @staticmethod
+    def float_operand(spec: TensorSpec, what: str) -> None:
+        if spec.dtype not in FLOAT_DTYPES:
+            raise OpError(f"{what} has element type {spec.dtype}; expected one of {', '.join(FLOAT_DTYPES)}")
+        if 0 in spec.shape:
+            raise OpError(f"{what} ({spec}) has a dimension of size 0")
+
+    @staticmethod
+    def result_dtype(requested: str | None, input_dtype: str, allowed: tuple[str, ...]) -> str:
+        if requested is None:
+            return input_dtype
+        if requested not in allowed:
+            raise OpError(f"result element type {requested} is not allowed here; expected one of {', '.join(allowed)}")
+        return requested
+
+
+def _same_dtype(specs: list[TensorSpec], names: list[str]) -> str:
+    first = specs[0].dtype
+    for spec, name in zip(specs[1:], names[1:]):
+        if spec.dtype != first:
+            raise OpError(f"operand '{name}' has element type {spec.dtype} but '{names[0]}' has {first}; "
+                          "they must match")
+    return first
+
+
+class GemmDef(OpDef):
+    name = "tracea.gemm"
+    summary = "C = op(A) x op(B): f32/f16/bf16 inputs, f32 accumulation, optional leading batch dims"
+    operands = (("a", "single"), ("b", "single"))
+    attrs = {"transpose_a": BOOL(), "transpose_b": BOOL(), "schedule": SCHEDULE}
+
+    def infer(self, operands, attrs, result_dtype):
+        a, b = operands[:2]
+        self.float_operand(a, "operand 'a'")
+        self.float_operand(b, "operand 'b'")
+        dtype = _same_dtype([a, b], ["a", "b"])
+        if a.rank < 2:
+            raise OpError(f"operand 'a' must have rank >= 2 ([..., M, K]), got {a}")
+        if b.rank not in (2, a.rank):
+            raise OpError(f"operand 'b' must have rank 2 (shared across the batch) or the rank of 'a' "
+                          f"({a.rank}), got {b}")
+        batch = a.shape[:-2]
+        if b.rank == a.rank and b.shape[:-2] != batch:
+            raise OpError(f"batch dims of 'b' {list(b.shape[:-2])} differ from those of 'a' {list(batch)}")
+        m, ka = a.shape[-1:-3:-1] if attrs["transpose_a"] else a.shape[-2:]
+        kb, n = b.shape[-1:-3:-1] if attrs["transpose_b"] else b.shape[-2:]
+        if ka != kb:
+            raise OpError(f"contraction sizes differ: 'a' {a} has K={ka} but 'b' {b} has K={kb}"
+                          f" (transpose_a={str(attrs['transpose_a']).lower()}, "
+                          f"transpose_b={str(attrs['transpose_b']).lower()})")
+        out = self.result_dtype(result_dtype, dtype, (dtype, ACCUMULATOR_DTYPE))
+        return TensorSpec(batch + (m, n), out)
+
+
+class FusedGemmDef(GemmDef):
+    name = "tracea.fused_gemm"
+    summary = "gemm followed by an ordered epilogue (bias_add, scale, relu, gelu, sigmoid, silu, residual_add)"
+    operands = (("a", "single"), ("b", "single"), ("epilogue_operands", "variadic"))
+    attrs = {**GemmDef.attrs, "epilogue": EPILOGUE}
+
+    def operand_names(self, count):
+        return ["a", "b"] + [f"epilogue operand #{i}" for i in range(count - 2)]
+
+    def infer(self, operands, attrs, result_dtype):
+        result = super().infer(operands[:2], attrs, result_dtype)
+        extras = operands[2:]
+        takers = [(i, ep) for i, ep in enumerate(attrs["epilogue"]) if ep.takes_operand]
+        if len(takers) != len(extras):
+            wanted = ", ".join(f"{ep.kind} (epilogue #{i})" for i, ep in takers) or "none"
+            raise OpError(f"the epilogue needs {len(takers)} extra operand(s) [{wanted}] but "
+                          f"{len(extras)} were given")
+        n = result.shape[-1]
+        for (i, ep), spec in zip(takers, extras):
+            what = f"{ep.kind} operand of epilogue #{i}"
+            self.float_operand(spec, what)
+            expected = (n,) if ep.kind == "bias_add" else result.shape
+            if spec.shape != expected:
+                raise OpError(f"{what} has shape {list(spec.shape)}; expected {list(expected)}")
+        return result
+
+
+class SoftmaxDef(OpDef):
+    name = "tracea.softmax"
+    summary = "softmax along one axis, max-subtracted for stability"
+    operands = (("input", "single"),)
+    attrs = {"axis": INT(-1), "schedule": SCHEDULE}
+
+    def infer(self, operands, attrs, result_dtype):
+        (x,) = operands
+        self.float_operand(x, "operand 'input'")
+        if x.rank < 1:
+            raise OpError("operand 'input' must have rank >= 1")
+        axis = attrs["axis"]
+        if not -x.rank <= axis < x.rank:
+            raise OpError(f"axis {axis} is out of range for rank {x.rank} (expected {-x.rank}..{x.rank - 1})")
+        return TensorSpec(x.shape, self.result_dtype(result_dtype, x.dtype, (x.dtype,)))
+
+
+class Conv2dDef(OpDef):
+    name = "tracea.conv2d"
+    summary = ("2-D convolution: layout nchw (filter FCHW) or nhwc (filter HWCF); stride, padding "
+               "([h, w] or [top, bottom, left, right]), dilation, groups, optional bias [F]")
+    operands = (("input", "single"), ("filter", "single"), ("bias", "optional"))
+    attrs = {"layout": STR("nchw"), "stride": INTS((1, 1)), "padding": INTS((0, 0)),
+             "dilation": INTS((1, 1)), "groups": INT(1), "schedule": SCHEDULE}
+
+    @staticmethod
+    def pads(attrs) -> tuple[int, int, int, int]:
+        """(top, bottom, left, right)."""
+        p = attrs["padding"]
+        return (p[0], p[0], p[1], p[1]) if len(p) == 2 else tuple(p)
+
+    def infer(self, operands, attrs, result_dtype):
+        x, w = operands[:2]
+        self.float_operand(x, "operand 'input'")
+        self.float_operand(w, "operand 'filter'")
+        dtype = _same_dtype([x, w], ["input", "filter"])
+        layout = attrs["layout"]
+        if layout not in ("nchw", "nhwc"):
+            raise OpError(f"attribute 'layout' must be 'nchw' or 'nhwc', got '{layout}'")
+        if x.rank != 4 or w.rank != 4:
+            bad, spec = ("input", x) if x.rank != 4 else ("filter", w)
+            raise OpError(f"operand '{bad}' must have rank 4, got {spec}")
+        for key, n in (("stride", 2), ("dilation", 2)):
+            v = attrs[key]
+            if len(v) != n or any(s < 1 for s in v):
+                raise OpError(f"attribute '{key}' must be 2 positive integers, got {list(v)}")
+        if len(attrs["padding"]) not in (2, 4) or any(p < 0 for p in attrs["padding"]):
+            raise OpError(f"attribute 'padding' must be [h, w] or [top, bottom, left, right], "
+                          f"non-negative; got {list(attrs['padding'])}")
+        groups = attrs["groups"]
+        if layout == "nchw":
+            n, c, h, wd = x.shape
+            f, cg, kh, kw = w.shape
+        else:
+            n, h, wd, c = x.shape
+            kh, kw, cg, f = w.shape
+        if groups < 1 or c % groups or f % groups:
+            raise OpError(f"groups={groups} must be >= 1 and divide both the input channels ({c}) "
+                          f"and the filter count ({f})")
+        if cg * groups != c:
+            raise OpError(f"operand 'filter' {w} has {cg} input channels per group; the input has "
+                          f"{c} channels in {groups} group(s), so expected {c // groups} ({layout} "
+                          f"uses filter layout {'FCHW' if layout == 'nchw' else 'HWCF'})")
+        top, bottom, left, right = self.pads(attrs)
+        (sh, sw), (dh, dw) = attrs["stride"], attrs["dilation"]
+        oh = (h + top + bottom - dh * (kh - 1) - 1) // sh + 1
+        ow = (wd + left + right - dw * (kw - 1) - 1) // sw + 1
+        if oh < 1 or ow < 1:
+            raise OpError(f"the {kh}x{kw} filter (dilation {dh}x{dw}) does not fit the padded "
+                          f"{h + top + bottom}x{wd + left + right} input")
+        if len(operands) == 3:
+            self.float_operand(operands[2], "operand 'bias'")
+            if operands[2].shape != (f,):
+                raise OpError(f"operand 'bias' has shape {list(operands[2].shape)}; expected [{f}]")
+        out = self.result_dtype(result_dtype, dtype, (dtype, ACCUMULATOR_DTYPE))
+        shape = (n, f, oh, ow) if layout == "nchw" else (n, oh, ow, f)
+        return TensorSpec(shape, out)
+
+
+class AttentionDef(OpDef):
+    name = "tracea.attention"
+    summary = ("softmax(scale * Q K^T [causal mask]) V over [..., S, D] operands; scale defaults "
+               "to 1/sqrt(D); causal masks key j > query i (top-left aligned, as torch SDPA)")
+    operands = (("query", "single"), ("key", "single"), ("value", "single"))
+    attrs = {"scale": FLOAT(None), "causal": BOOL(), "schedule": SCHEDULE}
+
+    def infer(self, operands, attrs, result_dtype):
+        q, k, v = operands
+        names = ["query", "key", "value"]
+        for spec, name in zip(operands, names):
+            self.float_operand(spec, f"operand '{name}'")
+            if spec.rank < 2:
+                raise OpError(f"operand '{name}' must have rank >= 2 ([..., S, D]), got {spec}")
+        dtype = _same_dtype(list(operands), names)
+        if not (q.rank == k.rank == v.rank):
+            raise OpError(f"query, key and value must have the same rank; got {q}, {k}, {v}")
+        if k.shape[:-2] != q.shape[:-2] or v.shape[:-2] != q.shape[:-2]:
+            raise OpError(f"batch dims differ: query {list(q.shape[:-2])}, key {list(k.shape[:-2])}, "
+                          f"value {list(v.shape[:-2])}")
+        if k.shape[-1] != q.shape[-1]:
+            raise OpError(f"operand 'key' head dim {k.shape[-1]} differs from query's {q.shape[-1]}")
+        if v.shape[-2] != k.shape[-2]:
+            raise OpError(f"operand 'value' has {v.shape[-2]} positions but key has {k.shape[-2]}")
+        scale = attrs["scale"]
+        if scale is not None and not math.isfinite(scale):
+            raise OpError(f"attribute 'scale' must be finite, got {scale}")
+        out = self.result_dtype(result_dtype, dtype, (dtype, ACCUMULATOR_DTYPE))
+        return TensorSpec(q.shape[:-1] + (v.shape[-1],), out)
+
+    @staticmethod
+    def scale(attrs, head_dim: int) -> float:
+        return attrs["scale"] if attrs["scale"] is not None else 1.0 / math.sqrt(head_dim)
+
+
+OP_DEFS: dict[str, OpDef] = {d.name: d for d in (GemmDef(), FusedGemmDef(), SoftmaxDef(), Conv2dDef(), AttentionDef())}
+
+
+# --- reading an op in the IR ----------------------------------------------------------------
+@dataclass(frozen=True)
+class OpView:
+    """A verified tracea op, decoded: its definition, operand/result specs and attributes."""
+
+    op: ir.Operation
+    opdef: OpDef
+    operands: list[TensorSpec]
+    result: TensorSpec
+    attrs: dict[str, Any]
+
+
+def view(op: ir.Operation) -> OpView:
+    """Decode and verify a tracea op; raises OpError naming the operand or attribute at fault."""
+    opdef = OP_DEFS.get(op.name)
+    if opdef is None:
+        raise OpError(f"'{op.name}' is not an op of the tracea dialect; known: {', '.join(OP_DEFS)}")
+    names = opdef.operand_names(len(op.operands))
+    specs = [TensorSpec.from_type(v.type, f"operand '{name}'") for v, name in zip(op.operands, names)]
+    if len(op.results) != 1:
+        raise OpError(f"{op.name} has exactly one result, got {len(op.results)}")
+    declared = TensorSpec.from_type(op.results[0].type, "the result")
+    attrs = opdef.decode_attrs(op.attributes)
+    inferred = opdef.infer(specs, attrs, declared.dtype)
+    if inferred != declared:
+        raise OpError(f"result type {declared} does not match the inferred type {inferred}")
+    return OpView(op, opdef, specs, declared, attrs)
+
+
+def irdl_source() -> str:
+    """The IRDL definition of the dialect, generated from the op definitions."""
+    lines = ["irdl.dialect @tracea {"]
+    for opdef in OP_DEFS.values():
+        lines.append(f"  irdl.operation @{opdef.name.split('.', 1)[1]} {{")
+        # One constraint value per operand: a shared value would force equal types.
+        names = [n for n, _ in opdef.operands] + ["result"]
+        for n in names:
+            lines.append(f'    %{n} = irdl.base "!builtin.tensor"')
+        ops = ", ".join(f"{n}: {'' if k == 'single' else k + ' '}%{n}" for n, k in opdef.operands)
+        lines.append(f"    irdl.operands({ops})")
+        lines.append("    irdl.results(result: %result)")
+        lines.append("  }")
+    lines.append("}")
+    return "\n".join(lines)

@@ -1,0 +1,30 @@
+"""Every environment knob Tracea reads, in one place."""
+from __future__ import annotations
+
+import os
+import tempfile
+from pathlib import Path
+
+
+def _flag(name: str, default: bool) -> bool:
+    value = os.environ.get(name)
+    if value is None:
+        return default
+    return value.strip().lower() not in ("0", "false", "no", "off", "")
+
+
+def isolate_compiler() -> bool:
+    """TRACEA_ISOLATE=0 runs MLIR passes in-process (faster to debug, but an LLVM
+    assertion then kills the caller). Default: passes run in a forked child."""
+    return _flag("TRACEA_ISOLATE", True) and hasattr(os, "fork")
+
+
+def crash_dir() -> Path:
+    """TRACEA_CRASH_DIR: where reproducers of internal compiler errors are written."""
+    return Path(os.environ.get("TRACEA_CRASH_DIR") or Path(tempfile.gettempdir()) / "tracea-crashes")
+
+
+def dump_dir() -> Path | None:
+    """TRACEA_DUMP_DIR: when set, every compile writes the IR after each stage there."""
+    value = os.environ.get("TRACEA_DUMP_DIR")
+    return Path(value) if value else None

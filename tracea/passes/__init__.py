@@ -1,0 +1,7 @@
+"""Tracea's passes and pipelines. Importing this package registers every pass."""
+from . import lower_to_linalg  # noqa: F401  (registers tracea-verify, tracea-lower-to-linalg)
+from .pipeline import Pipeline, PipelineResult, parse_pipeline, run_pipeline
+from .registry import PASSES, PIPELINES, TraceaPass, describe, register
+
+__all__ = ["PASSES", "PIPELINES", "Pipeline", "PipelineResult", "TraceaPass", "describe",
+           "parse_pipeline", "register", "run_pipeline"]

@@ -1,0 +1,191 @@
+"""A small writer of MLIR text for kernel functions on tensors (linalg, tensor, arith, math).
+
+Lowerings describe an op as a private function written with this writer; the lowering pass
+parses it, calls it in place of the op and lets the inliner dissolve it. Text keeps each
+lowering readable as the IR it produces.
+"""
+from __future__ import annotations
+
+from typing import Callable, Sequence
+
+from ..dialects.ops import ACCUMULATOR_DTYPE, TensorSpec
+
+FASTMATH = "fastmath<contract>"  # lets LLVM fuse multiply-add into FMA
+
+
+def tensor_type(shape: Sequence[int], dtype: str) -> str:
+    return str(TensorSpec(tuple(shape), dtype))
+
+
+def affine_map(n_dims: int, results: Sequence[str]) -> str:
+    dims = ", ".join(f"d{i}" for i in range(n_dims))
+    return f"affine_map<({dims}) -> ({', '.join(results)})>"
+
+
+def float_literal(value: float) -> str:
+    if value == float("-inf"):
+        return "0xFF800000"  # f32 -inf bit pattern
+    return repr(float(value))
+
+
+class Body:
+    """The scalar body of a linalg.generic; methods return SSA names."""
+
+    def __init__(self, args: list[str], arg_dtypes: list[str]):
+        self.args = args
+        self.dtypes = dict(zip(args, arg_dtypes))
+        self.lines: list[str] = []
+        self._n = 0
+
+    def _new(self, dtype: str, text: str) -> str:
+        name = f"%v{self._n}"
+        self._n += 1
+        self.lines.append(f"{name} = {text} loc(#src)")
+        self.dtypes[name] = dtype
+        return name
+
+    def to_f32(self, x: str) -> str:
+        dtype = self.dtypes[x]
+        if dtype == ACCUMULATOR_DTYPE:
+            return x
+        return self._new(ACCUMULATOR_DTYPE, f"arith.extf {x} : {dtype} to f32")
+
+    def cast(self, x: str, dtype: str) -> str:
+        if self.dtypes[x] == dtype:
+            return x
+        if dtype == ACCUMULATOR_DTYPE:
+            return self.to_f32(x)
+        return self._new(dtype, f"arith.truncf {x} : {self.dtypes[x]} to {dtype}")
+
+    def const(self, value: float) -> str:
+        return self._new("f32", f"arith.constant {float_literal(value)} : f32")
+
+    def binary(self, op: str, x: str, y: str) -> str:
+        fm = f" {FASTMATH}" if op in ("mulf", "addf", "subf") else ""
+        return self._new("f32", f"arith.{op} {x}, {y}{fm} : f32")
+
+    def mul(self, x, y):
+        return self.binary("mulf", x, y)
+
+    def add(self, x, y):
+        return self.binary("addf", x, y)
+
+    def sub(self, x, y):
+        return self.binary("subf", x, y)
+
+    def div(self, x, y):
+        return self.binary("divf", x, y)
+
+    def max(self, x, y):
+        return self.binary("maximumf", x, y)
+
+    def unary(self, fn: str, x: str) -> str:
+        return self._new("f32", f"math.{fn} {x} : f32")
+
+    def neg(self, x: str) -> str:
+        return self._new("f32", f"arith.negf {x} : f32")
+
+    def index(self, dim: int) -> str:
+        return self._new("index", f"linalg.index {dim} : index")
+
+    def cmp_index(self, pred: str, x: str, y: str) -> str:
+        return self._new("i1", f"arith.cmpi {pred}, {x}, {y} : index")
+
+    def select(self, cond: str, x: str, y: str) -> str:
+        return self._new("f32", f"arith.select {cond}, {x}, {y} : f32")
+
+
+class KernelWriter:
+    """Writes one `func.func private` on tensors; methods append ops and return SSA names."""
+
+    def __init__(self, name: str, args: list[TensorSpec], result: TensorSpec):
+        self.name = name
+        self.args = [f"%arg{i}" for i in range(len(args))]
+        self.arg_specs = args
+        self.result = result
+        self.types: dict[str, TensorSpec] = dict(zip(self.args, args))
+        self.lines: list[str] = []
+        self._n = 0
+
+    def _new(self, spec: TensorSpec | None, text: str) -> str:
+        name = f"%t{self._n}"
+        self._n += 1
+        self.lines.append(f"{name} = {text} loc(#src)")
+        if spec is not None:
+            self.types[name] = spec
+        return name
+
+    def ty(self, value: str) -> str:
+        return str(self.types[value])
+
+    def filled(self, shape: Sequence[int], value: float, dtype: str = ACCUMULATOR_DTYPE) -> str:
+        """A new tensor filled with `value` (the init of a reduction)."""
+        spec = TensorSpec(tuple(shape), dtype)
+        empty = self._new(spec, f"tensor.empty() : {spec}")
+        cst = self._new(None, f"arith.constant {float_literal(value)} : {dtype}")
+        return self._new(spec, f"linalg.fill ins({cst} : {dtype}) outs({empty} : {spec}) -> {spec}")
+
+    def empty(self, shape: Sequence[int], dtype: str) -> str:
+        spec = TensorSpec(tuple(shape), dtype)
+        return self._new(spec, f"tensor.empty() : {spec}")
+
+    def generic(self, ins: list[tuple[str, list[str]]], out: tuple[str, list[str]], n_dims: int,
+                reductions: Sequence[int], body: Callable[[Body], str]) -> str:
+        """linalg.generic over `n_dims` loops; each operand comes with its index expressions
+        in terms of d0..d{n-1}; `body` receives the block arguments and returns the yield."""
+        maps = [affine_map(n_dims, idx) for _, idx in ins] + [affine_map(n_dims, out[1])]
+        iters = ", ".join('"reduction"' if d in reductions else '"parallel"' for d in range(n_dims))
+        in_names = [v for v, _ in ins]
+        out_name = out[0]
+        block_args = [f"%in{i}" for i in range(len(ins))] + ["%out"]
+        dtypes = [self.types[v].dtype for v in in_names] + [self.types[out_name].dtype]
+        b = Body(block_args, dtypes)
+        result = b.cast(body(b), self.types[out_name].dtype)
+        sig = ", ".join(f"{a}: {t}" for a, t in zip(block_args, dtypes))
+        ins_text = ""
+        if in_names:
+            ins_text = f"ins({', '.join(in_names)} : {', '.join(self.ty(v) for v in in_names)}) "
+        spec = self.types[out_name]
+        text = (f"linalg.generic {{indexing_maps = [{', '.join(maps)}], iterator_types = [{iters}]}} "
+                f"{ins_text}outs({out_name} : {spec}) {{\n"
+                f"    ^bb0({sig}):\n"
+                + "".join(f"      {line}\n" for line in b.lines)
+                + f"      linalg.yield {result} : {spec.dtype}\n"
+                f"    }} -> {spec}")
+        return self._new(spec, text)
+
+    def pad(self, value: str, low: Sequence[int], high: Sequence[int]) -> str:
+        """Zero-pad a tensor (no-op when all pads are 0)."""
+        if not any(low) and not any(high):
+            return value
+        src = self.types[value]
+        shape = tuple(s + lo + hi for s, lo, hi in zip(src.shape, low, high))
+        spec = TensorSpec(shape, src.dtype)
+        zero = self._new(None, f"arith.constant 0.0 : {src.dtype}")
+        idx = ", ".join("%i" + str(i) + ": index" for i in range(src.rank))
+        lows = ", ".join(str(x) for x in low)
+        highs = ", ".join(str(x) for x in high)
+        return self._new(spec, f"tensor.pad {value} low[{lows}] high[{highs}] {{\n"
+                               f"    ^bb0({idx}):\n      tensor.yield {zero} : {src.dtype}\n"
+                               f"    }} : {src} to {spec}")
+
+    def reshape(self, value: str, groups: list[list[int]], shape: Sequence[int]) -> str:
+        """tensor.expand_shape or collapse_shape (whichever direction `shape` goes)."""
+        src = self.types[value]
+        spec = TensorSpec(tuple(shape), src.dtype)
+        if spec.shape == src.shape:
+            return value
+        assoc = "[" + ", ".join("[" + ", ".join(map(str, g)) + "]" for g in groups) + "]"
+        if len(shape) > src.rank:
+            out_shape = ", ".join(map(str, shape))
+            return self._new(spec, f"tensor.expand_shape {value} {assoc} output_shape [{out_shape}] "
+                                   f": {src} into {spec}")
+        return self._new(spec, f"tensor.collapse_shape {value} {assoc} : {src} into {spec}")
+
+    def text(self, result: str, location: str = "loc(unknown)") -> str:
+        """The function; every op it creates carries `location` (the op it implements)."""
+        params = ", ".join(f"{a}: {s}" for a, s in zip(self.args, self.arg_specs))
+        body = "".join(f"  {line}\n" for line in self.lines)
+        return (f"#src = {location}\n"
+                f"func.func private @{self.name}({params}) -> {self.result} {{\n{body}"
+                f"  return {result} : {self.result}\n}}\n")

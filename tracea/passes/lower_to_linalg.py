@@ -1,0 +1,264 @@
+"""tracea-lower-to-linalg: every tracea op becomes linalg/tensor/arith/math on tensors.
+
+Each op has lowering *strategies*; `reference` is the straightforward linalg.generic form that
+upstream passes tile, vectorize or run as loops, and that tests treat as the ground truth. A
+faster strategy for an op registers under another name in `STRATEGIES` and is picked by the pass
+option, so the pipeline around it does not change.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable
+
+import mlir.ir as ir
+
+from ..dialects.ops import ACCUMULATOR_DTYPE, AttentionDef, Conv2dDef, Epilogue, OpView, TensorSpec, view
+from ..dialects.verify import tracea_ops
+from ..errors import OpError, TraceaError
+from .kernel_text import Body, KernelWriter
+from .registry import PassFailed, TraceaPass, option, register
+
+Lowering = Callable[[KernelWriter, OpView], str]
+STRATEGIES: dict[str, dict[str, Lowering]] = {"reference": {}}
+
+
+def lowering(op_name: str, strategy: str = "reference"):
+    def add(fn: Lowering) -> Lowering:
+        STRATEGIES.setdefault(strategy, {})[op_name] = fn
+        return fn
+    return add
+
+
+def _dims(n: int, start: int = 0) -> list[str]:
+    return [f"d{i}" for i in range(start, start + n)]
+
+
+# --- epilogue: f32 accumulator -> (epilogue ops) -> result dtype -------------------------
+def apply_epilogue(b: Body, x: str, ep: Epilogue, operand: str | None) -> str:
+    """One epilogue step on an f32 value (shared by every strategy that fuses epilogues)."""
+    if ep.kind in ("bias_add", "residual_add"):
+        return b.add(x, b.to_f32(operand))
+    if ep.kind == "scale":
+        return b.mul(x, b.const(ep.value))
+    if ep.kind == "relu":
+        return b.max(x, b.const(0.0))
+    if ep.kind == "sigmoid":
+        return _sigmoid(b, x)
+    if ep.kind == "silu":
+        return b.mul(x, _sigmoid(b, x))
+    if ep.kind == "gelu" and ep.approximate == "tanh":
+        # 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3)))
+        inner = b.mul(b.const(0.7978845608028654), b.add(x, b.mul(b.const(0.044715), b.mul(x, b.mul(x, x)))))
+        return b.mul(b.mul(b.const(0.5), x), b.add(b.const(1.0), b.unary("tanh", inner)))
+    if ep.kind == "gelu":
+        # 0.5 x (1 + erf(x / sqrt(2)))
+        erf = b.unary("erf", b.mul(x, b.const(0.7071067811865476)))
+        return b.mul(b.mul(b.const(0.5), x), b.add(b.const(1.0), erf))
+    raise OpError(f"no lowering for epilogue '{ep.kind}'")
+
+
+def _sigmoid(b: Body, x: str) -> str:
+    return b.div(b.const(1.0), b.add(b.const(1.0), b.unary("exp", b.neg(x))))
+
+
+def finish(w: KernelWriter, acc: str, result: TensorSpec, epilogue: tuple[Epilogue, ...] = (),
+           operands: list[tuple[str, list[str]]] = ()) -> str:
+    """Apply `epilogue` (whose operand-taking steps consume `operands` in order: value and its
+    index expressions over the result dims) to an f32 accumulator and cast to the result type."""
+    if not epilogue and result.dtype == ACCUMULATOR_DTYPE:
+        return acc
+    dims = _dims(result.rank)
+    out = w.empty(result.shape, result.dtype)
+
+    def body(b: Body) -> str:
+        x = b.args[0]
+        extra = iter(b.args[1:-1])
+        for ep in epilogue:
+            x = apply_epilogue(b, x, ep, next(extra) if ep.takes_operand else None)
+        return x
+
+    return w.generic([(acc, dims)] + list(operands), (out, dims), result.rank, (), body)
+
+
+# --- gemm / fused_gemm ----------------------------------------------------------------------------
+@lowering("tracea.gemm")
+@lowering("tracea.fused_gemm")
+def gemm_reference(w: KernelWriter, v: OpView) -> str:
+    a, b = v.operands[:2]
+    nb = a.rank - 2
+    batch = _dims(nb)
+    m, n, k = f"d{nb}", f"d{nb + 1}", f"d{nb + 2}"
+    a_idx = batch + ([k, m] if v.attrs["transpose_a"] else [m, k])
+    b_idx = (batch if b.rank == a.rank else []) + ([n, k] if v.attrs["transpose_b"] else [k, n])
+    acc = w.filled(v.result.shape, 0.0)
+    acc = w.generic([(w.args[0], a_idx), (w.args[1], b_idx)], (acc, batch + [m, n]), nb + 3, (nb + 2,),
+                    lambda bd: bd.add(bd.args[2], bd.mul(bd.to_f32(bd.args[0]), bd.to_f32(bd.args[1]))))
+    epilogue = v.attrs.get("epilogue", ())
+    result_dims = _dims(v.result.rank)
+    takers = [ep for ep in epilogue if ep.takes_operand]
+    operands = [(arg, [result_dims[-1]] if ep.kind == "bias_add" else result_dims)
+                for arg, ep in zip(w.args[2:], takers)]
+    return finish(w, acc, v.result, epilogue, operands)
+
+
+# --- softmax ---------------------------------------------------------------------------------------
+def softmax(w: KernelWriter, x: str, axis: int, dtype: str) -> str:
+    """Numerically stable softmax of tensor `x` along `axis` (three passes: max, sum, normalize)."""
+    spec = w.types[x]
+    dims = _dims(spec.rank)
+    reduced = [d for i, d in enumerate(dims) if i != axis]
+    reduced_shape = [s for i, s in enumerate(spec.shape) if i != axis]
+    mx = w.filled(reduced_shape, float("-inf"))
+    mx = w.generic([(x, dims)], (mx, reduced), spec.rank, (axis,),
+                   lambda b: b.max(b.to_f32(b.args[0]), b.args[1]))
+    total = w.filled(reduced_shape, 0.0)
+    total = w.generic([(x, dims), (mx, reduced)], (total, reduced), spec.rank, (axis,),
+                      lambda b: b.add(b.args[2], b.unary("exp", b.sub(b.to_f32(b.args[0]), b.args[1]))))
+    out = w.empty(spec.shape, dtype)
+    return w.generic([(x, dims), (mx, reduced), (total, reduced)], (out, dims), spec.rank, (),
+                     lambda b: b.div(b.unary("exp", b.sub(b.to_f32(b.args[0]), b.args[1])), b.args[2]))
+
+
+@lowering("tracea.softmax")
+def softmax_reference(w: KernelWriter, v: OpView) -> str:
+    x = v.operands[0]
+    return softmax(w, w.args[0], v.attrs["axis"] % x.rank, v.result.dtype)
+
+
+# --- attention ---------------------------------------------------------------------------------------
+@lowering("tracea.attention")
+def attention_reference(w: KernelWriter, v: OpView) -> str:
+    q, k, val = v.operands
+    nb = q.rank - 2
+    batch = _dims(nb)
+    i, j, d = f"d{nb}", f"d{nb + 1}", f"d{nb + 2}"
+    sq, skv = q.shape[-2], k.shape[-2]
+    scores = w.filled(q.shape[:-2] + (sq, skv), 0.0)
+    scores = w.generic([(w.args[0], batch + [i, d]), (w.args[1], batch + [j, d])], (scores, batch + [i, j]),
+                       nb + 3, (nb + 2,),
+                       lambda b: b.add(b.args[2], b.mul(b.to_f32(b.args[0]), b.to_f32(b.args[1]))))
+    scale = AttentionDef.scale(v.attrs, q.shape[-1])
+    causal = v.attrs["causal"]
+
+    def scale_and_mask(b: Body) -> str:
+        s = b.mul(b.args[0], b.const(scale))
+        if causal:  # key j is visible to query i when j <= i (torch's is_causal=True)
+            masked = b.cmp_index("ugt", b.index(nb + 1), b.index(nb))
+            s = b.select(masked, b.const(float("-inf")), s)
+        return s
+
+    logits = w.generic([(scores, batch + [i, j])], (w.empty(q.shape[:-2] + (sq, skv), ACCUMULATOR_DTYPE),
+                                                     batch + [i, j]), nb + 2, (), scale_and_mask)
+    probs = softmax(w, logits, nb + 1, ACCUMULATOR_DTYPE)
+    e = f"d{nb + 1}"
+    jj = f"d{nb + 2}"
+    out = w.filled(v.result.shape, 0.0)
+    out = w.generic([(probs, batch + [i, jj]), (w.args[2], batch + [jj, e])], (out, batch + [i, e]),
+                    nb + 3, (nb + 2,),
+                    lambda b: b.add(b.args[2], b.mul(b.args[0], b.to_f32(b.args[1]))))
+    return finish(w, out, v.result)
+
+
+# --- conv2d -----------------------------------------------------------------------------------------
+def _window(out_dim: str, k_dim: str, stride: int, dilation: int) -> str:
+    return f"{out_dim}{f' * {stride}' if stride != 1 else ''} + {k_dim}{f' * {dilation}' if dilation != 1 else ''}"
+
+
+@lowering("tracea.conv2d")
+def conv2d_reference(w: KernelWriter, v: OpView) -> str:
+    x, f = v.operands[:2]
+    groups = v.attrs["groups"]
+    (sh, sw), (dh, dw) = v.attrs["stride"], v.attrs["dilation"]
+    top, bottom, left, right = Conv2dDef.pads(v.attrs)
+    if v.attrs["layout"] == "nchw":
+        n, c, _, _ = x.shape
+        nf, cg, kh, kw = f.shape
+        _, _, oh, ow = v.result.shape
+        padded = w.pad(w.args[0], [0, 0, top, left], [0, 0, bottom, right])
+        hp, wp = w.types[padded].shape[2:]
+        xin = w.reshape(padded, [[0], [1, 2], [3], [4]], (n, groups, cg, hp, wp))
+        flt = w.reshape(w.args[1], [[0, 1], [2], [3], [4]], (groups, nf // groups, cg, kh, kw))
+        # loops: d0 n, d1 g, d2 f, d3 oh, d4 ow | d5 c, d6 kh, d7 kw
+        acc = w.filled((n, groups, nf // groups, oh, ow), 0.0)
+        x_idx = ["d0", "d1", "d5", _window("d3", "d6", sh, dh), _window("d4", "d7", sw, dw)]
+        acc = w.generic([(xin, x_idx), (flt, ["d1", "d2", "d5", "d6", "d7"])], (acc, _dims(5)), 8, (5, 6, 7),
+                        lambda b: b.add(b.args[2], b.mul(b.to_f32(b.args[0]), b.to_f32(b.args[1]))))
+        acc = w.reshape(acc, [[0], [1, 2], [3], [4]], (n, nf, oh, ow))
+        channel = "d1"
+    else:
+        n, _, _, c = x.shape
+        kh, kw, cg, nf = f.shape
+        _, oh, ow, _ = v.result.shape
+        padded = w.pad(w.args[0], [0, top, left, 0], [0, bottom, right, 0])
+        hp, wp = w.types[padded].shape[1:3]
+        xin = w.reshape(padded, [[0], [1], [2], [3, 4]], (n, hp, wp, groups, cg))
+        flt = w.reshape(w.args[1], [[0], [1], [2], [3, 4]], (kh, kw, cg, groups, nf // groups))
+        # loops: d0 n, d1 oh, d2 ow, d3 g, d4 f | d5 kh, d6 kw, d7 c
+        acc = w.filled((n, oh, ow, groups, nf // groups), 0.0)
+        x_idx = ["d0", _window("d1", "d5", sh, dh), _window("d2", "d6", sw, dw), "d3", "d7"]
+        acc = w.generic([(xin, x_idx), (flt, ["d5", "d6", "d7", "d3", "d4"])], (acc, _dims(5)), 8, (5, 6, 7),
+                        lambda b: b.add(b.args[2], b.mul(b.to_f32(b.args[0]), b.to_f32(b.args[1]))))
+        acc = w.reshape(acc, [[0], [1], [2], [3, 4]], (n, oh, ow, nf))
+        channel = "d3"
+    if len(v.operands) == 3:
+        return finish(w, acc, v.result, (Epilogue("bias_add"),), [(w.args[2], [channel])])
+    return finish(w, acc, v.result)
+
+
+# --- the passes -----------------------------------------------------------------------------------
+@register
+@dataclass(frozen=True)
+class VerifyPass(TraceaPass):
+    NAME = "tracea-verify"
+    SUMMARY = "check every tracea op's operand shapes/dtypes, attributes and schedule"
+
+    def run(self, module: ir.Operation) -> None:
+        from ..dialects.verify import verify_tracea_ops
+        if verify_tracea_ops(module):
+            raise PassFailed()
+
+
+@register
+@dataclass(frozen=True)
+class LowerToLinalgPass(TraceaPass):
+    NAME = "tracea-lower-to-linalg"
+    SUMMARY = "replace tracea ops by linalg/tensor/arith/math ops on tensors"
+    strategy: str = option("reference", "how each op is written in linalg",
+                           choices=tuple(STRATEGIES))
+
+    def run(self, module: ir.Operation) -> None:
+        failed = False
+        lowerings = {**STRATEGIES["reference"], **STRATEGIES.get(self.strategy, {})}
+        for index, op in enumerate(tracea_ops(module)):
+            try:
+                v = view(op)
+            except OpError as e:
+                op.location.emit_error(f"'{op.name}' op {e}")
+                failed = True
+                continue
+            name = f"__tracea_{op.name.split('.')[1]}_{index}"
+            writer = KernelWriter(name, v.operands, v.result)
+            text = writer.text(lowerings[op.name](writer, v), str(op.location))
+            inline_kernel(op, text)
+        if failed:
+            raise PassFailed()
+
+
+def inline_kernel(op: ir.Operation, kernel_text: str) -> None:
+    """Replace `op` by the body of the single function in `kernel_text` (parsed in op's context)."""
+    try:
+        kernel_module = ir.Module.parse(kernel_text, op.context)
+    except ir.MLIRError as e:
+        raise TraceaError(f"internal error: the lowering of {op.name} produced invalid IR: {e}\n"
+                          f"{kernel_text}") from None
+    func_op = kernel_module.body.operations[0]
+    block = func_op.regions[0].blocks[0]
+    for arg, operand in zip(block.arguments, op.operands):
+        arg.replace_all_uses_with(operand)
+    ops = list(block.operations)
+    terminator = ops[-1]
+    with op.location:
+        for inner in ops[:-1]:
+            inner.move_before(op)
+    op.results[0].replace_all_uses_with(terminator.operands[0])
+    op.erase()

@@ -1,0 +1,249 @@
+"""Textual pass pipelines that mix Tracea's Python passes with every upstream MLIR pass, and
+running them so that an LLVM abort inside a pass cannot take the caller down.
+
+`parse_pipeline("builtin.module(tracea-lower-to-linalg, canonicalize, func.func(cse))")` gives a
+`Pipeline`; `run_pipeline(text, pipeline)` parses the IR, verifies it, runs the passes and
+returns the resulting IR text with every diagnostic. By default it runs in a forked child: an
+assertion in the MLIR build kills only the child, and the caller gets an InternalCompilerError
+with the input saved for a bug report.
+"""
+from __future__ import annotations
+
+import os
+import pickle
+import signal
+import sys
+import tempfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import mlir.ir as ir
+from mlir.passmanager import PassManager
+
+from .. import knobs
+from ..dialects.context import DiagnosticLog, make_context
+from ..dialects.verify import verify_tracea_ops
+from ..errors import CompileError, Diagnostic, InternalCompilerError, TraceaError
+from .registry import PASSES, PIPELINES, TraceaPass
+
+
+@dataclass(frozen=True)
+class Pipeline:
+    """An ordered list of elements: Tracea pass instances or upstream pipeline text."""
+
+    elements: tuple[TraceaPass | str, ...]
+
+    def text(self) -> str:
+        parts = [e if isinstance(e, str) else e.pipeline_text() for e in self.elements]
+        return f"builtin.module({', '.join(parts)})"
+
+    def __add__(self, other: "Pipeline") -> "Pipeline":
+        return Pipeline(self.elements + other.elements)
+
+
+def _split_top_level(text: str) -> list[str]:
+    """Split on commas outside (), {} and quotes."""
+    parts, depth, quoted, start = [], 0, False, 0
+    for i, ch in enumerate(text):
+        if ch == '"':
+            quoted = not quoted
+        elif quoted:
+            continue
+        elif ch in "({":
+            depth += 1
+        elif ch in ")}":
+            depth -= 1
+            if depth < 0:
+                raise TraceaError(f"unbalanced '{ch}' in pass pipeline at: {text[i:]!r}")
+        elif ch == "," and depth == 0:
+            parts.append(text[start:i])
+            start = i + 1
+    if depth or quoted:
+        raise TraceaError(f"unbalanced brackets or quotes in pass pipeline: {text!r}")
+    parts.append(text[start:])
+    return [p.strip() for p in parts if p.strip()]
+
+
+def parse_pipeline(text: str, _seen: tuple[str, ...] = ()) -> Pipeline:
+    """Parse `builtin.module(a, b{opt=1}, func.func(c))` (the anchor may be omitted)."""
+    text = text.strip()
+    if text.startswith("builtin.module(") and text.endswith(")"):
+        text = text[len("builtin.module("):-1]
+    elements: list[TraceaPass | str] = []
+    for part in _split_top_level(text):
+        name = part.split("{", 1)[0].split("(", 1)[0].strip()
+        if name in PASSES:
+            opts = part[len(name):].strip()
+            if opts and not (opts.startswith("{") and opts.endswith("}")):
+                raise TraceaError(f"cannot parse '{part}': options go in braces, e.g. {name}{{key=value}}")
+            elements.append(PASSES[name].from_options(opts[1:-1] if opts else ""))
+        elif name in PIPELINES:
+            if name in _seen:
+                raise TraceaError(f"pipeline '{name}' refers to itself")
+            elements.extend(parse_pipeline(PIPELINES[name].elements, _seen + (name,)).elements)
+        else:
+            if "(" in part and any(p in part for p in list(PASSES) + list(PIPELINES)):
+                raise TraceaError(f"Tracea passes run on the whole module; move them out of the "
+                                  f"nested pipeline '{part}'")
+            elements.append(part)
+    return Pipeline(tuple(elements))
+
+
+def build_pass_manager(pipeline: Pipeline, print_ir_after_all: bool = False) -> PassManager:
+    """Needs an active context. Consecutive upstream elements are parsed by MLIR together."""
+    pm = PassManager("builtin.module")
+    pending: list[str] = []
+
+    def flush():
+        if pending:
+            try:
+                pm.add(", ".join(pending))
+            except ValueError as e:
+                raise TraceaError(f"invalid pass pipeline '{', '.join(pending)}': {e}") from None
+            pending.clear()
+
+    for element in pipeline.elements:
+        if isinstance(element, str):
+            pending.append(element)
+        else:
+            flush()
+            pm.add(element.as_callable(), name=element.NAME, argument=element.NAME)
+    flush()
+    if print_ir_after_all:
+        pm.enable_ir_printing(print_after_all=True)
+    return pm
+
+
+@dataclass
+class PipelineResult:
+    ok: bool
+    text: str | None  # the resulting IR (None on failure)
+    diagnostics: list[Diagnostic] = field(default_factory=list)
+    stages: dict[str, str] = field(default_factory=dict)  # stage name -> IR text, when asked
+    log: str = ""  # what the compiler printed on stderr (e.g. --mlir-print-ir-after-all)
+
+
+def _run_in_process(source: str, stages: list[tuple[str, Pipeline]], source_name: str,
+                    print_ir_after_all: bool, keep_stages: bool, generic: bool) -> PipelineResult:
+    ctx = make_context(threads=False)
+    log = DiagnosticLog(source_name)
+    kept: dict[str, str] = {}
+    with ctx, log.capture(ctx):
+        try:
+            module = ir.Operation.parse(source, source_name=source_name)
+        except ir.MLIRError as e:
+            log.absorb(e)
+            return PipelineResult(False, None, log.diagnostics)
+        if module.operation.name != "builtin.module":
+            log.diagnostics.append(Diagnostic("error", f"expected a builtin.module at the top level, "
+                                                       f"got '{module.operation.name}'", source_name))
+            return PipelineResult(False, None, log.diagnostics)
+        if verify_tracea_ops(module.operation):
+            return PipelineResult(False, None, log.diagnostics)
+        for stage_name, pipeline in stages:
+            try:
+                pm = build_pass_manager(pipeline, print_ir_after_all)
+                pm.run(module.operation)
+            except ir.MLIRError as e:
+                log.absorb(e)
+                if not log.errors:
+                    log.diagnostics.append(Diagnostic("error", f"pass pipeline failed in stage '{stage_name}'"))
+                return PipelineResult(False, None, log.diagnostics)
+            except TraceaError as e:
+                log.diagnostics.append(Diagnostic("error", str(e)))
+                return PipelineResult(False, None, log.diagnostics)
+            if keep_stages:
+                kept[stage_name] = module.operation.get_asm(print_generic_op_form=generic)
+        text = module.operation.get_asm(print_generic_op_form=generic)
+    return PipelineResult(True, text, log.diagnostics, kept)
+
+
+def run_pipeline(source: str, stages: list[tuple[str, Pipeline]] | Pipeline, *, source_name: str = "<input>",
+                 print_ir_after_all: bool = False, keep_stages: bool = False, generic: bool = False,
+                 isolate: bool | None = None) -> PipelineResult:
+    """Parse `source`, verify its tracea ops, run the pipeline stages; never raises for bad input
+    (the result carries the diagnostics). Raises InternalCompilerError if the compiler aborts."""
+    if isinstance(stages, Pipeline):
+        stages = [("output", stages)]
+    args = (source, stages, source_name, print_ir_after_all, keep_stages, generic)
+    if not (knobs.isolate_compiler() if isolate is None else isolate):
+        return _run_in_process(*args)
+    return _run_forked(args)
+
+
+def _run_forked(args) -> PipelineResult:
+    sys.stdout.flush()
+    sys.stderr.flush()
+    read_fd, write_fd = os.pipe()
+    errlog = tempfile.TemporaryFile()
+    pid = os.fork()
+    if pid == 0:  # child: compile, send the pickled result, exit without cleanup
+        status = 0
+        try:
+            os.close(read_fd)
+            os.dup2(errlog.fileno(), 2)
+            result = _run_in_process(*args)
+            payload = pickle.dumps(result)
+            with os.fdopen(write_fd, "wb") as out:
+                out.write(payload)
+        except BaseException:  # noqa: BLE001 - the child must never return into the caller
+            status = 1
+            import traceback
+            traceback.print_exc()
+        finally:
+            sys.stderr.flush()
+            os._exit(status)
+    os.close(write_fd)
+    with os.fdopen(read_fd, "rb") as inp:
+        payload = inp.read()
+    _, wait_status = os.waitpid(pid, 0)
+    errlog.seek(0)
+    log = errlog.read().decode(errors="replace")
+    errlog.close()
+    if os.WIFEXITED(wait_status) and os.WEXITSTATUS(wait_status) == 0 and payload:
+        result = pickle.loads(payload)
+        result.log = log
+        return result
+    source, stages = args[0], args[1]
+    raise _internal_error(wait_status, log, source, stages, args[2])
+
+
+def _internal_error(wait_status: int, log: str, source: str, stages, source_name: str) -> InternalCompilerError:
+    if os.WIFSIGNALED(wait_status):
+        sig = os.WTERMSIG(wait_status)
+        how = f"was killed by signal {sig} ({signal.Signals(sig).name})"
+    else:
+        how = f"exited with status {os.WEXITSTATUS(wait_status)}"
+    pipeline_text = ", ".join(p.text()[len("builtin.module("):-1] for _, p in stages)
+    reproducer = save_reproducer(source, f"builtin.module({pipeline_text})", log, source_name)
+    lines = log.splitlines()
+    reason = next((line for line in lines if "Assertion" in line or "LLVM ERROR" in line), "")
+    if not reason and lines:  # a Python error in the compiler: its traceback's last line
+        reason = lines[-1]
+    message = (f"internal compiler error: the MLIR pass pipeline {how}"
+               + (f"\n  {reason.strip()}" if reason else "")
+               + f"\n  the input was saved to {reproducer}"
+               + f"\n  reproduce with: tracea-opt {reproducer} --pass-pipeline='builtin.module({pipeline_text})'"
+               + "\n  please report it with that file attached")
+    return InternalCompilerError(message, str(reproducer), log)
+
+
+def save_reproducer(source: str, pipeline_text: str, log: str, source_name: str) -> Path:
+    directory = knobs.crash_dir()
+    directory.mkdir(parents=True, exist_ok=True)
+    path = directory / f"tracea-crash-{time.strftime('%Y%m%d-%H%M%S')}-{os.getpid()}.mlir"
+    header = [f"// Tracea internal compiler error reproducer (input: {source_name})",
+              f"// pipeline: {pipeline_text}"]
+    header += [f"// | {line}" for line in log.splitlines()[:40]]
+    path.write_text("\n".join(header) + "\n" + source)
+    return path
+
+
+def compile_or_raise(source: str, stages, **kwargs) -> PipelineResult:
+    """run_pipeline, raising CompileError with the diagnostics when the input is rejected."""
+    result = run_pipeline(source, stages, **kwargs)
+    if not result.ok:
+        raise CompileError("compilation failed:", [d for d in result.diagnostics if d.severity == "error"]
+                           or result.diagnostics)
+    return result

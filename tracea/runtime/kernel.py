@@ -1,0 +1,106 @@
+"""A compiled CPU kernel: a callable on numpy arrays, backed by JIT-compiled code.
+
+The calling convention is MLIR's C interface: every tensor argument and result is a ranked
+memref descriptor {allocated, aligned, offset, sizes[rank], strides[rank]}; results are written
+into caller-allocated arrays (destination passing), so no memory crosses the boundary.
+"""
+from __future__ import annotations
+
+import ctypes
+from dataclasses import dataclass, field
+from typing import Any, Sequence
+
+import numpy as np
+
+from ..dialects.ops import TensorSpec
+from ..errors import ArgumentError
+from .dtypes import to_numpy
+
+_DESCRIPTOR_TYPES: dict[int, type] = {}
+
+
+def descriptor_type(rank: int) -> type:
+    if rank not in _DESCRIPTOR_TYPES:
+        fields = [("allocated", ctypes.c_void_p), ("aligned", ctypes.c_void_p), ("offset", ctypes.c_int64)]
+        if rank:
+            fields += [("sizes", ctypes.c_int64 * rank), ("strides", ctypes.c_int64 * rank)]
+        _DESCRIPTOR_TYPES[rank] = type(f"MemRef{rank}D", (ctypes.Structure,), {"_fields_": fields})
+    return _DESCRIPTOR_TYPES[rank]
+
+
+def descriptor(array: np.ndarray) -> ctypes.Structure:
+    """A memref descriptor viewing a C-contiguous numpy array (no copy)."""
+    desc = descriptor_type(array.ndim)()
+    desc.allocated = desc.aligned = array.ctypes.data
+    desc.offset = 0
+    for i, (size, stride) in enumerate(zip(array.shape, array.strides)):
+        desc.sizes[i] = size
+        desc.strides[i] = stride // array.itemsize
+    return desc
+
+
+@dataclass
+class Signature:
+    name: str
+    inputs: list[TensorSpec]
+    outputs: list[TensorSpec]
+    arg_names: list[str] = field(default_factory=list)
+
+    def describe(self) -> str:
+        args = ", ".join(f"{n}: {s}" for n, s in zip(self.arg_names or [f"arg{i}" for i in range(len(self.inputs))],
+                                                    self.inputs))
+        return f"{self.name}({args}) -> {', '.join(map(str, self.outputs))}"
+
+
+class Kernel:
+    """Call with numpy arrays; returns one array or a tuple (one per function result)."""
+
+    def __init__(self, signature: Signature, entry_address: int, keep_alive: Any, target: str,
+                 stages: dict[str, str] | None = None, compile_seconds: float = 0.0):
+        self.signature = signature
+        self.target = target
+        self.stages = stages or {}  # stage name -> IR text, when compiled with keep_stages
+        self.compile_seconds = compile_seconds
+        self._keep_alive = keep_alive  # the execution engine owning the code
+        self._entry = ctypes.CFUNCTYPE(None, ctypes.c_void_p)(entry_address)
+        self._in_dtypes = [to_numpy(s.dtype) for s in signature.inputs]
+        self._out_dtypes = [to_numpy(s.dtype) for s in signature.outputs]
+
+    def __repr__(self) -> str:
+        return f"<tracea.Kernel {self.signature.describe()} on {self.target}>"
+
+    def _check(self, i: int, array, spec: TensorSpec, dtype: np.dtype, role: str) -> np.ndarray:
+        name = self.signature.arg_names[i] if role == "argument" and self.signature.arg_names else f"#{i}"
+        if not isinstance(array, np.ndarray):
+            if hasattr(array, "__array__") or isinstance(array, (list, tuple, float, int)):
+                array = np.asarray(array)
+            else:
+                raise ArgumentError(f"{self.signature.name}: {role} {name} must be a numpy array, "
+                                    f"got {type(array).__name__}")
+        if array.shape != spec.shape or array.dtype != dtype:
+            raise ArgumentError(f"{self.signature.name}: {role} {name} must be a {dtype} array of shape "
+                                f"{spec.shape}, got {array.dtype} {array.shape}")
+        if role == "output" and not (array.flags.c_contiguous and array.flags.writeable):
+            raise ArgumentError(f"{self.signature.name}: output {name} must be a writeable C-contiguous array")
+        return np.ascontiguousarray(array)  # a copy only for non-contiguous inputs
+
+    def __call__(self, *args, out: Sequence[np.ndarray] | np.ndarray | None = None):
+        sig = self.signature
+        if len(args) != len(sig.inputs):
+            raise ArgumentError(f"{sig.name} takes {len(sig.inputs)} argument(s) ({sig.describe()}), "
+                                f"got {len(args)}")
+        inputs = [self._check(i, a, s, d, "argument")
+                  for i, (a, s, d) in enumerate(zip(args, sig.inputs, self._in_dtypes))]
+        if out is None:
+            outputs = [np.empty(s.shape, d) for s, d in zip(sig.outputs, self._out_dtypes)]
+        else:
+            given = [out] if isinstance(out, np.ndarray) else list(out)
+            if len(given) != len(sig.outputs):
+                raise ArgumentError(f"{sig.name} has {len(sig.outputs)} result(s), got {len(given)} out array(s)")
+            outputs = [self._check(i, a, s, d, "output")
+                       for i, (a, s, d) in enumerate(zip(given, sig.outputs, self._out_dtypes))]
+        descriptors = [descriptor(a) for a in inputs + outputs]
+        pointers = [ctypes.c_void_p(ctypes.addressof(d)) for d in descriptors]
+        packed = (ctypes.c_void_p * len(pointers))(*[ctypes.addressof(p) for p in pointers])
+        self._entry(packed)
+        return outputs[0] if len(outputs) == 1 else tuple(outputs)

@@ -1,0 +1,132 @@
+"""The CPU target: tracea -> linalg -> bufferized memrefs -> LLVM dialect -> JIT (ExecutionEngine).
+
+All of the CPU's knowledge lives here: its stages (each a pipeline whose output can be dumped and
+tested), the C entry points it adds, and how the LLVM dialect becomes callable code.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+import mlir.ir as ir
+
+from ..dialects.ops import TensorSpec
+from ..errors import OpError
+from ..passes.pipeline import Pipeline, parse_pipeline
+from ..passes.registry import PassFailed, TraceaPass, register, register_pipeline
+from .base import Target, register_target
+
+ENTRY_PREFIX = "_tracea_entry_"
+
+
+def memref_type(spec: TensorSpec) -> str:
+    return "memref<" + "".join(f"{d}x" for d in spec.shape) + spec.dtype + ">"
+
+
+def function_signature(func_op) -> tuple[list[TensorSpec], list[TensorSpec]]:
+    ftype = ir.FunctionType(ir.TypeAttr(func_op.attributes["function_type"]).value)
+    name = ir.StringAttr(func_op.attributes["sym_name"]).value
+    inputs = [TensorSpec.from_type(t, f"argument #{i} of @{name}") for i, t in enumerate(ftype.inputs)]
+    outputs = [TensorSpec.from_type(t, f"result #{i} of @{name}") for i, t in enumerate(ftype.results)]
+    return inputs, outputs
+
+
+def public_functions(module: ir.Operation) -> list[ir.Operation]:
+    funcs = []
+    for op in module.regions[0].blocks[0].operations:
+        op = op.operation
+        if op.name != "func.func" or len(op.regions[0].blocks) == 0:
+            continue
+        vis = op.attributes["sym_visibility"] if "sym_visibility" in op.attributes else None
+        if vis is None or ir.StringAttr(vis).value == "public":
+            funcs.append(op)
+    return funcs
+
+
+@register
+@dataclass(frozen=True)
+class CpuAbiPass(TraceaPass):
+    NAME = "tracea-cpu-abi"
+    SUMMARY = ("give each public tensor function a C entry point `_tracea_entry_<name>` taking one "
+               "memref per argument and per result (destination passing); the function becomes private")
+
+    def run(self, module: ir.Operation) -> None:
+        failed = False
+        for func_op in public_functions(module):
+            name = ir.StringAttr(func_op.attributes["sym_name"]).value
+            try:
+                inputs, outputs = function_signature(func_op)
+            except OpError as e:
+                func_op.location.emit_error(f"cannot compile @{name} for the CPU: {e}")
+                failed = True
+                continue
+            ins = [f"%in{i}: {memref_type(s)}" for i, s in enumerate(inputs)]
+            outs = [f"%out{i}: {memref_type(s)}" for i, s in enumerate(outputs)]
+            # The declaration lets the entry verify on its own; it is dropped once moved.
+            lines = [f"func.func private @{name}({', '.join(map(str, inputs))}) -> ({', '.join(map(str, outputs))})",
+                     f"func.func @{ENTRY_PREFIX}{name}({', '.join(ins + outs)}) attributes {{llvm.emit_c_interface}} {{"]
+            for i, s in enumerate(inputs):
+                lines.append(f"  %t{i} = bufferization.to_tensor %in{i} restrict : {memref_type(s)} to {s}")
+            results = ", ".join(f"%r{i}" for i in range(len(outputs)))
+            call = f"func.call @{name}({', '.join(f'%t{i}' for i in range(len(inputs)))}) : " \
+                   f"({', '.join(map(str, inputs))}) -> ({', '.join(map(str, outputs))})"
+            lines.append(f"  {results} = {call}" if outputs else f"  {call}")
+            for i, s in enumerate(outputs):
+                lines.append(f"  bufferization.materialize_in_destination %r{i} in restrict writable %out{i} "
+                             f": ({s}, {memref_type(s)}) -> ()")
+            lines += ["  return", "}"]
+            entry_module = ir.Module.parse("\n".join(lines), module.context)
+            declaration, entry = entry_module.body.operations
+            entry.operation.move_after(func_op)
+            declaration.operation.erase()
+            func_op.attributes["sym_visibility"] = ir.StringAttr.get("private")
+        if failed:
+            raise PassFailed()
+
+
+register_pipeline("tracea-to-linalg", "verify and lower tracea ops to linalg on tensors, then simplify",
+                  "tracea-verify, tracea-lower-to-linalg, canonicalize, cse")
+register_pipeline("tracea-cpu-bufferize", "C entry points, inlining, one-shot bufferization, deallocation",
+                  "tracea-cpu-abi, inline, symbol-dce, canonicalize, "
+                  "one-shot-bufferize{bufferize-function-boundaries "
+                  "function-boundary-type-conversion=identity-layout-map}, "
+                  "buffer-deallocation-pipeline, canonicalize")
+register_pipeline("tracea-cpu-to-llvm", "lower bufferized linalg to the LLVM dialect",
+                  "convert-linalg-to-loops, convert-scf-to-cf, expand-strided-metadata, lower-affine, "
+                  "finalize-memref-to-llvm, convert-math-to-llvm, convert-math-to-libm, "
+                  "convert-func-to-llvm, convert-arith-to-llvm, convert-cf-to-llvm, convert-index-to-llvm, "
+                  "reconcile-unrealized-casts")
+register_pipeline("tracea-cpu", "the whole CPU path: tracea ops to the LLVM dialect",
+                  "tracea-to-linalg, tracea-cpu-bufferize, tracea-cpu-to-llvm")
+
+
+def _runtime_libraries() -> list[str]:
+    import mlir
+    lib = Path(mlir.__path__[0]) / "lib"  # a namespace package: no __file__
+    return [str(lib / "libmlir_c_runner_utils.so")]
+
+
+@register_target
+class CpuTarget(Target):
+    name = "cpu"
+
+    def stages(self, strategy: str = "reference") -> list[tuple[str, Pipeline]]:
+        return [
+            ("linalg", parse_pipeline(f"tracea-verify, tracea-lower-to-linalg{{strategy={strategy}}}, canonicalize, cse")),
+            ("bufferized", parse_pipeline("tracea-cpu-bufferize")),
+            ("llvm", parse_pipeline("tracea-cpu-to-llvm")),
+        ]
+
+    def load(self, llvm_dialect_text: str, entry: str):
+        """JIT the LLVM-dialect module; return (address of the packed entry, owner to keep alive)."""
+        from mlir.execution_engine import ExecutionEngine
+
+        from ..dialects.context import make_context
+        ctx = make_context()
+        with ctx:
+            module = ir.Module.parse(llvm_dialect_text)
+            engine = ExecutionEngine(module, opt_level=3, shared_libs=_runtime_libraries())
+            address = engine.raw_lookup(f"_mlir_ciface_{ENTRY_PREFIX}{entry}")
+        if not address:
+            raise RuntimeError(f"the JIT did not export the entry point of @{entry}")
+        return address, (engine, module, ctx)
