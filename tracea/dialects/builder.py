@@ -24,7 +24,7 @@ from mlir.dialects import func
 
 from ..errors import OpError
 from .context import make_context
-from .ops import OP_DEFS, Epilogue, TensorSpec
+from .ops import OP_DEFS, SEGMENTS, Epilogue, TensorSpec
 from .schedule import Schedule
 
 
@@ -75,30 +75,36 @@ def silu() -> EpilogueStep:
 
 
 # --- op builders ---------------------------------------------------------------------------------
+_LIBRARY_DIRS = (os.path.dirname(os.path.dirname(__file__)), os.path.dirname(ir.__file__))
+
+
 def _call_site() -> ir.Location:
-    """The location of the user's call (the first frame outside this package)."""
-    here = os.path.dirname(os.path.dirname(__file__))
-    for frame in inspect.stack(context=0)[2:]:
-        if not frame.filename.startswith(here):
-            return ir.Location.file(frame.filename, frame.lineno, 1)
-    return ir.Location.unknown()
+    """The location of the user's call (the first frame outside Tracea and the MLIR bindings)."""
+    frame = inspect.currentframe()
+    while frame is not None and frame.f_code.co_filename.startswith(_LIBRARY_DIRS):
+        frame = frame.f_back
+    if frame is None:
+        return ir.Location.unknown()
+    return ir.Location.file(frame.f_code.co_filename, frame.f_lineno, 1)
 
 
-def _create(name: str, operands: list, attrs: dict, out_dtype: str | None) -> ir.Value:
+def _create(name: str, operands: dict[str, ir.Value | None], attrs: dict, out_dtype: str | None) -> ir.Value:
     opdef = OP_DEFS[name]
-    names = opdef.operand_names(len(operands))
-    for value, operand_name in zip(operands, names):
+    operands = {k: v for k, v in operands.items() if v is not None}
+    for operand_name, value in operands.items():
         if not isinstance(value, ir.Value):
             raise OpError(f"{name}: operand '{operand_name}' must be a value built in a tracea function "
                           f"(an argument or an op result), got {type(value).__name__}")
     try:
-        specs = [TensorSpec.from_type(v.type, f"operand '{n}'") for v, n in zip(operands, names)]
+        specs = {n: TensorSpec.from_type(v.type, f"operand '{n}'") for n, v in operands.items()}
         values = {**{k: d.default for k, d in opdef.attrs.items()}, **attrs}
         result = opdef.infer(specs, values, out_dtype)
         encoded = opdef.encode_attrs(attrs)
     except OpError as e:
         raise OpError(f"{name}: {e}") from None
-    op = ir.Operation.create(name, results=[result.to_type()], operands=list(operands),
+    if opdef.needs_segments:
+        encoded[SEGMENTS] = ir.DenseI32ArrayAttr.get(opdef.segment_sizes(list(operands)))
+    op = ir.Operation.create(name, results=[result.to_type()], operands=list(operands.values()),
                              attributes=encoded, loc=_call_site())
     return op.result
 
@@ -113,7 +119,7 @@ def _schedule(schedule: Schedule | None) -> dict:
 def gemm(a: ir.Value, b: ir.Value, *, transpose_a: bool = False, transpose_b: bool = False,
          out_dtype: str | None = None, schedule: Schedule | None = None) -> ir.Value:
     """C = op(A) x op(B) with f32 accumulation; `out_dtype` f32 or the inputs' type (default)."""
-    return _create("tracea.gemm", [a, b], {"transpose_a": transpose_a, "transpose_b": transpose_b,
+    return _create("tracea.gemm", {"a": a, "b": b}, {"transpose_a": transpose_a, "transpose_b": transpose_b,
                                            **_schedule(schedule)}, out_dtype)
 
 
@@ -130,14 +136,20 @@ def fused_gemm(a: ir.Value, b: ir.Value, epilogue: Sequence[EpilogueStep], *, tr
             step.epilogue.validate()
         except OpError as e:
             raise OpError(f"tracea.fused_gemm: epilogue #{i}: {e}") from None
-    extra = [s.operand for s in steps if s.epilogue.takes_operand]
+    operands = {"a": a, "b": b}
+    for s in steps:
+        if s.epilogue.takes_operand:
+            key = "bias" if s.epilogue.kind == "bias_add" else "residual"
+            if key in operands:
+                raise OpError(f"tracea.fused_gemm: the epilogue may have one {s.epilogue.kind}")
+            operands[key] = s.operand
     attrs = {"transpose_a": transpose_a, "transpose_b": transpose_b,
              "epilogue": tuple(s.epilogue for s in steps), **_schedule(schedule)}
-    return _create("tracea.fused_gemm", [a, b, *extra], attrs, out_dtype)
+    return _create("tracea.fused_gemm", operands, attrs, out_dtype)
 
 
 def softmax(x: ir.Value, axis: int = -1, *, schedule: Schedule | None = None) -> ir.Value:
-    return _create("tracea.softmax", [x], {"axis": axis, **_schedule(schedule)}, None)
+    return _create("tracea.softmax", {"input": x}, {"axis": axis, **_schedule(schedule)}, None)
 
 
 def _pair(value, name: str) -> tuple[int, ...]:
@@ -156,14 +168,14 @@ def conv2d(x: ir.Value, w: ir.Value, bias: ir.Value | None = None, *, stride=1, 
     """2-D convolution; `layout` "nchw" (filter FCHW) or "nhwc" (filter HWCF)."""
     attrs = {"layout": layout, "stride": _pair(stride, "stride"), "padding": _pair(padding, "padding"),
              "dilation": _pair(dilation, "dilation"), "groups": groups, **_schedule(schedule)}
-    return _create("tracea.conv2d", [x, w] + ([bias] if bias is not None else []), attrs, out_dtype)
+    return _create("tracea.conv2d", {"input": x, "filter": w, "bias": bias}, attrs, out_dtype)
 
 
 def attention(q: ir.Value, k: ir.Value, v: ir.Value, *, scale: float | None = None, causal: bool = False,
               out_dtype: str | None = None, schedule: Schedule | None = None) -> ir.Value:
     """softmax(scale * Q K^T) V over [..., S, D]; scale defaults to 1/sqrt(D)."""
     attrs = {"scale": None if scale is None else float(scale), "causal": causal, **_schedule(schedule)}
-    return _create("tracea.attention", [q, k, v], attrs, out_dtype)
+    return _create("tracea.attention", {"query": q, "key": k, "value": v}, attrs, out_dtype)
 
 
 # --- functions -----------------------------------------------------------------------------------

@@ -30,6 +30,24 @@ def make_context(threads: bool = True) -> ir.Context:
     return ctx
 
 
+def parse_module(text: str, source_name: str):
+    """Parse a module as mlir-opt does: top-level ops without a `module` get one. Returns an
+    object whose `.operation` is the builtin.module. Raises ir.MLIRError on bad input."""
+    try:
+        op = ir.Operation.parse(text, source_name=source_name)
+    except ir.MLIRError as e:
+        if "single top-level operation" not in str(e):
+            raise
+        # Zero or several top-level ops: Module.parse wraps them (its locations say "-",
+        # which to_diagnostic maps back to source_name).
+        return ir.Module.parse(text)
+    if op.operation.name == "builtin.module":
+        return op
+    module = ir.Module.create(loc=ir.Location.file(source_name, 1, 1))
+    module.body.append(op.operation)
+    return module
+
+
 def to_diagnostic(d, source_name: str | None = None) -> Diagnostic:
     """Copy an MLIR diagnostic into a plain value (locations resolved to file:line:col)."""
     file = line = col = None

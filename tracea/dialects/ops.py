@@ -18,6 +18,7 @@ from ..errors import OpError
 from .schedule import Schedule, decode_bool, decode_float, decode_ints, decode_int, decode_str
 
 FLOAT_DTYPES = ("f32", "f16", "bf16")
+SEGMENTS = "operandSegmentSizes"
 ACCUMULATOR_DTYPE = "f32"
 
 
@@ -154,7 +155,8 @@ class OpDef(ABC):
     """Base of the op definitions. Subclasses set `name`, `operands`, `attrs`, `infer`."""
 
     name: str = ""
-    # (operand name, variadicity: "single" | "optional" | "variadic")
+    # (operand name, "single" | "optional"); with several optionals the op carries IRDL's
+    # operandSegmentSizes attribute to say which are present.
     operands: tuple[tuple[str, str], ...] = ()
     attrs: dict[str, AttrDef] = {}
     summary: str = ""
@@ -167,7 +169,7 @@ class OpDef(ABC):
         for key, attr in present.items():
             if key in self.attrs:
                 values[key] = self.attrs[key].decode(attr, f"attribute '{key}'")
-            elif "." not in key:  # dialect-prefixed attributes (e.g. tracea.*) are allowed
+            elif key != SEGMENTS and "." not in key:  # dialect-prefixed attributes are allowed
                 raise OpError(f"unknown attribute '{key}'; {self.name} takes "
                               f"{', '.join(sorted(self.attrs)) or 'none'}")
         for key, spec in self.attrs.items():
@@ -187,17 +189,29 @@ class OpDef(ABC):
             out[key] = spec.encode(value)
         return out
 
-    def operand_names(self, count: int) -> list[str]:
-        names = []
-        for name, kind in self.operands:
-            if kind == "single" or (kind == "optional" and len(names) < count):
-                names.append(name)
-            elif kind == "variadic":
-                names.extend(f"{name} #{i}" for i in range(count - len(names)))
-        return names[:count]
+    @property
+    def needs_segments(self) -> bool:
+        return sum(kind == "optional" for _, kind in self.operands) > 1
+
+    def operand_names(self, count: int, segments: list[int] | None = None) -> list[str]:
+        """Names of an op's `count` operands (`segments`: its operandSegmentSizes, if any)."""
+        if segments is not None:
+            if len(segments) != len(self.operands) or any(s not in (0, 1) for s in segments):
+                raise OpError(f"operandSegmentSizes {segments} does not fit operands "
+                              f"({', '.join(n for n, _ in self.operands)})")
+            names = [name for (name, _), present in zip(self.operands, segments) if present]
+        else:
+            singles = [n for n, kind in self.operands if kind == "single"]
+            names = [n for n, kind in self.operands if kind == "single" or len(singles) < count]
+        if len(names) != count:
+            raise OpError(f"expected {len(names)} operands ({', '.join(names)}), got {count}")
+        return names
+
+    def segment_sizes(self, present: list[str]) -> list[int]:
+        return [int(name in present) for name, _ in self.operands]
 
     @abstractmethod
-    def infer(self, operands: list[TensorSpec], attrs: dict[str, Any], result_dtype: str | None) -> TensorSpec:
+    def infer(self, operands: dict[str, TensorSpec], attrs: dict[str, Any], result_dtype: str | None) -> TensorSpec:
         """Check the operands and attributes; return the result type (OpError if invalid)."""
 
     # -- shared checks
@@ -233,7 +247,7 @@ class GemmDef(OpDef):
     attrs = {"transpose_a": BOOL(), "transpose_b": BOOL(), "schedule": SCHEDULE}
 
     def infer(self, operands, attrs, result_dtype):
-        a, b = operands[:2]
+        a, b = operands["a"], operands["b"]
         self.float_operand(a, "operand 'a'")
         self.float_operand(b, "operand 'b'")
         dtype = _same_dtype([a, b], ["a", "b"])
@@ -258,27 +272,25 @@ class GemmDef(OpDef):
 class FusedGemmDef(GemmDef):
     name = "tracea.fused_gemm"
     summary = "gemm followed by an ordered epilogue (bias_add, scale, relu, gelu, sigmoid, silu, residual_add)"
-    operands = (("a", "single"), ("b", "single"), ("epilogue_operands", "variadic"))
+    operands = (("a", "single"), ("b", "single"), ("bias", "optional"), ("residual", "optional"))
     attrs = {**GemmDef.attrs, "epilogue": EPILOGUE}
 
-    def operand_names(self, count):
-        return ["a", "b"] + [f"epilogue operand #{i}" for i in range(count - 2)]
-
     def infer(self, operands, attrs, result_dtype):
-        result = super().infer(operands[:2], attrs, result_dtype)
-        extras = operands[2:]
-        takers = [(i, ep) for i, ep in enumerate(attrs["epilogue"]) if ep.takes_operand]
-        if len(takers) != len(extras):
-            wanted = ", ".join(f"{ep.kind} (epilogue #{i})" for i, ep in takers) or "none"
-            raise OpError(f"the epilogue needs {len(takers)} extra operand(s) [{wanted}] but "
-                          f"{len(extras)} were given")
-        n = result.shape[-1]
-        for (i, ep), spec in zip(takers, extras):
-            what = f"{ep.kind} operand of epilogue #{i}"
-            self.float_operand(spec, what)
-            expected = (n,) if ep.kind == "bias_add" else result.shape
-            if spec.shape != expected:
-                raise OpError(f"{what} has shape {list(spec.shape)}; expected {list(expected)}")
+        result = super().infer(operands, attrs, result_dtype)
+        for kind, operand, shape in (("bias_add", "bias", result.shape[-1:]), ("residual_add", "residual", result.shape)):
+            uses = [i for i, ep in enumerate(attrs["epilogue"]) if ep.kind == kind]
+            if len(uses) > 1:
+                raise OpError(f"epilogue has {kind} {len(uses)} times (#{', #'.join(map(str, uses))}); "
+                              f"it may appear once, adding the '{operand}' operand")
+            if uses and operand not in operands:
+                raise OpError(f"epilogue #{uses[0]} is {kind} but the op has no '{operand}' operand")
+            if operand in operands and not uses:
+                raise OpError(f"operand '{operand}' is given but the epilogue has no {kind}")
+            if operand in operands:
+                self.float_operand(operands[operand], f"operand '{operand}'")
+                if operands[operand].shape != shape:
+                    raise OpError(f"operand '{operand}' has shape {list(operands[operand].shape)}; "
+                                  f"expected {list(shape)}")
         return result
 
 
@@ -289,7 +301,7 @@ class SoftmaxDef(OpDef):
     attrs = {"axis": INT(-1), "schedule": SCHEDULE}
 
     def infer(self, operands, attrs, result_dtype):
-        (x,) = operands
+        x = operands["input"]
         self.float_operand(x, "operand 'input'")
         if x.rank < 1:
             raise OpError("operand 'input' must have rank >= 1")
@@ -314,7 +326,7 @@ class Conv2dDef(OpDef):
         return (p[0], p[0], p[1], p[1]) if len(p) == 2 else tuple(p)
 
     def infer(self, operands, attrs, result_dtype):
-        x, w = operands[:2]
+        x, w = operands["input"], operands["filter"]
         self.float_operand(x, "operand 'input'")
         self.float_operand(w, "operand 'filter'")
         dtype = _same_dtype([x, w], ["input", "filter"])
@@ -352,10 +364,10 @@ class Conv2dDef(OpDef):
         if oh < 1 or ow < 1:
             raise OpError(f"the {kh}x{kw} filter (dilation {dh}x{dw}) does not fit the padded "
                           f"{h + top + bottom}x{wd + left + right} input")
-        if len(operands) == 3:
-            self.float_operand(operands[2], "operand 'bias'")
-            if operands[2].shape != (f,):
-                raise OpError(f"operand 'bias' has shape {list(operands[2].shape)}; expected [{f}]")
+        if "bias" in operands:
+            self.float_operand(operands["bias"], "operand 'bias'")
+            if operands["bias"].shape != (f,):
+                raise OpError(f"operand 'bias' has shape {list(operands['bias'].shape)}; expected [{f}]")
         out = self.result_dtype(result_dtype, dtype, (dtype, ACCUMULATOR_DTYPE))
         shape = (n, f, oh, ow) if layout == "nchw" else (n, oh, ow, f)
         return TensorSpec(shape, out)
@@ -369,13 +381,13 @@ class AttentionDef(OpDef):
     attrs = {"scale": FLOAT(None), "causal": BOOL(), "schedule": SCHEDULE}
 
     def infer(self, operands, attrs, result_dtype):
-        q, k, v = operands
         names = ["query", "key", "value"]
-        for spec, name in zip(operands, names):
+        q, k, v = (operands[n] for n in names)
+        for spec, name in zip((q, k, v), names):
             self.float_operand(spec, f"operand '{name}'")
             if spec.rank < 2:
                 raise OpError(f"operand '{name}' must have rank >= 2 ([..., S, D]), got {spec}")
-        dtype = _same_dtype(list(operands), names)
+        dtype = _same_dtype([q, k, v], names)
         if not (q.rank == k.rank == v.rank):
             raise OpError(f"query, key and value must have the same rank; got {q}, {k}, {v}")
         if k.shape[:-2] != q.shape[:-2] or v.shape[:-2] != q.shape[:-2]:
@@ -406,7 +418,7 @@ class OpView:
 
     op: ir.Operation
     opdef: OpDef
-    operands: list[TensorSpec]
+    operands: dict[str, TensorSpec]  # by operand name, in operand order; absent optionals left out
     result: TensorSpec
     attrs: dict[str, Any]
 
@@ -416,8 +428,9 @@ def view(op: ir.Operation) -> OpView:
     opdef = OP_DEFS.get(op.name)
     if opdef is None:
         raise OpError(f"'{op.name}' is not an op of the tracea dialect; known: {', '.join(OP_DEFS)}")
-    names = opdef.operand_names(len(op.operands))
-    specs = [TensorSpec.from_type(v.type, f"operand '{name}'") for v, name in zip(op.operands, names)]
+    segments = list(ir.DenseI32ArrayAttr(op.attributes[SEGMENTS])) if SEGMENTS in op.attributes else None
+    names = opdef.operand_names(len(op.operands), segments)
+    specs = {name: TensorSpec.from_type(v.type, f"operand '{name}'") for v, name in zip(op.operands, names)}
     if len(op.results) != 1:
         raise OpError(f"{op.name} has exactly one result, got {len(op.results)}")
     declared = TensorSpec.from_type(op.results[0].type, "the result")

@@ -98,12 +98,13 @@ class Body:
 class KernelWriter:
     """Writes one `func.func private` on tensors; methods append ops and return SSA names."""
 
-    def __init__(self, name: str, args: list[TensorSpec], result: TensorSpec):
+    def __init__(self, name: str, args: dict[str, TensorSpec], result: TensorSpec):
         self.name = name
         self.args = [f"%arg{i}" for i in range(len(args))]
-        self.arg_specs = args
+        self.arg = dict(zip(args, self.args))  # operand name -> SSA name
+        self.arg_specs = list(args.values())
         self.result = result
-        self.types: dict[str, TensorSpec] = dict(zip(self.args, args))
+        self.types: dict[str, TensorSpec] = dict(zip(self.args, self.arg_specs))
         self.lines: list[str] = []
         self._n = 0
 

@@ -62,42 +62,46 @@ def _sigmoid(b: Body, x: str) -> str:
 
 
 def finish(w: KernelWriter, acc: str, result: TensorSpec, epilogue: tuple[Epilogue, ...] = (),
-           operands: list[tuple[str, list[str]]] = ()) -> str:
-    """Apply `epilogue` (whose operand-taking steps consume `operands` in order: value and its
-    index expressions over the result dims) to an f32 accumulator and cast to the result type."""
+           operands: dict[str, tuple[str, list[str]]] | None = None) -> str:
+    """Apply `epilogue` to an f32 accumulator and cast to the result type; `operands` maps
+    bias_add / residual_add to (tensor, its index expressions over the result dims)."""
+    operands = operands or {}
     if not epilogue and result.dtype == ACCUMULATOR_DTYPE:
         return acc
     dims = _dims(result.rank)
     out = w.empty(result.shape, result.dtype)
 
+    kinds = list(operands)
+
     def body(b: Body) -> str:
         x = b.args[0]
-        extra = iter(b.args[1:-1])
         for ep in epilogue:
-            x = apply_epilogue(b, x, ep, next(extra) if ep.takes_operand else None)
+            x = apply_epilogue(b, x, ep, b.args[1 + kinds.index(ep.kind)] if ep.takes_operand else None)
         return x
 
-    return w.generic([(acc, dims)] + list(operands), (out, dims), result.rank, (), body)
+    return w.generic([(acc, dims)] + list(operands.values()), (out, dims), result.rank, (), body)
 
 
 # --- gemm / fused_gemm ----------------------------------------------------------------------------
 @lowering("tracea.gemm")
 @lowering("tracea.fused_gemm")
 def gemm_reference(w: KernelWriter, v: OpView) -> str:
-    a, b = v.operands[:2]
+    a, b = v.operands["a"], v.operands["b"]
     nb = a.rank - 2
     batch = _dims(nb)
     m, n, k = f"d{nb}", f"d{nb + 1}", f"d{nb + 2}"
     a_idx = batch + ([k, m] if v.attrs["transpose_a"] else [m, k])
     b_idx = (batch if b.rank == a.rank else []) + ([n, k] if v.attrs["transpose_b"] else [k, n])
     acc = w.filled(v.result.shape, 0.0)
-    acc = w.generic([(w.args[0], a_idx), (w.args[1], b_idx)], (acc, batch + [m, n]), nb + 3, (nb + 2,),
+    acc = w.generic([(w.arg["a"], a_idx), (w.arg["b"], b_idx)], (acc, batch + [m, n]), nb + 3, (nb + 2,),
                     lambda bd: bd.add(bd.args[2], bd.mul(bd.to_f32(bd.args[0]), bd.to_f32(bd.args[1]))))
     epilogue = v.attrs.get("epilogue", ())
     result_dims = _dims(v.result.rank)
-    takers = [ep for ep in epilogue if ep.takes_operand]
-    operands = [(arg, [result_dims[-1]] if ep.kind == "bias_add" else result_dims)
-                for arg, ep in zip(w.args[2:], takers)]
+    operands = {}
+    if "bias" in w.arg:
+        operands["bias_add"] = (w.arg["bias"], result_dims[-1:])
+    if "residual" in w.arg:
+        operands["residual_add"] = (w.arg["residual"], result_dims)
     return finish(w, acc, v.result, epilogue, operands)
 
 
@@ -121,20 +125,20 @@ def softmax(w: KernelWriter, x: str, axis: int, dtype: str) -> str:
 
 @lowering("tracea.softmax")
 def softmax_reference(w: KernelWriter, v: OpView) -> str:
-    x = v.operands[0]
-    return softmax(w, w.args[0], v.attrs["axis"] % x.rank, v.result.dtype)
+    x = v.operands["input"]
+    return softmax(w, w.arg["input"], v.attrs["axis"] % x.rank, v.result.dtype)
 
 
 # --- attention ---------------------------------------------------------------------------------------
 @lowering("tracea.attention")
 def attention_reference(w: KernelWriter, v: OpView) -> str:
-    q, k, val = v.operands
+    q, k = v.operands["query"], v.operands["key"]
     nb = q.rank - 2
     batch = _dims(nb)
     i, j, d = f"d{nb}", f"d{nb + 1}", f"d{nb + 2}"
     sq, skv = q.shape[-2], k.shape[-2]
     scores = w.filled(q.shape[:-2] + (sq, skv), 0.0)
-    scores = w.generic([(w.args[0], batch + [i, d]), (w.args[1], batch + [j, d])], (scores, batch + [i, j]),
+    scores = w.generic([(w.arg["query"], batch + [i, d]), (w.arg["key"], batch + [j, d])], (scores, batch + [i, j]),
                        nb + 3, (nb + 2,),
                        lambda b: b.add(b.args[2], b.mul(b.to_f32(b.args[0]), b.to_f32(b.args[1]))))
     scale = AttentionDef.scale(v.attrs, q.shape[-1])
@@ -153,7 +157,7 @@ def attention_reference(w: KernelWriter, v: OpView) -> str:
     e = f"d{nb + 1}"
     jj = f"d{nb + 2}"
     out = w.filled(v.result.shape, 0.0)
-    out = w.generic([(probs, batch + [i, jj]), (w.args[2], batch + [jj, e])], (out, batch + [i, e]),
+    out = w.generic([(probs, batch + [i, jj]), (w.arg["value"], batch + [jj, e])], (out, batch + [i, e]),
                     nb + 3, (nb + 2,),
                     lambda b: b.add(b.args[2], b.mul(b.args[0], b.to_f32(b.args[1]))))
     return finish(w, out, v.result)
@@ -166,7 +170,7 @@ def _window(out_dim: str, k_dim: str, stride: int, dilation: int) -> str:
 
 @lowering("tracea.conv2d")
 def conv2d_reference(w: KernelWriter, v: OpView) -> str:
-    x, f = v.operands[:2]
+    x, f = v.operands["input"], v.operands["filter"]
     groups = v.attrs["groups"]
     (sh, sw), (dh, dw) = v.attrs["stride"], v.attrs["dilation"]
     top, bottom, left, right = Conv2dDef.pads(v.attrs)
@@ -174,10 +178,10 @@ def conv2d_reference(w: KernelWriter, v: OpView) -> str:
         n, c, _, _ = x.shape
         nf, cg, kh, kw = f.shape
         _, _, oh, ow = v.result.shape
-        padded = w.pad(w.args[0], [0, 0, top, left], [0, 0, bottom, right])
+        padded = w.pad(w.arg["input"], [0, 0, top, left], [0, 0, bottom, right])
         hp, wp = w.types[padded].shape[2:]
         xin = w.reshape(padded, [[0], [1, 2], [3], [4]], (n, groups, cg, hp, wp))
-        flt = w.reshape(w.args[1], [[0, 1], [2], [3], [4]], (groups, nf // groups, cg, kh, kw))
+        flt = w.reshape(w.arg["filter"], [[0, 1], [2], [3], [4]], (groups, nf // groups, cg, kh, kw))
         # loops: d0 n, d1 g, d2 f, d3 oh, d4 ow | d5 c, d6 kh, d7 kw
         acc = w.filled((n, groups, nf // groups, oh, ow), 0.0)
         x_idx = ["d0", "d1", "d5", _window("d3", "d6", sh, dh), _window("d4", "d7", sw, dw)]
@@ -189,10 +193,10 @@ def conv2d_reference(w: KernelWriter, v: OpView) -> str:
         n, _, _, c = x.shape
         kh, kw, cg, nf = f.shape
         _, oh, ow, _ = v.result.shape
-        padded = w.pad(w.args[0], [0, top, left, 0], [0, bottom, right, 0])
+        padded = w.pad(w.arg["input"], [0, top, left, 0], [0, bottom, right, 0])
         hp, wp = w.types[padded].shape[1:3]
         xin = w.reshape(padded, [[0], [1], [2], [3, 4]], (n, hp, wp, groups, cg))
-        flt = w.reshape(w.args[1], [[0], [1], [2], [3, 4]], (kh, kw, cg, groups, nf // groups))
+        flt = w.reshape(w.arg["filter"], [[0], [1], [2], [3, 4]], (kh, kw, cg, groups, nf // groups))
         # loops: d0 n, d1 oh, d2 ow, d3 g, d4 f | d5 kh, d6 kw, d7 c
         acc = w.filled((n, oh, ow, groups, nf // groups), 0.0)
         x_idx = ["d0", _window("d1", "d5", sh, dh), _window("d2", "d6", sw, dw), "d3", "d7"]
@@ -200,8 +204,8 @@ def conv2d_reference(w: KernelWriter, v: OpView) -> str:
                         lambda b: b.add(b.args[2], b.mul(b.to_f32(b.args[0]), b.to_f32(b.args[1]))))
         acc = w.reshape(acc, [[0], [1], [2], [3, 4]], (n, oh, ow, nf))
         channel = "d3"
-    if len(v.operands) == 3:
-        return finish(w, acc, v.result, (Epilogue("bias_add"),), [(w.args[2], [channel])])
+    if "bias" in w.arg:
+        return finish(w, acc, v.result, (Epilogue("bias_add"),), {"bias_add": (w.arg["bias"], [channel])})
     return finish(w, acc, v.result)
 
 

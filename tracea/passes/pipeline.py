@@ -22,7 +22,7 @@ import mlir.ir as ir
 from mlir.passmanager import PassManager
 
 from .. import knobs
-from ..dialects.context import DiagnosticLog, make_context
+from ..dialects.context import DiagnosticLog, make_context, parse_module
 from ..dialects.verify import verify_tracea_ops
 from ..errors import CompileError, Diagnostic, InternalCompilerError, TraceaError
 from .registry import PASSES, PIPELINES, TraceaPass
@@ -125,19 +125,15 @@ class PipelineResult:
 
 
 def _run_in_process(source: str, stages: list[tuple[str, Pipeline]], source_name: str,
-                    print_ir_after_all: bool, keep_stages: bool, generic: bool) -> PipelineResult:
+                    print_ir_after_all: bool, keep_stages: bool, asm: dict) -> PipelineResult:
     ctx = make_context(threads=False)
     log = DiagnosticLog(source_name)
     kept: dict[str, str] = {}
     with ctx, log.capture(ctx):
         try:
-            module = ir.Operation.parse(source, source_name=source_name)
+            module = parse_module(source, source_name)
         except ir.MLIRError as e:
             log.absorb(e)
-            return PipelineResult(False, None, log.diagnostics)
-        if module.operation.name != "builtin.module":
-            log.diagnostics.append(Diagnostic("error", f"expected a builtin.module at the top level, "
-                                                       f"got '{module.operation.name}'", source_name))
             return PipelineResult(False, None, log.diagnostics)
         if verify_tracea_ops(module.operation):
             return PipelineResult(False, None, log.diagnostics)
@@ -154,19 +150,20 @@ def _run_in_process(source: str, stages: list[tuple[str, Pipeline]], source_name
                 log.diagnostics.append(Diagnostic("error", str(e)))
                 return PipelineResult(False, None, log.diagnostics)
             if keep_stages:
-                kept[stage_name] = module.operation.get_asm(print_generic_op_form=generic)
-        text = module.operation.get_asm(print_generic_op_form=generic)
+                kept[stage_name] = module.operation.get_asm(**asm)
+        text = module.operation.get_asm(**asm)
     return PipelineResult(True, text, log.diagnostics, kept)
 
 
 def run_pipeline(source: str, stages: list[tuple[str, Pipeline]] | Pipeline, *, source_name: str = "<input>",
-                 print_ir_after_all: bool = False, keep_stages: bool = False, generic: bool = False,
+                 print_ir_after_all: bool = False, keep_stages: bool = False, asm: dict | None = None,
                  isolate: bool | None = None) -> PipelineResult:
     """Parse `source`, verify its tracea ops, run the pipeline stages; never raises for bad input
-    (the result carries the diagnostics). Raises InternalCompilerError if the compiler aborts."""
+    (the result carries the diagnostics). Raises InternalCompilerError if the compiler aborts.
+    `asm` holds Operation.get_asm options for the output (e.g. print_generic_op_form=True)."""
     if isinstance(stages, Pipeline):
         stages = [("output", stages)]
-    args = (source, stages, source_name, print_ir_after_all, keep_stages, generic)
+    args = (source, stages, source_name, print_ir_after_all, keep_stages, asm or {})
     if not (knobs.isolate_compiler() if isolate is None else isolate):
         return _run_in_process(*args)
     return _run_forked(args)
