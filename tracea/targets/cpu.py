@@ -87,7 +87,7 @@ class CpuAbiPass(TraceaPass):
 register_pipeline("tracea-to-linalg", "verify and lower tracea ops to linalg on tensors, then simplify",
                   "tracea-verify, tracea-lower-to-linalg, canonicalize, cse")
 register_pipeline("tracea-cpu-bufferize", "C entry points, inlining, one-shot bufferization, deallocation",
-                  "tracea-cpu-abi, inline, symbol-dce, canonicalize, "
+                  "tracea-cpu-abi, inline, symbol-dce, canonicalize, eliminate-empty-tensors, "
                   "one-shot-bufferize{bufferize-function-boundaries "
                   "function-boundary-type-conversion=identity-layout-map}, "
                   "buffer-deallocation-pipeline, canonicalize")
