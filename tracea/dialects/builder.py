@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import inspect
 import os
+import re
 from dataclasses import dataclass
 from typing import Callable, Sequence
 
@@ -183,7 +184,7 @@ class Function:
     """A module holding one public function of tracea ops, built by calling `body`."""
 
     def __init__(self, name: str, inputs: Sequence[TensorSpec], body: Callable):
-        self.name = name
+        self.name = _symbol_name(name)
         self.inputs = list(inputs)
         self.arg_names = list(inspect.signature(body).parameters)[:len(self.inputs)]
         self.context = make_context()
@@ -220,6 +221,12 @@ class Function:
     def compile(self, target: str = "cpu", **kwargs):
         from ..compiler import compile as _compile
         return _compile(self, target=target, **kwargs)
+
+
+def _symbol_name(name: str) -> str:
+    """A valid MLIR symbol from a Python name ("<lambda>" -> "lambda")."""
+    cleaned = re.sub(r"[^A-Za-z0-9_]", "", name) or "kernel"
+    return cleaned if not cleaned[0].isdigit() else "_" + cleaned
 
 
 def _call_site_or_unknown(body: Callable) -> ir.Location:

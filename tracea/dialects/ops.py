@@ -227,7 +227,9 @@ class OpDef(ABC):
         if requested is None:
             return input_dtype
         if requested not in allowed:
-            raise OpError(f"result element type {requested} is not allowed here; expected one of {', '.join(allowed)}")
+            allowed = tuple(dict.fromkeys(allowed))
+            raise OpError(f"result element type {requested} is not allowed here; expected "
+                          + (f"one of {', '.join(allowed)}" if len(allowed) > 1 else allowed[0]))
         return requested
 
 

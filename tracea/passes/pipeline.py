@@ -9,6 +9,7 @@ with the input saved for a bug report.
 """
 from __future__ import annotations
 
+import faulthandler
 import os
 import pickle
 import signal
@@ -180,6 +181,7 @@ def _run_forked(args) -> PipelineResult:
         try:
             os.close(read_fd)
             os.dup2(errlog.fileno(), 2)
+            faulthandler.disable()  # a crash here is expected and reported by the parent
             result = _run_in_process(*args)
             payload = pickle.dumps(result)
             with os.fdopen(write_fd, "wb") as out:

@@ -1,0 +1,24 @@
+import os
+import sys
+
+import pytest
+from hypothesis import settings
+
+sys.path.insert(0, os.path.dirname(__file__))  # `import reference`
+
+# Every example compiles a kernel (~0.3 s); keep property tests to a few dozen shapes each.
+settings.register_profile("tracea", max_examples=12, deadline=None, derandomize=True)
+settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "tracea"))
+
+
+@pytest.fixture
+def rng():
+    import numpy as np
+    return np.random.default_rng(1234)
+
+
+@pytest.fixture(autouse=True)
+def crash_dir(tmp_path, monkeypatch):
+    """Reproducers of internal compiler errors go to the test's own directory."""
+    monkeypatch.setenv("TRACEA_CRASH_DIR", str(tmp_path / "crashes"))
+    return tmp_path / "crashes"

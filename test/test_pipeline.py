@@ -1,0 +1,79 @@
+"""Pass registry, option parsing, textual pipelines, and crash isolation."""
+from __future__ import annotations
+
+import os
+
+import pytest
+
+import tracea
+from tracea.errors import InternalCompilerError, TraceaError
+from tracea.passes import PASSES, PIPELINES, describe, parse_pipeline, run_pipeline
+from tracea.passes.lower_to_linalg import LowerToLinalgPass
+
+CRASHING_INPUT = """func.func @store_i1(%m: memref<4xi1>, %v: i1) {
+  %c0 = arith.constant 0 : index
+  memref.store %v, %m[%c0] : memref<4xi1>
+  return
+}"""
+
+
+def test_pipeline_mixes_tracea_and_upstream_passes():
+    p = parse_pipeline("builtin.module(tracea-lower-to-linalg{strategy=reference}, canonicalize, func.func(cse))")
+    assert p.elements == (LowerToLinalgPass("reference"), "canonicalize", "func.func(cse)")
+    assert p.text() == "builtin.module(tracea-lower-to-linalg, canonicalize, func.func(cse))"
+
+
+def test_named_pipelines_expand():
+    p = parse_pipeline("tracea-cpu")
+    names = [e if isinstance(e, str) else e.NAME for e in p.elements]
+    assert names[:2] == ["tracea-verify", "tracea-lower-to-linalg"]
+    assert "tracea-cpu-abi" in names and "reconcile-unrealized-casts" in names
+
+
+@pytest.mark.parametrize("text,message", [
+    ("tracea-lower-to-linalg{strategy=fast}", "must be one of reference; got 'fast'"),
+    ("tracea-lower-to-linalg{bogus=1}", "has no option 'bogus'; its options: strategy"),
+    ("tracea-lower-to-linalg{strategy}", "expected key=value"),
+    ("builtin.module(canonicalize", "unbalanced"),
+    ("func.func(tracea-verify)", "Tracea passes run on the whole module"),
+])
+def test_pipeline_errors(text, message):
+    with pytest.raises(TraceaError, match=message.replace("(", r"\(").replace("{", r"\{")):
+        parse_pipeline(text)
+
+
+def test_every_pass_is_described():
+    text = describe()
+    for name in list(PASSES) + list(PIPELINES):
+        assert name in text
+
+
+def test_run_pipeline_returns_diagnostics_for_bad_input():
+    result = run_pipeline("func.func @f( {", parse_pipeline("canonicalize"), source_name="bad.mlir")
+    assert not result.ok
+    assert result.diagnostics[0].file == "bad.mlir" and result.diagnostics[0].line == 1
+
+
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="crash isolation needs os.fork")
+def test_llvm_abort_is_an_internal_compiler_error_and_the_caller_survives(crash_dir):
+    with pytest.raises(InternalCompilerError) as e:
+        run_pipeline(CRASHING_INPUT, parse_pipeline("finalize-memref-to-llvm"), source_name="crash.mlir")
+    message = str(e.value)
+    assert "killed by signal 6 (SIGABRT)" in message
+    assert "Assertion `integralElementType.getWidth() >= 8' failed." in message
+    reproducer = e.value.reproducer
+    assert reproducer and reproducer.startswith(str(crash_dir))
+    saved = open(reproducer).read()
+    assert "memref.store %v, %m[%c0] : memref<4xi1>" in saved
+    assert "// pipeline: builtin.module(finalize-memref-to-llvm)" in saved
+    # ... and this process still works:
+    assert tracea.compile("func.func @ok(%x: tensor<2xf32>) -> tensor<2xf32> { "
+                          "%y = \"tracea.softmax\"(%x) : (tensor<2xf32>) -> tensor<2xf32> "
+                          "return %y : tensor<2xf32> }") is not None
+
+
+def test_in_process_mode_gives_the_same_result(monkeypatch):
+    text = 'func.func @f(%x: tensor<3xf32>) -> tensor<3xf32> { %y = "tracea.softmax"(%x) : (tensor<3xf32>) -> tensor<3xf32> return %y : tensor<3xf32> }'
+    forked = run_pipeline(text, parse_pipeline("tracea-to-linalg"), isolate=True)
+    in_process = run_pipeline(text, parse_pipeline("tracea-to-linalg"), isolate=False)
+    assert forked.ok and in_process.ok and forked.text == in_process.text

@@ -1,0 +1,124 @@
+"""Compiled kernels as callables: argument checking, results, caching, stages."""
+from __future__ import annotations
+
+import time
+
+import ml_dtypes
+import numpy as np
+import pytest
+
+import reference as ref
+import tracea
+from tracea import dialects as td
+
+
+@pytest.fixture(scope="module")
+def kernel():
+    @td.function(td.tensor((4, 8)), td.tensor((8, 3)))
+    def matmul(a, b):
+        return td.gemm(a, b)
+
+    return tracea.compile(matmul)
+
+
+def test_kernel_describes_itself(kernel):
+    assert repr(kernel) == "<tracea.Kernel matmul(a: tensor<4x8xf32>, b: tensor<8x3xf32>) -> tensor<4x3xf32> on cpu>"
+
+
+@pytest.mark.parametrize("args,message", [
+    ((np.zeros((4, 8), np.float32),), r"matmul takes 2 argument\(s\)"),
+    ((np.zeros((4, 8)), np.zeros((8, 3), np.float32)), r"argument a must be a float32 array of shape \(4, 8\), got float64 \(4, 8\)"),
+    ((np.zeros((4, 8), np.float32), np.zeros((3, 8), np.float32)), r"argument b must be a float32 array of shape \(8, 3\), got float32 \(3, 8\)"),
+    ((np.zeros((4, 8), np.float32), "x"), r"argument b must be a numpy array, got str"),
+])
+def test_bad_arguments_are_rejected(kernel, args, message):
+    with pytest.raises(tracea.ArgumentError, match=message):
+        kernel(*args)
+
+
+def test_non_contiguous_inputs_and_out_arrays(kernel, rng):
+    a = ref.random(rng, (8, 4)).T  # a transposed view
+    b = ref.random(rng, (8, 3))
+    out = np.full((4, 3), np.nan, np.float32)
+    result = kernel(a, b, out=out)
+    assert result is out
+    ref.assert_close(out, ref.gemm(a, b), "f32", 8)
+    with pytest.raises(tracea.ArgumentError, match="output #0 must be a writeable C-contiguous array"):
+        kernel(a, b, out=np.zeros((3, 4), np.float32).T)
+
+
+def test_repeated_compile_is_a_cache_hit():
+    @td.function(td.tensor((5, 6)))
+    def sm(x):
+        return td.softmax(x)
+
+    first = tracea.compile(sm)
+    start = time.perf_counter()
+    again = tracea.compile(sm)
+    assert again is first
+    assert time.perf_counter() - start < 0.05  # a hash and a dict lookup, not a compile
+
+
+def test_different_schedules_are_different_kernels():
+    def build(stages):
+        return td.function(td.tensor((4, 4)), td.tensor((4, 4)))(
+            lambda a, b: td.gemm(a, b, schedule=td.Schedule(stages=stages)))
+
+    assert tracea.compile(build(2)) is not tracea.compile(build(3))
+
+
+def test_stages_are_kept_on_request(rng):
+    fn = td.function(td.tensor((3, 3)))(lambda x: td.softmax(x))
+    k = tracea.compile(fn, keep_stages=True)
+    assert list(k.stages) == ["linalg", "bufferized", "llvm"]
+    assert "linalg.generic" in k.stages["linalg"]
+    assert "memref<3x3xf32>" in k.stages["bufferized"]
+    assert "llvm.func" in k.stages["llvm"]
+
+
+def test_dump_dir_receives_every_stage(tmp_path, monkeypatch):
+    monkeypatch.setenv("TRACEA_DUMP_DIR", str(tmp_path))
+    fn = td.function(td.tensor((2, 7)))(lambda x: td.softmax(x, axis=0))
+    tracea.compile(fn)
+    names = sorted(p.name for p in tmp_path.iterdir())
+    assert names == ["lambda.0-input.mlir", "lambda.1-linalg.mlir", "lambda.2-bufferized.mlir", "lambda.3-llvm.mlir"]
+
+
+def test_bf16_arrays_via_ml_dtypes(rng):
+    fn = td.function(td.tensor((6, 5), "bf16"), td.tensor((5, 4), "bf16"))(
+        lambda a, b: td.gemm(a, b, out_dtype="f32"))
+    a, b = ref.random(rng, (6, 5), "bf16"), ref.random(rng, (5, 4), "bf16")
+    assert a.dtype == ml_dtypes.bfloat16
+    ref.assert_close(tracea.compile(fn)(a, b), ref.gemm(a, b), "f32", 5)
+
+
+def test_compile_from_text_and_entry_selection():
+    text = """
+    func.func @one(%x: tensor<3xf32>) -> tensor<3xf32> {
+      %y = "tracea.softmax"(%x) : (tensor<3xf32>) -> tensor<3xf32>
+      return %y : tensor<3xf32>
+    }
+    func.func @two(%x: tensor<3xf32>) -> tensor<3xf32> {
+      return %x : tensor<3xf32>
+    }"""
+    with pytest.raises(tracea.CompileError, match="has 2 public functions \\(one, two\\); name the one to run with entry="):
+        tracea.compile(text)
+    with pytest.raises(tracea.CompileError, match="no public function @three"):
+        tracea.compile(text, entry="three")
+    x = np.array([1.0, 2.0, 3.0], np.float32)
+    ref.assert_close(tracea.compile(text, entry="one")(x), ref.softmax(x), "f32")
+    np.testing.assert_array_equal(tracea.compile(text, entry="two")(x), x)
+
+
+def test_unknown_target():
+    fn = td.function(td.tensor((3,)))(lambda x: td.softmax(x))
+    with pytest.raises(ValueError, match="unknown target 'tpu'; available: cpu"):
+        tracea.compile(fn, target="tpu")
+
+
+def test_results_are_independent_arrays(kernel, rng):
+    a, b = ref.random(rng, (4, 8)), ref.random(rng, (8, 3))
+    first = kernel(a, b)
+    second = kernel(a * 2, b)
+    ref.assert_close(first, ref.gemm(a, b), "f32", 8)
+    ref.assert_close(second, ref.gemm(a * 2, b), "f32", 8)

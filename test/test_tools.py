@@ -1,0 +1,71 @@
+"""The command-line tools as a user runs them: exit codes, messages, help."""
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+import pytest
+
+from test_pipeline import CRASHING_INPUT
+
+BIN = os.path.dirname(sys.executable)
+
+
+def run(tool, *args, stdin=None, env=None):
+    return subprocess.run([os.path.join(BIN, tool), *args], input=stdin, capture_output=True, text=True,
+                          env={**os.environ, **(env or {})}, timeout=120)
+
+
+def test_opt_exit_status_2_on_internal_compiler_error(tmp_path):
+    src = tmp_path / "crash.mlir"
+    src.write_text(CRASHING_INPUT)
+    result = run("tracea-opt", str(src), "--pass-pipeline=builtin.module(finalize-memref-to-llvm)",
+                 env={"TRACEA_CRASH_DIR": str(tmp_path / "crashes")})
+    assert result.returncode == 2
+    assert "internal compiler error" in result.stderr
+    assert "Traceback" not in result.stderr
+    assert len(list((tmp_path / "crashes").iterdir())) == 1
+
+
+def test_opt_exit_status_1_on_bad_input():
+    result = run("tracea-opt", stdin="func.func @f( {")
+    assert result.returncode == 1
+    assert result.stderr.startswith("<stdin>:1:")
+    assert "Traceback" not in result.stderr
+
+
+def test_opt_round_trips_stdin_to_stdout():
+    text = 'func.func @f(%x: tensor<3xf32>) -> tensor<3xf32> {\n  %y = "tracea.softmax"(%x) : (tensor<3xf32>) -> tensor<3xf32>\n  return %y : tensor<3xf32>\n}\n'
+    result = run("tracea-opt", stdin=text)
+    assert result.returncode == 0, result.stderr
+    assert '"tracea.softmax"(%arg0) : (tensor<3xf32>) -> tensor<3xf32>' in result.stdout
+
+
+def test_opt_verify_diagnostics_reports_mismatches(tmp_path):
+    src = tmp_path / "t.mlir"
+    src.write_text("""func.func @f(%x: tensor<4xf32>) -> tensor<4xf32> {
+  // expected-error @+1 {{a message that will not come}}
+  %y = "tracea.softmax"(%x) {axis = 1 : i64} : (tensor<4xf32>) -> tensor<4xf32>
+  return %y : tensor<4xf32>
+}
+""")
+    result = run("tracea-opt", str(src), "--verify-diagnostics")
+    assert result.returncode == 1
+    assert f"{src}:3:8: error: unexpected error: 'tracea.softmax' op axis 1 is out of range" in result.stderr
+    assert f"{src}:3: error: expected error \"a message that will not come\" was not produced" in result.stderr
+
+
+@pytest.mark.parametrize("tool", ["tracea-opt", "tracea"])
+def test_help_and_version(tool):
+    assert run(tool, "--help").returncode == 0
+    version = run(tool, "--version")
+    assert version.returncode == 0 and "0.1.0" in version.stdout
+
+
+def test_demo_runs_and_checks(tmp_path):
+    result = run("tracea", "demo", "--batch", "1", "--seq", "16", "--dim", "16", "--hidden", "32", "--vocab", "8",
+                 "--repeat", "2")
+    assert result.returncode == 0, result.stderr
+    assert "-> OK" in result.stdout
+    assert "GFLOP/s" in result.stdout
