@@ -29,6 +29,11 @@ def lowering(op_name: str, strategy: str = "reference"):
     return add
 
 
+def multiply_accumulate(b: Body) -> str:
+    """acc + x * y in f32: the body of every contraction."""
+    return b.add(b.args[2], b.mul(b.to_f32(b.args[0]), b.to_f32(b.args[1])))
+
+
 def _dims(n: int, start: int = 0) -> list[str]:
     return [f"d{i}" for i in range(start, start + n)]
 
@@ -94,7 +99,7 @@ def gemm_reference(w: KernelWriter, v: OpView) -> str:
     b_idx = (batch if b.rank == a.rank else []) + ([n, k] if v.attrs["transpose_b"] else [k, n])
     acc = w.filled(v.result.shape, 0.0)
     acc = w.generic([(w.arg["a"], a_idx), (w.arg["b"], b_idx)], (acc, batch + [m, n]), nb + 3, (nb + 2,),
-                    lambda bd: bd.add(bd.args[2], bd.mul(bd.to_f32(bd.args[0]), bd.to_f32(bd.args[1]))))
+                    multiply_accumulate)
     epilogue = v.attrs.get("epilogue", ())
     result_dims = _dims(v.result.rank)
     operands = {}
@@ -140,7 +145,7 @@ def attention_reference(w: KernelWriter, v: OpView) -> str:
     scores = w.filled(q.shape[:-2] + (sq, skv), 0.0)
     scores = w.generic([(w.arg["query"], batch + [i, d]), (w.arg["key"], batch + [j, d])], (scores, batch + [i, j]),
                        nb + 3, (nb + 2,),
-                       lambda b: b.add(b.args[2], b.mul(b.to_f32(b.args[0]), b.to_f32(b.args[1]))))
+                       multiply_accumulate)
     scale = AttentionDef.scale(v.attrs, q.shape[-1])
     causal = v.attrs["causal"]
 
@@ -159,7 +164,7 @@ def attention_reference(w: KernelWriter, v: OpView) -> str:
     out = w.filled(v.result.shape, 0.0)
     out = w.generic([(probs, batch + [i, jj]), (w.arg["value"], batch + [jj, e])], (out, batch + [i, e]),
                     nb + 3, (nb + 2,),
-                    lambda b: b.add(b.args[2], b.mul(b.args[0], b.to_f32(b.args[1]))))
+                    multiply_accumulate)
     return finish(w, out, v.result)
 
 
@@ -186,7 +191,7 @@ def conv2d_reference(w: KernelWriter, v: OpView) -> str:
         acc = w.filled((n, groups, nf // groups, oh, ow), 0.0)
         x_idx = ["d0", "d1", "d5", _window("d3", "d6", sh, dh), _window("d4", "d7", sw, dw)]
         acc = w.generic([(xin, x_idx), (flt, ["d1", "d2", "d5", "d6", "d7"])], (acc, _dims(5)), 8, (5, 6, 7),
-                        lambda b: b.add(b.args[2], b.mul(b.to_f32(b.args[0]), b.to_f32(b.args[1]))))
+                        multiply_accumulate)
         acc = w.reshape(acc, [[0], [1, 2], [3], [4]], (n, nf, oh, ow))
         channel = "d1"
     else:
@@ -201,7 +206,7 @@ def conv2d_reference(w: KernelWriter, v: OpView) -> str:
         acc = w.filled((n, oh, ow, groups, nf // groups), 0.0)
         x_idx = ["d0", _window("d1", "d5", sh, dh), _window("d2", "d6", sw, dw), "d3", "d7"]
         acc = w.generic([(xin, x_idx), (flt, ["d5", "d6", "d7", "d3", "d4"])], (acc, _dims(5)), 8, (5, 6, 7),
-                        lambda b: b.add(b.args[2], b.mul(b.to_f32(b.args[0]), b.to_f32(b.args[1]))))
+                        multiply_accumulate)
         acc = w.reshape(acc, [[0], [1], [2], [3, 4]], (n, oh, ow, nf))
         channel = "d3"
     if "bias" in w.arg:
