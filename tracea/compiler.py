@@ -17,6 +17,7 @@ from .passes.pipeline import compile_or_raise
 from .runtime.kernel import Kernel, Signature
 from .targets import get_target
 from .targets.cpu import function_signature, public_functions
+from .targets.host import host_cpu
 
 _CACHE: dict[str, Kernel] = {}
 _CACHE_LOCK = threading.Lock()
@@ -57,23 +58,31 @@ def _signature(text: str, entry: str | None, source_name: str) -> Signature:
     return Signature(entry, inputs, outputs)
 
 
-def compile(program, *, target: str = "cpu", entry: str | None = None, strategy: str = "reference",
-            keep_stages: bool = False) -> Kernel:
+def compile(program, *, target: str = "cpu", entry: str | None = None, strategy: str = "tiled",
+            threads: int | None = None, keep_stages: bool = False) -> Kernel:
     """Compile `program` for `target`; the result is cached for this exact input and options.
+
+    strategy: "tiled" (fast kernels where the target has them) or "reference" (plain linalg
+    loops, the ground truth for tests). threads: worker threads for parallel loops (default:
+    $TRACEA_NUM_THREADS or the host's cores).
 
     keep_stages=True keeps the IR after every stage in `kernel.stages` (also written to
     $TRACEA_DUMP_DIR when set). Raises CompileError with file:line:col diagnostics for invalid
     input, and InternalCompilerError (with a saved reproducer) if the compiler itself aborts.
     """
     text, source_name = _source(program)
-    key = hashlib.sha256("\0".join([text, target, str(entry), strategy, str(keep_stages)]).encode()).hexdigest()
+    threads = threads or knobs.num_threads() or host_cpu().cores
+    if threads < 1:
+        raise ValueError(f"threads must be >= 1, got {threads}")
+    key = hashlib.sha256("\0".join([text, target, str(entry), strategy, str(threads), str(keep_stages)])
+                         .encode()).hexdigest()
     with _CACHE_LOCK:
         if key in _CACHE:
             return _CACHE[key]
     start = time.perf_counter()
     backend = get_target(target)
     dump = knobs.dump_dir()
-    result = compile_or_raise(text, backend.stages(strategy), source_name=source_name,
+    result = compile_or_raise(text, backend.stages(strategy, threads), source_name=source_name,
                               keep_stages=keep_stages or dump is not None)
     signature = _signature(text, entry, source_name)
     if isinstance(program, Function):

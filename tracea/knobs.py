@@ -28,3 +28,9 @@ def dump_dir() -> Path | None:
     """TRACEA_DUMP_DIR: when set, every compile writes the IR after each stage there."""
     value = os.environ.get("TRACEA_DUMP_DIR")
     return Path(value) if value else None
+
+
+def num_threads() -> int | None:
+    """TRACEA_NUM_THREADS: threads compiled kernels use by default (default: the host's cores)."""
+    value = os.environ.get("TRACEA_NUM_THREADS")
+    return int(value) if value else None

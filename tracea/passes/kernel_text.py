@@ -8,7 +8,8 @@ from __future__ import annotations
 
 from typing import Callable, Sequence
 
-from ..dialects.ops import ACCUMULATOR_DTYPE, TensorSpec
+from ..dialects.ops import ACCUMULATOR_DTYPE, Epilogue, TensorSpec
+from ..errors import OpError
 
 FASTMATH = "fastmath<contract>"  # lets LLVM fuse multiply-add into FMA
 
@@ -29,18 +30,27 @@ def float_literal(value: float) -> str:
 
 
 class Body:
-    """The scalar body of a linalg.generic; methods return SSA names."""
+    """Scalar (or, with `lanes`, vector<lanes x ...>) arithmetic on named SSA values; methods
+    append ops and return the new value's name. The same code writes a linalg.generic body and
+    a register-level epilogue, so every strategy computes an op the same way."""
 
-    def __init__(self, args: list[str], arg_dtypes: list[str]):
+    def __init__(self, args: list[str], arg_dtypes: list[str], lanes: int | None = None, prefix: str = "%v",
+                 location: str = " loc(#src)"):
         self.args = args
         self.dtypes = dict(zip(args, arg_dtypes))
+        self.lanes = lanes
         self.lines: list[str] = []
+        self._prefix = prefix
+        self._location = location
         self._n = 0
 
+    def type(self, dtype: str) -> str:
+        return f"vector<{self.lanes}x{dtype}>" if self.lanes and dtype not in ("index", "i1") else dtype
+
     def _new(self, dtype: str, text: str) -> str:
-        name = f"%v{self._n}"
+        name = f"{self._prefix}{self._n}"
         self._n += 1
-        self.lines.append(f"{name} = {text} loc(#src)")
+        self.lines.append(f"{name} = {text}{self._location}")
         self.dtypes[name] = dtype
         return name
 
@@ -48,21 +58,23 @@ class Body:
         dtype = self.dtypes[x]
         if dtype == ACCUMULATOR_DTYPE:
             return x
-        return self._new(ACCUMULATOR_DTYPE, f"arith.extf {x} : {dtype} to f32")
+        return self._new(ACCUMULATOR_DTYPE, f"arith.extf {x} : {self.type(dtype)} to {self.type('f32')}")
 
     def cast(self, x: str, dtype: str) -> str:
         if self.dtypes[x] == dtype:
             return x
         if dtype == ACCUMULATOR_DTYPE:
             return self.to_f32(x)
-        return self._new(dtype, f"arith.truncf {x} : {self.dtypes[x]} to {dtype}")
+        return self._new(dtype, f"arith.truncf {x} : {self.type(self.dtypes[x])} to {self.type(dtype)}")
 
     def const(self, value: float) -> str:
+        if self.lanes:
+            return self._new("f32", f"arith.constant dense<{float_literal(value)}> : {self.type('f32')}")
         return self._new("f32", f"arith.constant {float_literal(value)} : f32")
 
     def binary(self, op: str, x: str, y: str) -> str:
         fm = f" {FASTMATH}" if op in ("mulf", "addf", "subf") else ""
-        return self._new("f32", f"arith.{op} {x}, {y}{fm} : f32")
+        return self._new("f32", f"arith.{op} {x}, {y}{fm} : {self.type('f32')}")
 
     def mul(self, x, y):
         return self.binary("mulf", x, y)
@@ -80,10 +92,10 @@ class Body:
         return self.binary("maximumf", x, y)
 
     def unary(self, fn: str, x: str) -> str:
-        return self._new("f32", f"math.{fn} {x} : f32")
+        return self._new("f32", f"math.{fn} {x} : {self.type('f32')}")
 
     def neg(self, x: str) -> str:
-        return self._new("f32", f"arith.negf {x} : f32")
+        return self._new("f32", f"arith.negf {x} : {self.type('f32')}")
 
     def index(self, dim: int) -> str:
         return self._new("index", f"linalg.index {dim} : index")
@@ -190,3 +202,30 @@ class KernelWriter:
         return (f"#src = {location}\n"
                 f"func.func private @{self.name}({params}) -> {self.result} {{\n{body}"
                 f"  return {result} : {self.result}\n}}\n")
+
+
+def apply_epilogue(b: Body, x: str, ep: Epilogue, operand: str | None) -> str:
+    """One epilogue step on an f32 value (shared by every strategy that fuses epilogues)."""
+    if ep.kind in ("bias_add", "residual_add"):
+        return b.add(x, b.to_f32(operand))
+    if ep.kind == "scale":
+        return b.mul(x, b.const(ep.value))
+    if ep.kind == "relu":
+        return b.max(x, b.const(0.0))
+    if ep.kind == "sigmoid":
+        return _sigmoid(b, x)
+    if ep.kind == "silu":
+        return b.mul(x, _sigmoid(b, x))
+    if ep.kind == "gelu" and ep.approximate == "tanh":
+        # 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3)))
+        inner = b.mul(b.const(0.7978845608028654), b.add(x, b.mul(b.const(0.044715), b.mul(x, b.mul(x, x)))))
+        return b.mul(b.mul(b.const(0.5), x), b.add(b.const(1.0), b.unary("tanh", inner)))
+    if ep.kind == "gelu":
+        # 0.5 x (1 + erf(x / sqrt(2)))
+        erf = b.unary("erf", b.mul(x, b.const(0.7071067811865476)))
+        return b.mul(b.mul(b.const(0.5), x), b.add(b.const(1.0), erf))
+    raise OpError(f"no lowering for epilogue '{ep.kind}'")
+
+
+def _sigmoid(b: Body, x: str) -> str:
+    return b.div(b.const(1.0), b.add(b.const(1.0), b.unary("exp", b.neg(x))))

@@ -15,7 +15,7 @@ import mlir.ir as ir
 from ..dialects.ops import ACCUMULATOR_DTYPE, AttentionDef, Conv2dDef, Epilogue, OpView, TensorSpec, view
 from ..dialects.verify import tracea_ops
 from ..errors import OpError, TraceaError
-from .kernel_text import Body, KernelWriter
+from .kernel_text import Body, KernelWriter, apply_epilogue
 from .registry import PassFailed, TraceaPass, option, register
 
 Lowering = Callable[[KernelWriter, OpView], str]
@@ -39,33 +39,6 @@ def _dims(n: int, start: int = 0) -> list[str]:
 
 
 # --- epilogue: f32 accumulator -> (epilogue ops) -> result dtype -------------------------
-def apply_epilogue(b: Body, x: str, ep: Epilogue, operand: str | None) -> str:
-    """One epilogue step on an f32 value (shared by every strategy that fuses epilogues)."""
-    if ep.kind in ("bias_add", "residual_add"):
-        return b.add(x, b.to_f32(operand))
-    if ep.kind == "scale":
-        return b.mul(x, b.const(ep.value))
-    if ep.kind == "relu":
-        return b.max(x, b.const(0.0))
-    if ep.kind == "sigmoid":
-        return _sigmoid(b, x)
-    if ep.kind == "silu":
-        return b.mul(x, _sigmoid(b, x))
-    if ep.kind == "gelu" and ep.approximate == "tanh":
-        # 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3)))
-        inner = b.mul(b.const(0.7978845608028654), b.add(x, b.mul(b.const(0.044715), b.mul(x, b.mul(x, x)))))
-        return b.mul(b.mul(b.const(0.5), x), b.add(b.const(1.0), b.unary("tanh", inner)))
-    if ep.kind == "gelu":
-        # 0.5 x (1 + erf(x / sqrt(2)))
-        erf = b.unary("erf", b.mul(x, b.const(0.7071067811865476)))
-        return b.mul(b.mul(b.const(0.5), x), b.add(b.const(1.0), erf))
-    raise OpError(f"no lowering for epilogue '{ep.kind}'")
-
-
-def _sigmoid(b: Body, x: str) -> str:
-    return b.div(b.const(1.0), b.add(b.const(1.0), b.unary("exp", b.neg(x))))
-
-
 def finish(w: KernelWriter, acc: str, result: TensorSpec, epilogue: tuple[Epilogue, ...] = (),
            operands: dict[str, tuple[str, list[str]]] | None = None) -> str:
     """Apply `epilogue` to an f32 accumulator and cast to the result type; `operands` maps

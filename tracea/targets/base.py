@@ -13,7 +13,7 @@ class Target(ABC):
     name: str = ""
 
     @abstractmethod
-    def stages(self, strategy: str = "reference") -> list[tuple[str, Pipeline]]:
+    def stages(self, strategy: str, threads: int) -> list[tuple[str, Pipeline]]:
         """Ordered (stage name, pipeline) pairs from tracea ops to the target's final IR."""
 
     @abstractmethod

@@ -5,13 +5,14 @@ tested), the C entry points it adds, and how the LLVM dialect becomes callable c
 """
 from __future__ import annotations
 
+import ctypes
 from dataclasses import dataclass
 from pathlib import Path
 
 import mlir.ir as ir
 
 from ..dialects.ops import TensorSpec
-from ..errors import OpError
+from ..errors import CompileError, OpError
 from ..passes.pipeline import Pipeline, parse_pipeline
 from ..passes.registry import PassFailed, TraceaPass, register, register_pipeline
 from .base import Target, register_target
@@ -84,48 +85,84 @@ class CpuAbiPass(TraceaPass):
             raise PassFailed()
 
 
+def llvm_lowering(threads: int) -> str:
+    """Bufferized IR to the LLVM dialect; scf.parallel runs on `threads` workers of MLIR's async
+    runtime, or as plain loops for one thread."""
+    parallel = ""
+    if threads > 1:
+        parallel = (f"async-parallel-for{{num-workers={threads} min-task-size=1}}, async-to-async-runtime, "
+                    "async-runtime-ref-counting, async-runtime-ref-counting-opt, convert-async-to-llvm, ")
+    return ("convert-linalg-to-loops, lower-affine, " + parallel +
+            "convert-scf-to-cf, expand-strided-metadata, lower-affine, "
+            # math first: libm calls for vector math are made element by element with vector ops
+            "convert-math-to-llvm, convert-math-to-libm, convert-vector-to-llvm, finalize-memref-to-llvm, "
+            "convert-func-to-llvm, convert-arith-to-llvm, convert-cf-to-llvm, convert-index-to-llvm, "
+            "reconcile-unrealized-casts")
+
+
+STRATEGIES = ("tiled", "reference")
+
 register_pipeline("tracea-to-linalg", "verify and lower tracea ops to linalg on tensors, then simplify",
                   "tracea-verify, tracea-lower-to-linalg, canonicalize, cse")
+register_pipeline("tracea-cpu-tiled", "host-sized schedules, fast CPU kernels where one exists, linalg for the rest",
+                  "tracea-verify, tracea-cpu-schedule, tracea-cpu-kernels, tracea-lower-to-linalg, canonicalize, cse")
 register_pipeline("tracea-cpu-bufferize", "C entry points, inlining, one-shot bufferization, deallocation",
                   "tracea-cpu-abi, inline, symbol-dce, canonicalize, eliminate-empty-tensors, "
                   "one-shot-bufferize{bufferize-function-boundaries "
                   "function-boundary-type-conversion=identity-layout-map}, "
                   "buffer-deallocation-pipeline, canonicalize")
-register_pipeline("tracea-cpu-to-llvm", "lower bufferized linalg to the LLVM dialect",
-                  "convert-linalg-to-loops, convert-scf-to-cf, expand-strided-metadata, lower-affine, "
-                  "finalize-memref-to-llvm, convert-math-to-llvm, convert-math-to-libm, "
-                  "convert-func-to-llvm, convert-arith-to-llvm, convert-cf-to-llvm, convert-index-to-llvm, "
-                  "reconcile-unrealized-casts")
-register_pipeline("tracea-cpu", "the whole CPU path: tracea ops to the LLVM dialect",
-                  "tracea-to-linalg, tracea-cpu-bufferize, tracea-cpu-to-llvm")
+register_pipeline("tracea-cpu-to-llvm", "lower bufferized IR to the LLVM dialect (parallel loops run serially)",
+                  llvm_lowering(1))
+register_pipeline("tracea-cpu", "the whole CPU path, single-threaded: tracea ops to the LLVM dialect",
+                  "tracea-cpu-tiled, tracea-cpu-bufferize, tracea-cpu-to-llvm")
 
 
 def _runtime_libraries() -> list[str]:
-    import mlir
-    lib = Path(mlir.__path__[0]) / "lib"  # a namespace package: no __file__
-    return [str(lib / "libmlir_c_runner_utils.so")]
+    return [str(MLIR_LIB / "libmlir_c_runner_utils.so")]
+
+
+MLIR_LIB = Path(__import__("mlir").__path__[0]) / "lib"  # a namespace package: no __file__
+_async_runtime = None
+
+
+def load_async_runtime() -> None:
+    """Load MLIR's async runtime once, globally. Passed to each ExecutionEngine instead, it would
+    be torn down by the first engine destroyed, crashing every other threaded kernel."""
+    global _async_runtime
+    if _async_runtime is None:
+        _async_runtime = ctypes.CDLL(str(MLIR_LIB / "libmlir_async_runtime.so"), mode=ctypes.RTLD_GLOBAL)
 
 
 @register_target
 class CpuTarget(Target):
     name = "cpu"
 
-    def stages(self, strategy: str = "reference") -> list[tuple[str, Pipeline]]:
+    def stages(self, strategy: str = "tiled", threads: int = 1) -> list[tuple[str, Pipeline]]:
+        if strategy not in STRATEGIES:
+            raise ValueError(f"unknown CPU strategy '{strategy}'; available: {', '.join(STRATEGIES)}")
+        first = (f"tracea-verify, tracea-cpu-schedule{{threads={threads}}}, tracea-cpu-kernels, "
+                 "tracea-lower-to-linalg, canonicalize, cse") if strategy == "tiled" else "tracea-to-linalg"
         return [
-            ("linalg", parse_pipeline(f"tracea-verify, tracea-lower-to-linalg{{strategy={strategy}}}, canonicalize, cse")),
+            ("linalg", parse_pipeline(first)),
             ("bufferized", parse_pipeline("tracea-cpu-bufferize")),
-            ("llvm", parse_pipeline("tracea-cpu-to-llvm")),
+            ("llvm", parse_pipeline(llvm_lowering(threads))),
         ]
 
     def load(self, llvm_dialect_text: str, entry: str):
         """JIT the LLVM-dialect module; return (address of the packed entry, owner to keep alive)."""
         from mlir.execution_engine import ExecutionEngine
 
-        from ..dialects.context import make_context
+        from ..dialects.context import DiagnosticLog, make_context
+        if "mlirAsyncRuntime" in llvm_dialect_text:
+            load_async_runtime()
         ctx = make_context()
-        with ctx:
+        log = DiagnosticLog("<llvm dialect>")
+        with ctx, log.capture(ctx):
             module = ir.Module.parse(llvm_dialect_text)
-            engine = ExecutionEngine(module, opt_level=3, shared_libs=_runtime_libraries())
+            try:
+                engine = ExecutionEngine(module, opt_level=3, shared_libs=_runtime_libraries())
+            except RuntimeError as e:
+                raise CompileError(f"the JIT could not compile @{entry}: {e}", log.diagnostics) from None
             address = engine.raw_lookup(f"_mlir_ciface_{ENTRY_PREFIX}{entry}")
         if not address:
             raise RuntimeError(f"the JIT did not export the entry point of @{entry}")

@@ -1,9 +1,12 @@
 // RUN: tracea-opt --list-passes | FileCheck %s
 // CHECK: Tracea passes:
 // CHECK: tracea-cpu-abi: give each public tensor function a C entry point
+// CHECK: tracea-cpu-kernels: replace gemm / fused_gemm ops whose schedule has a simd lane_map
+// CHECK: tracea-cpu-schedule: attach a host-sized CPU schedule
+// CHECK-NEXT: threads=<int>  threads the kernels will run on (0: the host's cores) [default: 0]
 // CHECK: tracea-lower-to-linalg: replace tracea ops by linalg/tensor/arith/math ops on tensors
 // CHECK-NEXT: strategy=<str>  how each op is written in linalg (one of: reference) [default: reference]
 // CHECK: tracea-verify:
 // CHECK: Tracea pipelines
-// CHECK: tracea-cpu: the whole CPU path
-// CHECK-NEXT: = tracea-to-linalg, tracea-cpu-bufferize, tracea-cpu-to-llvm
+// CHECK: tracea-cpu: the whole CPU path, single-threaded
+// CHECK-NEXT: = tracea-cpu-tiled, tracea-cpu-bufferize, tracea-cpu-to-llvm

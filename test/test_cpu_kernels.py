@@ -1,0 +1,94 @@
+"""The fast CPU kernels against numpy and against the reference (linalg) path: schedules small
+enough to force every blocking path (several M, N and K blocks, edge tiles, f32 partial sums
+for f16/bf16 results), threads, and host-derived default schedules."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+import reference as ref
+import tracea
+from tracea import dialects as td
+from tracea.passes.cpu_kernels import default_gemm_schedule
+from tracea.targets.host import host_cpu
+
+LANES = host_cpu().f32_lanes
+
+
+def tiny(mr=3, nr_vectors=1, mc=6, nc_vectors=2, kc=5):
+    nr = nr_vectors * LANES
+    return td.Schedule(tile=(mc, nc_vectors * nr, kc), warp_tile=(mr, nr, 1), lane_map=td.LaneMap("simd", (LANES,)))
+
+
+@given(m=st.integers(1, 40), n=st.integers(1, 3 * LANES + 5), k=st.integers(1, 30), ta=st.booleans(), tb=st.booleans(),
+       dtype=st.sampled_from(["f32", "f16", "bf16"]), f32_out=st.booleans(), threads=st.sampled_from([1, 2]))
+def test_blocked_gemm(m, n, k, ta, tb, dtype, f32_out, threads):
+    rng = np.random.default_rng(m * 7919 + n * 31 + k)
+    a = ref.random(rng, (k, m) if ta else (m, k), dtype)
+    b = ref.random(rng, (n, k) if tb else (k, n), dtype)
+    out_dtype = "f32" if f32_out else dtype
+    fn = td.function(td.tensor(a.shape, dtype), td.tensor(b.shape, dtype))(
+        lambda x, y: td.gemm(x, y, transpose_a=ta, transpose_b=tb, out_dtype=out_dtype, schedule=tiny()))
+    out = tracea.compile(fn, threads=threads)(a, b)
+    ref.assert_close(out, ref.gemm(a, b, ta, tb), out_dtype, k)
+
+
+@given(batch=st.lists(st.integers(1, 3), min_size=1, max_size=2), m=st.integers(1, 20), n=st.integers(1, 2 * LANES + 3),
+       k=st.integers(1, 12), shared_b=st.booleans(),
+       acts=st.lists(st.sampled_from([td.relu, td.silu, lambda: td.gelu("tanh"), lambda: td.scale(0.5)]), max_size=2),
+       use_bias=st.booleans(), use_residual=st.booleans())
+def test_blocked_fused_gemm_batched(batch, m, n, k, shared_b, acts, use_bias, use_residual):
+    rng = np.random.default_rng(m + n + k)
+    a = ref.random(rng, (*batch, m, k))
+    b = ref.random(rng, (k, n) if shared_b else (*batch, k, n))
+    bias, residual = ref.random(rng, (n,)), ref.random(rng, (*batch, m, n))
+
+    def body(x, y, bias_v, res_v):
+        steps = ([td.bias_add(bias_v)] if use_bias else []) + [f() for f in acts] + \
+                ([td.residual_add(res_v)] if use_residual else [])
+        return td.fused_gemm(x, y, steps, schedule=tiny())
+
+    fn = td.function(*[td.tensor(t.shape) for t in (a, b, bias, residual)])(body)
+    tiled = tracea.compile(fn, threads=2)(a, b, bias, residual)
+    reference = tracea.compile(fn, strategy="reference")(a, b, bias, residual)
+    ref.assert_close(tiled, reference, "f32", k)
+
+
+@pytest.mark.parametrize("shape", [(1, 1, 1), (1, 300, 70), (300, 1, 70), (129, 67, 301), (256, 256, 256)])
+def test_default_schedule_shapes(shape, rng):
+    m, n, k = shape
+    a, b, bias = ref.random(rng, (m, k)), ref.random(rng, (k, n)), ref.random(rng, (n,))
+    fn = td.function(td.tensor((m, k)), td.tensor((k, n)), td.tensor(n))(
+        lambda x, y, z: td.fused_gemm(x, y, [td.bias_add(z), td.gelu()]))
+    kernel = tracea.compile(fn, keep_stages=True)
+    assert "vector.fma" in kernel.stages["linalg"]  # the fast kernel, not the reference loops
+    ref.assert_close(kernel(a, b, bias), ref.epilogue(ref.gemm(a, b), [("bias_add", None), ("gelu", "erf")], bias),
+                     "f32", k)
+
+
+def test_default_schedule_follows_the_host():
+    host = host_cpu()
+    s = default_gemm_schedule(1024, 1024, 1024, host, threads=2)
+    mc, nc, kc = s.tile
+    mr, nr, _ = s.warp_tile
+    assert s.lane_map == td.LaneMap("simd", (host.f32_lanes,))
+    assert nr == 2 * host.f32_lanes and mr * nr // host.f32_lanes + 3 <= host.vector_registers
+    assert kc * nr * 4 <= host.l1d_bytes  # the B micro-panel fits L1
+    assert mc * kc * 4 <= host.l2_bytes  # the A block fits L2
+    assert mc % mr == 0 and nc % nr == 0 and -(-1024 // mc) >= 4  # two blocks per thread
+
+
+def test_schedule_is_visible_in_the_ir():
+    fn = td.function(td.tensor((64, 64)), td.tensor((64, 64)))(td.gemm)
+    text = tracea.compile(fn, keep_stages=True).stages["linalg"]
+    assert "scf.parallel" in text and "vector.fma" in text
+
+
+def test_register_tile_too_large_is_an_error():
+    fn = td.function(td.tensor((8, 8)), td.tensor((8, 8)))(
+        lambda a, b: td.gemm(a, b, schedule=td.Schedule(tile=(32, 8 * LANES, 8), warp_tile=(32, 8 * LANES, 1),
+                                                          lane_map=td.LaneMap("simd", (LANES,)))))
+    with pytest.raises(tracea.CompileError, match="needs .* vector registers; this CPU has"):
+        tracea.compile(fn)

@@ -1,0 +1,400 @@
+"""The CPU GEMM kernel: cache-blocked, packed, register-blocked, vectorized, threaded.
+
+The loop structure is the classic one of BLIS/GotoBLAS, written as MLIR text from the op's
+schedule (tile = [MC, NC, KC] cache blocks, warp_tile = [MR, NR] register tile, lane_map simd
+width):
+
+    for each batch, for jc in N step NC, for pc in K step KC:
+        pack B[pc:pc+KC, jc:jc+NC] into NR-wide strips (f32, zero-padded)    -- scf.parallel
+        for ic in M step MC:                                                  -- scf.parallel
+            pack A[ic:ic+MC, pc:pc+KC] into MR-tall strips (f32, zero-padded)
+            for each NR x MR tile: MR*NR/lanes vector accumulators, one vector.fma per
+                (row, vector) per k; on the last K block the epilogue runs on the registers
+                before the store. Tiles at the M/N edges go through a small buffer.
+
+Packing converts f16/bf16 inputs to f32 and absorbs transposes, so the micro-kernel is one.
+The buffers are freed by the bufferization's deallocation pipeline, which places the frees.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from ..dialects.ops import ACCUMULATOR_DTYPE, Epilogue, OpView, TensorSpec
+from .kernel_text import Body, apply_epilogue
+
+
+@dataclass(frozen=True)
+class GemmPlan:
+    batch: int  # flattened batch count
+    m: int
+    n: int
+    k: int
+    transpose_a: bool
+    transpose_b: bool
+    b_batched: bool
+    a_dtype: str
+    b_dtype: str
+    out_dtype: str
+    epilogue: tuple[Epilogue, ...]
+    bias_dtype: str | None
+    residual_dtype: str | None
+    mr: int
+    nr: int
+    mc: int
+    nc: int
+    kc: int
+    lanes: int
+
+    @staticmethod
+    def from_view(v: OpView) -> "GemmPlan":
+        a, b = v.operands["a"], v.operands["b"]
+        s = v.attrs["schedule"]
+        m, n = v.result.shape[-2:]
+        k = a.shape[-2] if v.attrs["transpose_a"] else a.shape[-1]
+        batch = 1
+        for d in v.result.shape[:-2]:
+            batch *= d
+        mc, nc, kc = s.tile
+        mr, nr = s.warp_tile[:2]
+        return GemmPlan(batch, m, n, k, v.attrs["transpose_a"], v.attrs["transpose_b"], b.rank == a.rank,
+                        a.dtype, b.dtype, v.result.dtype, tuple(v.attrs.get("epilogue", ())),
+                        v.operands["bias"].dtype if "bias" in v.operands else None,
+                        v.operands["residual"].dtype if "residual" in v.operands else None,
+                        mr, nr, mc, nc, kc, s.lane_map.shape[-1])
+
+    @property
+    def needs_accumulator(self) -> bool:
+        """Partial sums cross K blocks through memory; a non-f32 result cannot hold them."""
+        return self.out_dtype != ACCUMULATOR_DTYPE and self.k > self.kc
+
+
+class _Text:
+    """Lines of MLIR with fresh SSA names and index constants hoisted to the top."""
+
+    def __init__(self):
+        self.lines: list[str] = []
+        self.consts: dict[int, str] = {}
+        self._n = 0
+        self.depth = 1
+
+    def c(self, value: int) -> str:
+        if value not in self.consts:
+            self.consts[value] = f"%c{value}".replace("-", "m")
+        return self.consts[value]
+
+    def fresh(self, hint: str = "t") -> str:
+        self._n += 1
+        return f"%{hint}{self._n}"
+
+    def line(self, text: str) -> None:
+        self.lines.append("  " * self.depth + text)
+
+    def op(self, text: str, hint: str = "t") -> str:
+        name = self.fresh(hint)
+        self.line(f"{name} = {text}")
+        return name
+
+    def add(self, x: str, y: str) -> str:
+        return self.op(f"arith.addi {x}, {y} : index", "i")
+
+    def mul(self, x: str, y: str) -> str:
+        return self.op(f"arith.muli {x}, {y} : index", "i")
+
+    def min_(self, x: str, y: str) -> str:
+        return self.op(f"arith.minsi {x}, {y} : index", "i")
+
+    def cmp(self, pred: str, x: str, y: str) -> str:
+        return self.op(f"arith.cmpi {pred}, {x}, {y} : index", "p")
+
+    def open(self, header: str) -> None:
+        self.line(header + " {")
+        self.depth += 1
+
+    def close(self, trailer: str = "}") -> None:
+        self.depth -= 1
+        self.line(trailer)
+
+    def for_(self, iv: str, lo: str, hi: str, step: str) -> None:
+        self.open(f"scf.for {iv} = {lo} to {hi} step {step}")
+
+    def parallel(self, iv: str, lo: str, hi: str, step: str) -> None:
+        self.open(f"scf.parallel ({iv}) = ({lo}) to ({hi}) step ({step})")
+
+    def close_parallel(self) -> None:
+        self.line("scf.reduce")
+        self.close()
+
+
+def _memref(shape, dtype: str) -> str:
+    return "memref<" + "".join(f"{d}x" for d in shape) + dtype + ">"
+
+
+def gemm_kernel_text(name: str, v: OpView, location: str) -> str:
+    """A private function on tensors (the op's operands in order) computing the op."""
+    p = GemmPlan.from_view(v)
+    t = _Text()
+    L, MR, NR = p.lanes, p.mr, p.nr
+    nv = NR // L
+    vf32 = f"vector<{L}xf32>"
+    a, b = v.operands["a"], v.operands["b"]
+    args = list(v.operands.items())
+    params = ", ".join(f"%arg{i}: {spec}" for i, (_, spec) in enumerate(args))
+    arg = {n: f"%arg{i}" for i, (n, _) in enumerate(args)}
+
+    # --- memref views: every operand as [batch, rows, cols] (bias as [N]) -------------------
+    def as_3d(value: str, spec: TensorSpec, batched: bool) -> tuple[str, str]:
+        mem = t.op(f"bufferization.to_buffer {value} read_only : {spec} to {_memref(spec.shape, spec.dtype)}", "m")
+        rows, cols = spec.shape[-2:]
+        if not batched:
+            flat = _memref((1, rows, cols), spec.dtype)
+            return t.op(f"memref.expand_shape {mem} [[0, 1], [2]] output_shape [1, {rows}, {cols}] "
+                        f": {_memref(spec.shape, spec.dtype)} into {flat}", "m"), flat
+        flat = _memref((p.batch, rows, cols), spec.dtype)
+        if spec.rank == 3:
+            return mem, flat
+        groups = "[" + ", ".join(str(i) for i in range(spec.rank - 2)) + f"], [{spec.rank - 2}], [{spec.rank - 1}]"
+        return t.op(f"memref.collapse_shape {mem} [{groups}] : {_memref(spec.shape, spec.dtype)} into {flat}", "m"), flat
+
+    A, A_t = as_3d(arg["a"], a, a.rank > 2)
+    B, B_t = as_3d(arg["b"], b, p.b_batched and b.rank > 2)
+    out_spec = v.result
+    C_full = t.op(f"memref.alloc() {{alignment = 64 : i64}} : {_memref(out_spec.shape, out_spec.dtype)}", "m")
+    if out_spec.rank == 2:
+        C_t = _memref((1, p.m, p.n), out_spec.dtype)
+        C = t.op(f"memref.expand_shape {C_full} [[0, 1], [2]] output_shape [1, {p.m}, {p.n}] "
+                 f": {_memref(out_spec.shape, out_spec.dtype)} into {C_t}", "m")
+    elif out_spec.rank == 3:
+        C, C_t = C_full, _memref(out_spec.shape, out_spec.dtype)
+    else:
+        C_t = _memref((p.batch, p.m, p.n), out_spec.dtype)
+        groups = "[" + ", ".join(str(i) for i in range(out_spec.rank - 2)) + \
+                 f"], [{out_spec.rank - 2}], [{out_spec.rank - 1}]"
+        C = t.op(f"memref.collapse_shape {C_full} [{groups}] : {_memref(out_spec.shape, out_spec.dtype)} into {C_t}", "m")
+    if p.needs_accumulator:
+        Cacc_t = _memref((p.batch, p.m, p.n), "f32")
+        Cacc = t.op(f"memref.alloc() {{alignment = 64 : i64}} : {Cacc_t}", "m")
+    else:
+        Cacc, Cacc_t = C, C_t
+    bias = residual = None
+    if "bias" in v.operands:
+        bspec = v.operands["bias"]
+        bias = t.op(f"bufferization.to_buffer {arg['bias']} read_only : {bspec} to {_memref(bspec.shape, bspec.dtype)}", "m")
+        bias_t = _memref(bspec.shape, bspec.dtype)
+    if "residual" in v.operands:
+        residual, residual_t = as_3d(arg["residual"], v.operands["residual"], out_spec.rank > 2)
+
+    kc_max, nc_max = min(p.kc, p.k), min(p.nc, p.n)
+    mc_max = min(p.mc, p.m)
+    ncp = -(-nc_max // NR) * NR
+    mcp = -(-mc_max // MR) * MR
+    Bp_t, Ap_t = _memref((kc_max * ncp,), "f32"), _memref((mcp * kc_max,), "f32")
+    zero = t.op("arith.constant 0.0 : f32", "z")
+    zv = t.op(f"arith.constant dense<0.0> : {vf32}", "z")
+    Bp = t.op(f"memref.alloc() {{alignment = 64 : i64}} : {Bp_t}", "m")
+
+    def load_f32(mem: str, mem_t: str, idx: list[str], dtype: str) -> str:
+        x = t.op(f"memref.load {mem}[{', '.join(idx)}] : {mem_t}", "x")
+        return x if dtype == "f32" else t.op(f"arith.extf {x} : {dtype} to f32", "x")
+
+    def guarded_load(cond: str, mem: str, mem_t: str, idx: list[str], dtype: str) -> str:
+        out = t.fresh("x")
+        t.open(f"{out} = scf.if {cond} -> (f32)")
+        t.line(f"scf.yield {load_f32(mem, mem_t, idx, dtype)} : f32")
+        t.close("} else {")
+        t.depth += 1
+        t.line(f"scf.yield {zero} : f32")
+        t.close()
+        return out
+
+    t.for_("%bb", t.c(0), t.c(p.batch), t.c(1))
+    b_batch = "%bb" if p.b_batched else t.c(0)
+    t.for_("%jc", t.c(0), t.c(p.n), t.c(p.nc))
+    nc = t.min_(t.op(f"arith.subi {t.c(p.n)}, %jc : index", "i"), t.c(p.nc))
+    t.for_("%pc", t.c(0), t.c(p.k), t.c(p.kc))
+    kc = t.min_(t.op(f"arith.subi {t.c(p.k)}, %pc : index", "i"), t.c(p.kc))
+    first = t.cmp("eq", "%pc", t.c(0))
+    last = t.cmp("sge", t.add("%pc", t.c(p.kc)), t.c(p.k))
+
+    # --- pack B: Bp[jr * kc + k * NR + c] = B[pc + k, jc + jr + c] ------------------------------
+    t.parallel("%jr", t.c(0), nc, t.c(NR))
+    boff = t.mul("%jr", kc)
+    col0 = t.add("%jc", "%jr")
+    if p.transpose_b:  # B is [N, K]: walk k contiguously for each column
+        t.for_("%cc", t.c(0), t.c(NR), t.c(1))
+        col = t.add(col0, "%cc")
+        inb = t.cmp("ult", col, t.c(p.n))
+        t.for_("%k", t.c(0), kc, t.c(1))
+        x = guarded_load(inb, B, B_t, [b_batch, col, t.add("%pc", "%k")], p.b_dtype)
+        t.line(f"memref.store {x}, {Bp}[{t.add(t.add(boff, t.mul('%k', t.c(NR))), '%cc')}] : {Bp_t}")
+        t.close()
+        t.close()
+    else:
+        full = t.cmp("sle", t.add(col0, t.c(NR)), t.c(p.n))
+        t.open(f"scf.if {full}")
+        t.for_("%k", t.c(0), kc, t.c(1))
+        row = t.add("%pc", "%k")
+        dst = t.add(boff, t.mul("%k", t.c(NR)))
+        vt_in = f"vector<{L}x{p.b_dtype}>"
+        for j in range(nv):
+            x = t.op(f"vector.load {B}[{b_batch}, {row}, {t.add(col0, t.c(j * L))}] : {B_t}, {vt_in}", "v")
+            if p.b_dtype != "f32":
+                x = t.op(f"arith.extf {x} : {vt_in} to {vf32}", "v")
+            t.line(f"vector.store {x}, {Bp}[{t.add(dst, t.c(j * L))}] : {Bp_t}, {vf32}")
+        t.close()
+        t.close("} else {")
+        t.depth += 1
+        t.for_("%k", t.c(0), kc, t.c(1))
+        row = t.add("%pc", "%k")
+        t.for_("%cc", t.c(0), t.c(NR), t.c(1))
+        col = t.add(col0, "%cc")
+        x = guarded_load(t.cmp("ult", col, t.c(p.n)), B, B_t, [b_batch, row, col], p.b_dtype)
+        t.line(f"memref.store {x}, {Bp}[{t.add(t.add(t.mul('%k', t.c(NR)), boff), '%cc')}] : {Bp_t}")
+        t.close()
+        t.close()
+        t.close()
+    t.close_parallel()
+
+    # --- M blocks in parallel ----------------------------------------------------------------
+    t.parallel("%ic", t.c(0), t.c(p.m), t.c(p.mc))
+    mc = t.min_(t.op(f"arith.subi {t.c(p.m)}, %ic : index", "i"), t.c(p.mc))
+    Ap = t.op(f"memref.alloc() {{alignment = 64 : i64}} : {Ap_t}", "m")
+    # pack A: Ap[ir * kc + k * MR + r] = A[ic + ir + r, pc + k]
+    t.for_("%ir", t.c(0), mc, t.c(MR))
+    aoff = t.mul("%ir", kc)
+    row0 = t.add("%ic", "%ir")
+    if p.transpose_a:  # A is [K, M]: rows of a k are contiguous
+        t.for_("%k", t.c(0), kc, t.c(1))
+        t.for_("%r", t.c(0), t.c(MR), t.c(1))
+        row = t.add(row0, "%r")
+        x = guarded_load(t.cmp("ult", row, t.c(p.m)), A, A_t, ["%bb", t.add("%pc", "%k"), row], p.a_dtype)
+    else:
+        t.for_("%r", t.c(0), t.c(MR), t.c(1))
+        row = t.add(row0, "%r")
+        inb = t.cmp("ult", row, t.c(p.m))
+        t.for_("%k", t.c(0), kc, t.c(1))
+        x = guarded_load(inb, A, A_t, ["%bb", row, t.add("%pc", "%k")], p.a_dtype)
+    t.line(f"memref.store {x}, {Ap}[{t.add(t.add(aoff, t.mul('%k', t.c(MR))), '%r')}] : {Ap_t}")
+    t.close()
+    t.close()
+    t.close()
+
+    # --- register tiles -------------------------------------------------------------------------
+    t.for_("%jr", t.c(0), nc, t.c(NR))
+    boff = t.mul("%jr", kc)
+    t.for_("%ir", t.c(0), mc, t.c(MR))
+    aoff = t.mul("%ir", kc)
+    accs = [f"%acc{r}_{j}" for r in range(MR) for j in range(nv)]
+    res = t.fresh("r")
+    t.open(f"{res}:{len(accs)} = scf.for %k = {t.c(0)} to {kc} step {t.c(1)} "
+           f"iter_args({', '.join(f'{x} = {zv}' for x in accs)}) -> ({', '.join([vf32] * len(accs))})")
+    kb = t.add(boff, t.mul("%k", t.c(NR)))
+    bvec = [t.op(f"vector.load {Bp}[{t.add(kb, t.c(j * L))}] : {Bp_t}, {vf32}", "b") for j in range(nv)]
+    ka = t.add(aoff, t.mul("%k", t.c(MR)))
+    new = []
+    for r in range(MR):
+        s = t.op(f"memref.load {Ap}[{t.add(ka, t.c(r))}] : {Ap_t}", "a")
+        av = t.op(f"vector.broadcast {s} : f32 to {vf32}", "a")
+        for j in range(nv):
+            new.append(t.op(f"vector.fma {av}, {bvec[j]}, {accs[r * nv + j]} : {vf32}", "f"))
+    t.line(f"scf.yield {', '.join(new)} : {', '.join([vf32] * len(new))}")
+    t.close()
+    acc = [f"{res}#{i}" for i in range(len(accs))]
+
+    row0 = t.add("%ic", "%ir")
+    col0 = t.add("%jc", "%jr")
+    full = t.op(f"arith.andi {t.cmp('sle', t.add(row0, t.c(MR)), t.c(p.m))}, "
+                f"{t.cmp('sle', t.add(col0, t.c(NR)), t.c(p.n))} : i1", "p")
+
+    def epilogue(value: str, lanes: int | None, row: str, col: str, tag: str) -> str:
+        """The fused epilogue on an f32 scalar or vector; loads its operands at (row, col)."""
+        names, dtypes = [value], ["f32"]
+        vec = lambda dt: f"vector<{lanes}x{dt}>" if lanes else dt  # noqa: E731
+        load = "vector.load" if lanes else "memref.load"
+        if bias is not None:
+            names.append(t.op(f"{load} {bias}[{col}] : {bias_t}" + (f", {vec(p.bias_dtype)}" if lanes else ""), "e"))
+            dtypes.append(p.bias_dtype)
+        if residual is not None:
+            names.append(t.op(f"{load} {residual}[%bb, {row}, {col}] : {residual_t}"
+                              + (f", {vec(p.residual_dtype)}" if lanes else ""), "e"))
+            dtypes.append(p.residual_dtype)
+        body = Body(names, dtypes, lanes, prefix=f"%ep{tag}_", location="")
+        x = value
+        for ep in p.epilogue:
+            operand = names[1 + (ep.kind == "residual_add" and bias is not None)] if ep.takes_operand else None
+            x = apply_epilogue(body, x, ep, operand)
+        x = body.cast(x, p.out_dtype)
+        for line in body.lines:
+            t.line(line)
+        return x
+
+    single = p.k <= p.kc  # one K block: no partial sums in memory, no first/last tests
+
+    def accumulate(value: str, vtype: str, load: str) -> str:
+        """value + the partial sum stored by earlier K blocks (none on the first)."""
+        summed = t.fresh("s")
+        t.open(f"{summed} = scf.if {first} -> ({vtype})")
+        t.line(f"scf.yield {value} : {vtype}")
+        t.close("} else {")
+        t.depth += 1
+        old = t.op(load, "o")
+        t.line(f"scf.yield {t.op(f'arith.addf {old}, {value} : {vtype}', 's')} : {vtype}")
+        t.close()
+        return summed
+
+    def store(value: str, lanes: int | None, row: str, col: str, tag: str, final: str, partial: str) -> None:
+        """Final K block: epilogue, cast, store to C; earlier blocks: store the f32 partial sum."""
+        if not single:
+            t.open(f"scf.if {last}")
+        y = epilogue(value, lanes, row, col, tag)
+        t.line(final.format(y))
+        if not single:
+            t.close("} else {")
+            t.depth += 1
+            t.line(partial.format(value))
+            t.close()
+
+    # full tiles: straight from the registers
+    t.open(f"scf.if {full}")
+    for r in range(MR):
+        row = t.add(row0, t.c(r))
+        for j in range(nv):
+            col = t.add(col0, t.c(j * L))
+            value = acc[r * nv + j]
+            if not single:
+                value = accumulate(value, vf32, f"vector.load {Cacc}[%bb, {row}, {col}] : {Cacc_t}, {vf32}")
+            store(value, L, row, col, f"{r}_{j}",
+                  f"vector.store {{}}, {C}[%bb, {row}, {col}] : {C_t}, vector<{L}x{p.out_dtype}>",
+                  f"vector.store {{}}, {Cacc}[%bb, {row}, {col}] : {Cacc_t}, {vf32}")
+    # edge tiles: through a small buffer, element by element
+    t.close("} else {")
+    t.depth += 1
+    T_t = _memref((MR, NR), "f32")
+    T = t.op(f"memref.alloca() : {T_t}", "m")
+    for r in range(MR):
+        for j in range(nv):
+            t.line(f"vector.store {acc[r * nv + j]}, {T}[{t.c(r)}, {t.c(j * L)}] : {T_t}, {vf32}")
+    rows = t.min_(t.op(f"arith.subi {t.c(p.m)}, {row0} : index", "i"), t.c(MR))
+    cols = t.min_(t.op(f"arith.subi {t.c(p.n)}, {col0} : index", "i"), t.c(NR))
+    t.for_("%er", t.c(0), rows, t.c(1))
+    t.for_("%ec", t.c(0), cols, t.c(1))
+    row, col = t.add(row0, "%er"), t.add(col0, "%ec")
+    x = t.op(f"memref.load {T}[%er, %ec] : {T_t}", "x")
+    if not single:
+        x = accumulate(x, "f32", f"memref.load {Cacc}[%bb, {row}, {col}] : {Cacc_t}")
+    store(x, None, row, col, "edge", f"memref.store {{}}, {C}[%bb, {row}, {col}] : {C_t}",
+          f"memref.store {{}}, {Cacc}[%bb, {row}, {col}] : {Cacc_t}")
+    t.close()
+    t.close()
+    t.close()  # edge / full
+    t.close()  # ir
+    t.close()  # jr
+    t.close_parallel()  # ic
+    t.close()  # pc
+    t.close()  # jc
+    t.close()  # bb
+    result = t.op(f"bufferization.to_tensor {C_full} restrict writable : "
+                  f"{_memref(out_spec.shape, out_spec.dtype)} to {out_spec}", "r")
+    consts = [f"  {name} = arith.constant {value} : index" for value, name in sorted(t.consts.items())]
+    return (f"#src = {location}\n"
+            f"func.func private @{name}({params}) -> {out_spec} {{\n" + "\n".join(consts + t.lines) +
+            f"\n  return {result} : {out_spec}\n}}\n")
