@@ -47,6 +47,13 @@ def test_non_contiguous_inputs_and_out_arrays(kernel, rng):
         kernel(a, b, out=np.zeros((3, 4), np.float32).T)
 
 
+def test_out_array_may_not_alias_an_input(rng):
+    fn = td.function(td.tensor((4, 4)), td.tensor((4, 4)))(td.gemm)
+    a, b = ref.random(rng, (4, 4)), ref.random(rng, (4, 4))
+    with pytest.raises(tracea.ArgumentError, match="output #0 overlaps an input or another output"):
+        tracea.compile(fn)(a, b, out=a)
+
+
 def test_repeated_compile_is_a_cache_hit():
     @td.function(td.tensor((5, 6)))
     def sm(x):

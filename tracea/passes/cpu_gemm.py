@@ -68,6 +68,11 @@ class GemmPlan:
         return self.out_dtype != ACCUMULATOR_DTYPE and self.k > self.kc
 
 
+# Packed A rows are kc + A_PAD floats apart: at exactly kc (a power of two) the MR rows the
+# micro-kernel reads together would fall into a few L1 sets and evict each other.
+A_PAD = 16
+
+
 class _Text:
     """Lines of MLIR with fresh SSA names and index constants hoisted to the top."""
 
@@ -187,7 +192,7 @@ def gemm_kernel_text(name: str, v: OpView, location: str) -> str:
     mc_max = min(p.mc, p.m)
     ncp = -(-nc_max // NR) * NR
     mcp = -(-mc_max // MR) * MR
-    Bp_t, Ap_t = _memref((kc_max * ncp,), "f32"), _memref((mcp * kc_max,), "f32")
+    Bp_t, Ap_t = _memref((kc_max * ncp,), "f32"), _memref((mcp * (kc_max + A_PAD),), "f32")
     zero = t.op("arith.constant 0.0 : f32", "z")
     zv = t.op(f"arith.constant dense<0.0> : {vf32}", "z")
     Bp = t.op(f"memref.alloc() {{alignment = 64 : i64}} : {Bp_t}", "m")
@@ -258,24 +263,47 @@ def gemm_kernel_text(name: str, v: OpView, location: str) -> str:
     t.parallel("%ic", t.c(0), t.c(p.m), t.c(p.mc))
     mc = t.min_(t.op(f"arith.subi {t.c(p.m)}, %ic : index", "i"), t.c(p.mc))
     Ap = t.op(f"memref.alloc() {{alignment = 64 : i64}} : {Ap_t}", "m")
-    # pack A: Ap[ir * kc + k * MR + r] = A[ic + ir + r, pc + k]
+    T_t = _memref((MR, NR), "f32")  # edge tiles pass through here (once per block: an alloca
+    T = t.op(f"memref.alloc() {{alignment = 64 : i64}} : {T_t}", "m")  # per tile would grow the stack)
+    # pack A. Non-transposed: each row's k-run is contiguous in A and stays so in the strip,
+    # Ap[(ir + r) * kc + k], copied a vector at a time. Transposed (A is [K, M]): the MR rows of a
+    # k are contiguous, Ap[ir * kc + k * MR + r].
     t.for_("%ir", t.c(0), mc, t.c(MR))
-    aoff = t.mul("%ir", kc)
     row0 = t.add("%ic", "%ir")
-    if p.transpose_a:  # A is [K, M]: rows of a k are contiguous
+    if p.transpose_a:
+        aoff = t.mul("%ir", kc)
         t.for_("%k", t.c(0), kc, t.c(1))
         t.for_("%r", t.c(0), t.c(MR), t.c(1))
         row = t.add(row0, "%r")
         x = guarded_load(t.cmp("ult", row, t.c(p.m)), A, A_t, ["%bb", t.add("%pc", "%k"), row], p.a_dtype)
+        t.line(f"memref.store {x}, {Ap}[{t.add(t.add(aoff, t.mul('%k', t.c(MR))), '%r')}] : {Ap_t}")
+        t.close()
+        t.close()
     else:
+        kc_vec = t.mul(t.op(f"arith.divui {kc}, {t.c(L)} : index", "i"), t.c(L))
+        a_stride = t.add(kc, t.c(A_PAD))
         t.for_("%r", t.c(0), t.c(MR), t.c(1))
         row = t.add(row0, "%r")
-        inb = t.cmp("ult", row, t.c(p.m))
+        base = t.mul(t.add("%ir", "%r"), a_stride)
+        t.open(f"scf.if {t.cmp('ult', row, t.c(p.m))}")
+        t.for_("%k", t.c(0), kc_vec, t.c(L))
+        vt_in = f"vector<{L}x{p.a_dtype}>"
+        x = t.op(f"vector.load {A}[%bb, {row}, {t.add('%pc', '%k')}] : {A_t}, {vt_in}", "v")
+        if p.a_dtype != "f32":
+            x = t.op(f"arith.extf {x} : {vt_in} to {vf32}", "v")
+        t.line(f"vector.store {x}, {Ap}[{t.add(base, '%k')}] : {Ap_t}, {vf32}")
+        t.close()
+        t.for_("%k", kc_vec, kc, t.c(1))
+        x = load_f32(A, A_t, ["%bb", row, t.add("%pc", "%k")], p.a_dtype)
+        t.line(f"memref.store {x}, {Ap}[{t.add(base, '%k')}] : {Ap_t}")
+        t.close()
+        t.close("} else {")
+        t.depth += 1
         t.for_("%k", t.c(0), kc, t.c(1))
-        x = guarded_load(inb, A, A_t, ["%bb", row, t.add("%pc", "%k")], p.a_dtype)
-    t.line(f"memref.store {x}, {Ap}[{t.add(t.add(aoff, t.mul('%k', t.c(MR))), '%r')}] : {Ap_t}")
-    t.close()
-    t.close()
+        t.line(f"memref.store {zero}, {Ap}[{t.add(base, '%k')}] : {Ap_t}")
+        t.close()
+        t.close()
+        t.close()
     t.close()
 
     # --- register tiles -------------------------------------------------------------------------
@@ -283,16 +311,21 @@ def gemm_kernel_text(name: str, v: OpView, location: str) -> str:
     boff = t.mul("%jr", kc)
     t.for_("%ir", t.c(0), mc, t.c(MR))
     aoff = t.mul("%ir", kc)
+    a_rows = [] if p.transpose_a else [t.mul(t.add("%ir", t.c(r)), t.add(kc, t.c(A_PAD))) for r in range(MR)]
     accs = [f"%acc{r}_{j}" for r in range(MR) for j in range(nv)]
     res = t.fresh("r")
     t.open(f"{res}:{len(accs)} = scf.for %k = {t.c(0)} to {kc} step {t.c(1)} "
            f"iter_args({', '.join(f'{x} = {zv}' for x in accs)}) -> ({', '.join([vf32] * len(accs))})")
     kb = t.add(boff, t.mul("%k", t.c(NR)))
     bvec = [t.op(f"vector.load {Bp}[{t.add(kb, t.c(j * L))}] : {Bp_t}, {vf32}", "b") for j in range(nv)]
-    ka = t.add(aoff, t.mul("%k", t.c(MR)))
+    if p.transpose_a:
+        ka = t.add(aoff, t.mul("%k", t.c(MR)))
+        a_index = [t.add(ka, t.c(r)) for r in range(MR)]
+    else:
+        a_index = [t.add(row_base, "%k") for row_base in a_rows]
     new = []
     for r in range(MR):
-        s = t.op(f"memref.load {Ap}[{t.add(ka, t.c(r))}] : {Ap_t}", "a")
+        s = t.op(f"memref.load {Ap}[{a_index[r]}] : {Ap_t}", "a")
         av = t.op(f"vector.broadcast {s} : f32 to {vf32}", "a")
         for j in range(nv):
             new.append(t.op(f"vector.fma {av}, {bvec[j]}, {accs[r * nv + j]} : {vf32}", "f"))
@@ -368,8 +401,6 @@ def gemm_kernel_text(name: str, v: OpView, location: str) -> str:
     # edge tiles: through a small buffer, element by element
     t.close("} else {")
     t.depth += 1
-    T_t = _memref((MR, NR), "f32")
-    T = t.op(f"memref.alloca() : {T_t}", "m")
     for r in range(MR):
         for j in range(nv):
             t.line(f"vector.store {acc[r * nv + j]}, {T}[{t.c(r)}, {t.c(j * L)}] : {T_t}, {vf32}")

@@ -99,6 +99,11 @@ class Kernel:
                 raise ArgumentError(f"{sig.name} has {len(sig.outputs)} result(s), got {len(given)} out array(s)")
             outputs = [self._check(i, a, s, d, "output")
                        for i, (a, s, d) in enumerate(zip(given, sig.outputs, self._out_dtypes))]
+            # Kernels write results in place while reading inputs: outputs may alias nothing.
+            for i, o in enumerate(outputs):
+                if any(np.may_share_memory(o, x) for x in inputs + outputs[:i]):
+                    raise ArgumentError(f"{sig.name}: output #{i} overlaps an input or another output; "
+                                        "pass a separate array")
         descriptors = [descriptor(a) for a in inputs + outputs]
         pointers = [ctypes.c_void_p(ctypes.addressof(d)) for d in descriptors]
         packed = (ctypes.c_void_p * len(pointers))(*[ctypes.addressof(p) for p in pointers])

@@ -102,6 +102,38 @@ def llvm_lowering(threads: int) -> str:
 
 STRATEGIES = ("tiled", "reference")
 
+@register
+@dataclass(frozen=True)
+class ForwardOutputsPass(TraceaPass):
+    NAME = "tracea-cpu-forward-outputs"
+    SUMMARY = ("after bufferization: let a result be computed in the caller's output buffer instead of "
+               "a fresh allocation copied into it at the end")
+
+    def run(self, module: ir.Operation) -> None:
+        for func_op in module.regions[0].blocks[0].operations:
+            func_op = func_op.operation
+            if func_op.name != "func.func" or not ir.StringAttr(func_op.attributes["sym_name"]).value.startswith(ENTRY_PREFIX):
+                continue
+            block = func_op.regions[0].blocks[0]
+            for op in list(block.operations):
+                op = op.operation
+                if op.name != "memref.copy":
+                    continue
+                src, dst = op.operands
+                if not (isinstance(dst, ir.BlockArgument) and dst.owner == block and len(list(dst.uses)) == 1):
+                    continue
+                if not isinstance(src, ir.OpResult) or src.owner.name != "memref.alloc" \
+                        or src.owner.parent != func_op or src.type != dst.type:
+                    continue
+                users = [use.owner.operation for use in src.uses]
+                if any(u != op and u.block == block and not u.is_before_in_block(op) for u in users):
+                    continue  # the buffer is used after the copy
+                alloc = src.owner.operation
+                op.erase()
+                src.replace_all_uses_with(dst)
+                alloc.erase()
+
+
 register_pipeline("tracea-to-linalg", "verify and lower tracea ops to linalg on tensors, then simplify",
                   "tracea-verify, tracea-lower-to-linalg, canonicalize, cse")
 register_pipeline("tracea-cpu-tiled", "host-sized schedules, fast CPU kernels where one exists, linalg for the rest",
@@ -110,7 +142,7 @@ register_pipeline("tracea-cpu-bufferize", "C entry points, inlining, one-shot bu
                   "tracea-cpu-abi, inline, symbol-dce, canonicalize, eliminate-empty-tensors, "
                   "one-shot-bufferize{bufferize-function-boundaries "
                   "function-boundary-type-conversion=identity-layout-map}, "
-                  "buffer-deallocation-pipeline, canonicalize")
+                  "tracea-cpu-forward-outputs, buffer-deallocation-pipeline, canonicalize")
 register_pipeline("tracea-cpu-to-llvm", "lower bufferized IR to the LLVM dialect (parallel loops run serially)",
                   llvm_lowering(1))
 register_pipeline("tracea-cpu", "the whole CPU path, single-threaded: tracea ops to the LLVM dialect",
@@ -160,7 +192,7 @@ class CpuTarget(Target):
         with ctx, log.capture(ctx):
             module = ir.Module.parse(llvm_dialect_text)
             try:
-                engine = ExecutionEngine(module, opt_level=3, shared_libs=_runtime_libraries())
+                engine = ExecutionEngine(module, opt_level=2, shared_libs=_runtime_libraries())
             except RuntimeError as e:
                 raise CompileError(f"the JIT could not compile @{entry}: {e}", log.diagnostics) from None
             address = engine.raw_lookup(f"_mlir_ciface_{ENTRY_PREFIX}{entry}")
