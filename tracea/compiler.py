@@ -87,14 +87,14 @@ def compile(program, *, target: str = "cpu", entry: str | None = None, strategy:
     signature = _signature(text, entry, source_name)
     if isinstance(program, Function):
         signature.arg_names = program.arg_names
-    address, owner = backend.load(result.text, signature.name)
+    code = backend.load(result.text, signature.name)
     if dump is not None:
         dump.mkdir(parents=True, exist_ok=True)
         (dump / f"{signature.name}.0-input.mlir").write_text(text)
         for i, (stage, stage_text) in enumerate(result.stages.items(), 1):
             (dump / f"{signature.name}.{i}-{stage}.mlir").write_text(stage_text)
-    kernel = Kernel(signature, address, owner, target, result.stages if keep_stages else None,
-                    time.perf_counter() - start)
+    kernel = Kernel(signature, code.address, code.owner, target, result.stages if keep_stages else None,
+                    time.perf_counter() - start, code.entry_symbol, code.runtime_libraries)
     with _CACHE_LOCK:
         _CACHE[key] = kernel
     return kernel

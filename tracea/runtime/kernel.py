@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import ctypes
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, Sequence
 
 import numpy as np
@@ -56,15 +57,24 @@ class Kernel:
     """Call with numpy arrays; returns one array or a tuple (one per function result)."""
 
     def __init__(self, signature: Signature, entry_address: int, keep_alive: Any, target: str,
-                 stages: dict[str, str] | None = None, compile_seconds: float = 0.0):
+                 stages: dict[str, str] | None = None, compile_seconds: float = 0.0, entry_symbol: str = "",
+                 runtime_libraries: Sequence[str] = ()):
         self.signature = signature
         self.target = target
+        self.entry_symbol = entry_symbol  # the C-ABI function (pointers to memref descriptors)
+        self.runtime_libraries = list(runtime_libraries)  # shared libraries the code calls into
         self.stages = stages or {}  # stage name -> IR text, when compiled with keep_stages
         self.compile_seconds = compile_seconds
         self._keep_alive = keep_alive  # the execution engine owning the code
         self._entry = ctypes.CFUNCTYPE(None, ctypes.c_void_p)(entry_address)
         self._in_dtypes = [to_numpy(s.dtype) for s in signature.inputs]
         self._out_dtypes = [to_numpy(s.dtype) for s in signature.outputs]
+
+    def export(self, path) -> "Path":
+        """Write this kernel as a shared library with a C entry point (plus .h and .json beside
+        it); `tracea.runtime.aot.load(path)` runs it in another process without compiling."""
+        from .aot import export
+        return export(self, path)
 
     def __repr__(self) -> str:
         return f"<tracea.Kernel {self.signature.describe()} on {self.target}>"

@@ -2,11 +2,20 @@
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
+from dataclasses import dataclass, field
 from typing import Any
 
 from ..passes.pipeline import Pipeline
 
 TARGETS: dict[str, "Target"] = {}
+
+
+@dataclass
+class LoadedCode:
+    address: int  # the packed entry point (one void** argument array)
+    owner: Any  # keeps the code alive (an execution engine, a library)
+    entry_symbol: str  # the C-ABI entry point's symbol
+    runtime_libraries: list[str] = field(default_factory=list)
 
 
 class Target(ABC):
@@ -17,8 +26,8 @@ class Target(ABC):
         """Ordered (stage name, pipeline) pairs from tracea ops to the target's final IR."""
 
     @abstractmethod
-    def load(self, final_ir: str, entry: str) -> tuple[int, Any]:
-        """Make the final IR callable: (address of the packed entry point, owner to keep alive)."""
+    def load(self, final_ir: str, entry: str) -> LoadedCode:
+        """Make the final IR callable."""
 
 
 def register_target(cls: type[Target]) -> type[Target]:

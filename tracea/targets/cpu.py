@@ -15,7 +15,7 @@ from ..dialects.ops import TensorSpec
 from ..errors import CompileError, OpError
 from ..passes.pipeline import Pipeline, parse_pipeline
 from ..passes.registry import PassFailed, TraceaPass, register, register_pipeline
-from .base import Target, register_target
+from .base import LoadedCode, Target, register_target
 
 ENTRY_PREFIX = "_tracea_entry_"
 
@@ -180,22 +180,26 @@ class CpuTarget(Target):
             ("llvm", parse_pipeline(llvm_lowering(threads))),
         ]
 
-    def load(self, llvm_dialect_text: str, entry: str):
-        """JIT the LLVM-dialect module; return (address of the packed entry, owner to keep alive)."""
+    def load(self, llvm_dialect_text: str, entry: str) -> LoadedCode:
+        """JIT the LLVM-dialect module (keeping its object code for Kernel.export)."""
         from mlir.execution_engine import ExecutionEngine
 
         from ..dialects.context import DiagnosticLog, make_context
-        if "mlirAsyncRuntime" in llvm_dialect_text:
+        threaded = "mlirAsyncRuntime" in llvm_dialect_text
+        if threaded:
             load_async_runtime()
         ctx = make_context()
         log = DiagnosticLog("<llvm dialect>")
         with ctx, log.capture(ctx):
             module = ir.Module.parse(llvm_dialect_text)
             try:
-                engine = ExecutionEngine(module, opt_level=2, shared_libs=_runtime_libraries())
+                engine = ExecutionEngine(module, opt_level=2, shared_libs=_runtime_libraries(),
+                                         enable_object_dump=True)
             except RuntimeError as e:
                 raise CompileError(f"the JIT could not compile @{entry}: {e}", log.diagnostics) from None
-            address = engine.raw_lookup(f"_mlir_ciface_{ENTRY_PREFIX}{entry}")
+            symbol = f"_mlir_ciface_{ENTRY_PREFIX}{entry}"
+            address = engine.raw_lookup(symbol)
         if not address:
-            raise RuntimeError(f"the JIT did not export the entry point of @{entry}")
-        return address, (engine, module, ctx)
+            raise CompileError(f"the JIT did not export the entry point of @{entry}")
+        return LoadedCode(address, (engine, module, ctx), symbol,
+                          [str(MLIR_LIB / "libmlir_async_runtime.so")] if threaded else [])

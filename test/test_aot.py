@@ -1,0 +1,79 @@
+"""Compiled CPU kernels as shared libraries: exported, loaded in a fresh process, called from C."""
+from __future__ import annotations
+
+import shutil
+import subprocess
+import sys
+import textwrap
+
+import numpy as np
+import pytest
+
+import tracea
+from tracea import dialects as td
+
+
+@pytest.fixture(scope="module", params=[1, 2], ids=["1-thread", "2-threads"])
+def library(request, tmp_path_factory):
+    fn = td.function(td.tensor((37, 29)), td.tensor((29, 45)), td.tensor(45), name="dense")(
+        lambda x, w, b: td.fused_gemm(x, w, [td.bias_add(b), td.relu()]))
+    path = tmp_path_factory.mktemp(f"aot{request.param}") / "dense.so"
+    tracea.compile(fn, threads=request.param).export(path)
+    return path
+
+
+def test_export_writes_library_header_and_description(library):
+    assert library.exists()
+    header = library.with_name("dense.so.h").read_text()
+    assert "void tracea_dense(" in header and "TraceaMemRef2D *x  /* tensor<37x29xf32> */" in header
+    assert '"symbol": "tracea_dense"' in library.with_name("dense.so.json").read_text()
+
+
+def test_load_in_a_fresh_process(library):
+    script = textwrap.dedent(f"""
+        import numpy as np
+        from tracea.runtime.aot import load
+        k = load({str(library)!r})
+        rng = np.random.default_rng(0)
+        x, w, b = (rng.standard_normal(s).astype(np.float32) for s in ((37, 29), (29, 45), (45,)))
+        err = np.abs(k(x, w, b) - np.maximum(x.astype(np.float64) @ w + b, 0)).max()
+        print("max error", err)
+        assert err < 1e-4
+    """)
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert "max error" in done.stdout
+
+
+@pytest.mark.skipif(shutil.which("cc") is None, reason="needs a C compiler (cc)")
+def test_call_from_c(library, tmp_path):
+    src = tmp_path / "main.c"
+    src.write_text(textwrap.dedent(f"""
+        #include <stdio.h>
+        #include "{library}.h"
+        int main(void) {{
+            static float x[37 * 29], w[29 * 45], b[45], y[37 * 45];
+            for (int i = 0; i < 37 * 29; i++) x[i] = (float)(i % 7) - 3.0f;
+            for (int i = 0; i < 29 * 45; i++) w[i] = (float)(i % 5) * 0.25f;
+            for (int i = 0; i < 45; i++) b[i] = 1.0f;
+            TraceaMemRef2D X = {{x, x, 0, {{37, 29}}, {{29, 1}}}}, W = {{w, w, 0, {{29, 45}}, {{45, 1}}}};
+            TraceaMemRef1D B = {{b, b, 0, {{45}}, {{1}}}};
+            TraceaMemRef2D Y = {{y, y, 0, {{37, 45}}, {{45, 1}}}};
+            tracea_dense(&X, &W, &B, &Y);
+            double sum = 0; for (int i = 0; i < 37 * 45; i++) sum += y[i];
+            printf("%.3f\\n", sum);
+            return 0;
+        }}
+    """))
+    exe = tmp_path / "main"
+    subprocess.run(["cc", "-O1", "-o", str(exe), str(src), str(library), f"-Wl,-rpath,{library.parent}"], check=True)
+    out = subprocess.run([str(exe)], capture_output=True, text=True, check=True).stdout
+    x = (np.arange(37 * 29) % 7 - 3.0).reshape(37, 29)
+    w = (np.arange(29 * 45) % 5 * 0.25).reshape(29, 45)
+    assert float(out) == pytest.approx(np.maximum(x @ w + 1.0, 0).sum(), rel=1e-5)
+
+
+def test_load_reports_a_missing_description(tmp_path):
+    from tracea.runtime.aot import load
+    with pytest.raises(tracea.TraceaError, match="its description .*json is missing"):
+        load(tmp_path / "nothing.so")
