@@ -41,8 +41,10 @@ def default_gemm_schedule(m: int, n: int, k: int, host: HostCPU, threads: int) -
     kc = max(64, min(512, host.l1d_bytes // (nr * 4)))
     kc = min(kc, _round_up(k, 8))
     mc = _round_down(host.l2_bytes // 2 // (kc * 4), mr)
-    if threads > 1:  # at least two blocks per thread, so none idles at the end
-        mc = min(mc, _round_up(math.ceil(m / (2 * threads)), mr))
+    if threads > 1:  # the M blocks are shared among threads: make ~4 each, in equal numbers
+        blocks = max(math.ceil(m / mc), 4 * threads)
+        blocks = _round_up(blocks, threads)
+        mc = max(mr, min(mc, _round_up(math.ceil(m / blocks), mr)))
     mc = min(mc, _round_up(m, mr))
     nc = min(_round_down(host.l3_bytes // 4 // (kc * 4), nr), _round_up(n, nr))
     return Schedule(tile=(mc, nc, kc), warp_tile=(mr, nr, 1), lane_map=LaneMap("simd", (lanes,)))

@@ -1,0 +1,223 @@
+"""CPU benchmark: Tracea against numpy (OpenBLAS), torch (MKL / oneDNN, SDPA) and, when installed,
+IREE's llvm-cpu, side by side in one run.
+
+    .venv/bin/python bench/cpu.py                    # 1 and 2 threads, every shape
+    .venv/bin/python bench/cpu.py --threads 2 --only gemm --markdown
+
+Each thread count runs in a worker process whose thread pools (OpenBLAS, torch, IREE, Tracea)
+are all set to that count before they start. Within a case the implementations are timed in
+turn, one call each per round, so machine noise hits them alike; the median of the rounds is
+reported, after warm-up calls. Tracea's ratio to each peer is peer time / Tracea time (> 1:
+Tracea is faster).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from typing import Callable
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+
+
+@dataclass
+class Case:
+    group: str
+    name: str
+    flops: float
+    build: Callable  # () -> (tracea Function, inputs as numpy arrays)
+    peers: dict[str, Callable] = field(default_factory=dict)  # name -> (inputs) -> callable
+
+
+def cases(only: str | None):
+    import numpy as np
+    from tracea import dialects as td
+
+    rng = np.random.default_rng(0)
+    out = []
+
+    def arr(*shape):
+        return rng.standard_normal(shape).astype(np.float32)
+
+    for m, n, k in [(256, 256, 256), (512, 512, 512), (1024, 1024, 1024), (2048, 2048, 2048), (1000, 3000, 500)]:
+        def build(m=m, n=n, k=k):
+            fn = td.function(td.tensor((m, k)), td.tensor((k, n)), name="gemm")(td.gemm)
+            return fn, [arr(m, k), arr(k, n)]
+        out.append(Case("gemm", f"GEMM {m}x{n}x{k}", 2.0 * m * n * k, build, {
+            "numpy": lambda a, b: (lambda: a @ b),
+            "torch": lambda a, b: _torch_call(lambda ta, tb: ta @ tb, a, b)}))
+
+    for name, (c, hw, f, kk, stride, pad) in {
+            "conv 3x3 N1 C64 56x56 K64 p1": (64, 56, 64, 3, 1, 1),
+            "conv 7x7 s2 p3 N1 C3 224x224 K64": (3, 224, 64, 7, 2, 3)}.items():
+        oh = (hw + 2 * pad - kk) // stride + 1
+
+        def build(c=c, hw=hw, f=f, kk=kk, stride=stride, pad=pad):
+            fn = td.function(td.tensor((1, c, hw, hw)), td.tensor((f, c, kk, kk)), name="conv")(
+                lambda x, w: td.conv2d(x, w, stride=stride, padding=pad))
+            return fn, [arr(1, c, hw, hw), arr(f, c, kk, kk)]
+
+        out.append(Case("conv", name + " NCHW", 2.0 * f * oh * oh * c * kk * kk, build, {
+            "torch": lambda x, w, stride=stride, pad=pad: _torch_call(
+                lambda tx, tw: __import__("torch").nn.functional.conv2d(tx, tw, stride=stride, padding=pad), x, w)}))
+
+    b, h, s, d = 1, 8, 512, 64
+
+    def build_attention():
+        fn = td.function(*[td.tensor((b, h, s, d))] * 3, name="attention")(lambda q, k, v: td.attention(q, k, v))
+        return fn, [arr(b, h, s, d) for _ in range(3)]
+
+    def numpy_attention(q, k, v):
+        def run():
+            scores = q @ k.transpose(0, 1, 3, 2) / np.sqrt(d)
+            p = np.exp(scores - scores.max(-1, keepdims=True))
+            return (p / p.sum(-1, keepdims=True)) @ v
+        return run
+
+    out.append(Case("attention", f"attention B{b} H{h} S{s} D{d}", 4.0 * b * h * s * s * d, build_attention, {
+        "numpy": numpy_attention,
+        "torch": lambda q, k, v: _torch_call(
+            lambda tq, tk, tv: __import__("torch").nn.functional.scaled_dot_product_attention(tq, tk, tv), q, k, v)}))
+    return [c for c in out if only in (None, c.group)]
+
+
+def _torch_call(fn, *arrays):
+    import torch
+    tensors = [torch.from_numpy(a) for a in arrays]
+
+    def run():
+        with torch.inference_mode():
+            return fn(*tensors)
+    return run
+
+
+def _iree_call(fn, arrays, threads):
+    """IREE llvm-cpu with its best flags on the same program, lowered to linalg by Tracea."""
+    import iree.compiler as ic
+    import iree.runtime as ir
+
+    from tracea.passes import parse_pipeline, run_pipeline
+    linalg = run_pipeline(fn.text(), parse_pipeline("tracea-to-linalg"), asm={"print_generic_op_form": True})
+    if not linalg.ok:
+        raise RuntimeError("tracea-to-linalg failed")
+    flatbuffer = ic.compile_str(linalg.text, target_backends=["llvm-cpu"], extra_args=[
+        "--iree-llvmcpu-target-cpu=host", "--iree-opt-data-tiling=true", "--iree-llvmcpu-enable-ukernels=all"])
+    config = ir.Config("local-task")
+    module = ir.load_vm_flatbuffer(flatbuffer, driver="local-task")
+    entry = getattr(module, fn.name)
+    return lambda: entry(*arrays)
+
+
+def median_times(calls: dict[str, Callable], rounds: int, warmup: int = 2) -> dict[str, float]:
+    for call in calls.values():
+        for _ in range(warmup):
+            call()
+    samples = {name: [] for name in calls}
+    for _ in range(rounds):
+        for name, call in calls.items():
+            start = time.perf_counter()
+            call()
+            samples[name].append(time.perf_counter() - start)
+    return {name: sorted(ts)[len(ts) // 2] for name, ts in samples.items()}
+
+
+def worker(threads: int, only: str | None, rounds: int) -> list[dict]:
+    import numpy as np  # noqa: F401  (thread pools are configured by the environment set below)
+
+    import tracea
+    try:
+        import torch
+        torch.set_num_threads(threads)
+        have_torch = True
+    except ImportError:
+        have_torch = False
+    try:
+        import iree.runtime as iree_rt
+        iree_rt.flags.parse_flags(f"--task_topology_max_group_count={threads}")
+        have_iree = True
+    except ImportError:
+        have_iree = False
+
+    results = []
+    for case in cases(only):
+        fn, inputs = case.build()
+        start = time.perf_counter()
+        kernel = tracea.compile(fn, threads=threads)
+        compile_s = time.perf_counter() - start
+        calls = {"tracea": lambda k=kernel, a=inputs: k(*a)}
+        for peer, make in case.peers.items():
+            if peer == "torch" and not have_torch:
+                continue
+            calls[peer] = make(*inputs)
+        if have_iree:
+            try:
+                calls["iree"] = _iree_call(fn, inputs, threads)
+            except Exception as e:  # report, keep benchmarking the others
+                print(f"  (iree failed on {case.name}: {type(e).__name__}: {str(e)[:200]})", file=sys.stderr)
+        times = median_times(calls, rounds)
+        row = {"case": case.name, "threads": threads, "compile_s": compile_s,
+               "gflops": {n: case.flops / t / 1e9 for n, t in times.items()}}
+        results.append(row)
+        print(_format_row(row), file=sys.stderr, flush=True)
+    return results
+
+
+PEERS = ["numpy", "torch", "iree"]
+
+
+def _format_row(row) -> str:
+    g = row["gflops"]
+    parts = [f"{row['case']:<38} {row['threads']}T  tracea {g['tracea']:7.1f} GFLOP/s"]
+    for peer in PEERS:
+        if peer in g:
+            parts.append(f"{peer} {g[peer]:7.1f} (x{g['tracea'] / g[peer]:.2f})")
+    parts.append(f"compile {row['compile_s']:.2f}s")
+    return "  ".join(parts)
+
+
+def markdown(rows: list[dict]) -> str:
+    lines = ["| case | threads | Tracea GFLOP/s | numpy (OpenBLAS) | torch | IREE llvm-cpu | Tracea compile |",
+             "| --- | --- | --- | --- | --- | --- | --- |"]
+    for row in rows:
+        g = row["gflops"]
+        cells = [f"{g[p]:.1f} (**{g['tracea'] / g[p]:.2f}x**)" if p in g else "-" for p in PEERS]
+        lines.append(f"| {row['case']} | {row['threads']} | {g['tracea']:.1f} | " + " | ".join(cells)
+                     + f" | {row['compile_s']:.2f} s |")
+    return "\n".join(lines)
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--threads", default="1,2", help="comma-separated thread counts (default 1,2)")
+    parser.add_argument("--only", choices=["gemm", "conv", "attention"], help="one group of cases")
+    parser.add_argument("--rounds", type=int, default=15, help="timed rounds per case (median reported)")
+    parser.add_argument("--markdown", action="store_true", help="print a Markdown table at the end")
+    parser.add_argument("--worker", type=int, help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.worker:
+        print(json.dumps(worker(args.worker, args.only, args.rounds)))
+        return 0
+    rows = []
+    for threads in [int(t) for t in args.threads.split(",")]:
+        # Passive waiting: a peer's idle OpenMP workers must not spin on the cores the next one uses.
+        env = {**os.environ, "OPENBLAS_NUM_THREADS": str(threads), "OMP_NUM_THREADS": str(threads),
+               "MKL_NUM_THREADS": str(threads), "TRACEA_NUM_THREADS": str(threads),
+               "OMP_WAIT_POLICY": "PASSIVE", "KMP_BLOCKTIME": "0"}
+        cmd = [sys.executable, os.path.abspath(__file__), "--worker", str(threads), "--rounds", str(args.rounds)]
+        if args.only:
+            cmd += ["--only", args.only]
+        done = subprocess.run(cmd, env=env, stdout=subprocess.PIPE, text=True)
+        if done.returncode:
+            return done.returncode
+        rows += json.loads(done.stdout)
+    if args.markdown:
+        print(markdown(rows))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
