@@ -6,8 +6,8 @@ IREE's llvm-cpu, side by side in one run.
 
 Each thread count runs in a worker process whose thread pools (OpenBLAS, torch, IREE, Tracea)
 are all set to that count before they start. Within a case the implementations are timed in
-turn, one call each per round, so machine noise hits them alike; the median of the rounds is
-reported, after warm-up calls. Tracea's ratio to each peer is peer time / Tracea time (> 1:
+blocks of calls that cycle through them three times (see median_times); the median over all
+calls is reported, after warm-up. Tracea's ratio to each peer is peer time / Tracea time (> 1:
 Tracea is faster).
 """
 from __future__ import annotations
@@ -96,32 +96,45 @@ def _torch_call(fn, *arrays):
 
 
 def _iree_call(fn, arrays, threads):
-    """IREE llvm-cpu with its best flags on the same program, lowered to linalg by Tracea."""
-    import iree.compiler as ic
-    import iree.runtime as ir
+    """IREE llvm-cpu with its best flags on the same program, lowered to linalg by Tracea. The
+    compiler runs as a command: its MLIR libraries cannot share a process with Tracea's."""
+    import tempfile
+
+    import iree.runtime as iree_rt
 
     from tracea.passes import parse_pipeline, run_pipeline
     linalg = run_pipeline(fn.text(), parse_pipeline("tracea-to-linalg"), asm={"print_generic_op_form": True})
     if not linalg.ok:
         raise RuntimeError("tracea-to-linalg failed")
-    flatbuffer = ic.compile_str(linalg.text, target_backends=["llvm-cpu"], extra_args=[
-        "--iree-llvmcpu-target-cpu=host", "--iree-opt-data-tiling=true", "--iree-llvmcpu-enable-ukernels=all"])
-    config = ir.Config("local-task")
-    module = ir.load_vm_flatbuffer(flatbuffer, driver="local-task")
+    with tempfile.TemporaryDirectory() as tmp:
+        src, out = os.path.join(tmp, "in.mlir"), os.path.join(tmp, "out.vmfb")
+        with open(src, "w") as f:
+            f.write(linalg.text)
+        compiler = os.path.join(os.path.dirname(sys.executable), "iree-compile")
+        subprocess.run([compiler, src, "-o", out, "--iree-hal-target-backends=llvm-cpu",
+                        "--iree-llvmcpu-target-cpu=host", "--iree-opt-data-tiling=true",
+                        "--iree-llvmcpu-enable-ukernels=all"], check=True, capture_output=True, text=True)
+        with open(out, "rb") as f:
+            flatbuffer = f.read()
+    module = iree_rt.load_vm_flatbuffer(flatbuffer, driver="local-task")
     entry = getattr(module, fn.name)
     return lambda: entry(*arrays)
 
 
-def median_times(calls: dict[str, Callable], rounds: int, warmup: int = 2) -> dict[str, float]:
-    for call in calls.values():
-        for _ in range(warmup):
-            call()
+def median_times(calls: dict[str, Callable], rounds: int, cycles: int = 3) -> dict[str, float]:
+    """Each implementation runs in blocks of calls, the blocks cycling through the implementations
+    (so drift in machine speed hits all alike), with a pause between blocks: on a 2-core machine
+    a thread pool still spinning after its block would otherwise slow the next implementation."""
     samples = {name: [] for name in calls}
-    for _ in range(rounds):
+    per_block = max(1, rounds // cycles)
+    for cycle in range(cycles):
         for name, call in calls.items():
-            start = time.perf_counter()
-            call()
-            samples[name].append(time.perf_counter() - start)
+            time.sleep(0.05)
+            call()  # warm-up
+            for _ in range(per_block):
+                start = time.perf_counter()
+                call()
+                samples[name].append(time.perf_counter() - start)
     return {name: sorted(ts)[len(ts) // 2] for name, ts in samples.items()}
 
 

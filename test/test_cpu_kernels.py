@@ -93,3 +93,16 @@ def test_register_tile_too_large_is_an_error():
                                                           lane_map=td.LaneMap("simd", (LANES,)))))
     with pytest.raises(tracea.CompileError, match="needs .* vector registers; this CPU has"):
         tracea.compile(fn)
+
+
+@pytest.mark.parametrize("layout", ["nchw", "nhwc"])
+def test_conv_runs_on_the_gemm_kernel(layout, rng):
+    x = ref.random(rng, (2, 5, 11, 9) if layout == "nchw" else (2, 11, 9, 5))
+    w = ref.random(rng, (7, 5, 3, 2) if layout == "nchw" else (3, 2, 5, 7))
+    b = ref.random(rng, (7,))
+    fn = td.function(td.tensor(x.shape), td.tensor(w.shape), td.tensor(b.shape))(
+        lambda a, f, c: td.conv2d(a, f, c, stride=(2, 1), padding=(1, 0, 2, 1), dilation=(1, 2), layout=layout))
+    kernel = tracea.compile(fn, keep_stages=True)
+    assert "vector.fma" in kernel.stages["linalg"]
+    expected = ref.conv2d(x, w, b, (2, 1), (1, 0, 2, 1), (1, 2), 1, layout)
+    ref.assert_close(kernel(x, w, b), expected, "f32", 30)

@@ -26,7 +26,8 @@ def test_pipeline_mixes_tracea_and_upstream_passes():
 def test_named_pipelines_expand():
     p = parse_pipeline("tracea-cpu")
     names = [e if isinstance(e, str) else e.NAME for e in p.elements]
-    assert names[:4] == ["tracea-verify", "tracea-cpu-schedule", "tracea-cpu-kernels", "tracea-lower-to-linalg"]
+    assert names[:5] == ["tracea-verify", "tracea-cpu-conv-to-gemm", "tracea-cpu-schedule", "tracea-cpu-kernels",
+                         "tracea-lower-to-linalg"]
     assert "tracea-cpu-abi" in names and "reconcile-unrealized-casts" in names
 
 

@@ -131,6 +131,16 @@ class KernelWriter:
     def ty(self, value: str) -> str:
         return str(self.types[value])
 
+    def emit(self, result: TensorSpec, text: str) -> str:
+        """Any op producing one tensor, written in full (e.g. a tracea op for a later pass)."""
+        return self._new(result, text)
+
+    def transpose(self, value: str, permutation: Sequence[int]) -> str:
+        src = self.types[value]
+        out = self.empty([src.shape[p] for p in permutation], src.dtype)
+        return self._new(self.types[out], f"linalg.transpose ins({value} : {src}) outs({out} : {self.ty(out)}) "
+                                          f"permutation = [{', '.join(map(str, permutation))}]")
+
     def filled(self, shape: Sequence[int], value: float, dtype: str = ACCUMULATOR_DTYPE) -> str:
         """A new tensor filled with `value` (the init of a reduction)."""
         spec = TensorSpec(tuple(shape), dtype)

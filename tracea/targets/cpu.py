@@ -137,7 +137,8 @@ class ForwardOutputsPass(TraceaPass):
 register_pipeline("tracea-to-linalg", "verify and lower tracea ops to linalg on tensors, then simplify",
                   "tracea-verify, tracea-lower-to-linalg, canonicalize, cse")
 register_pipeline("tracea-cpu-tiled", "host-sized schedules, fast CPU kernels where one exists, linalg for the rest",
-                  "tracea-verify, tracea-cpu-schedule, tracea-cpu-kernels, tracea-lower-to-linalg, canonicalize, cse")
+                  "tracea-verify, tracea-cpu-conv-to-gemm, tracea-cpu-schedule, tracea-cpu-kernels, "
+                  "tracea-lower-to-linalg, canonicalize, cse")
 register_pipeline("tracea-cpu-bufferize", "C entry points, inlining, one-shot bufferization, deallocation",
                   "tracea-cpu-abi, inline, symbol-dce, canonicalize, eliminate-empty-tensors, "
                   "one-shot-bufferize{bufferize-function-boundaries "
@@ -172,7 +173,7 @@ class CpuTarget(Target):
     def stages(self, strategy: str = "tiled", threads: int = 1) -> list[tuple[str, Pipeline]]:
         if strategy not in STRATEGIES:
             raise ValueError(f"unknown CPU strategy '{strategy}'; available: {', '.join(STRATEGIES)}")
-        first = (f"tracea-verify, tracea-cpu-schedule{{threads={threads}}}, tracea-cpu-kernels, "
+        first = (f"tracea-verify, tracea-cpu-conv-to-gemm, tracea-cpu-schedule{{threads={threads}}}, tracea-cpu-kernels, "
                  "tracea-lower-to-linalg, canonicalize, cse") if strategy == "tiled" else "tracea-to-linalg"
         return [
             ("linalg", parse_pipeline(first)),
