@@ -106,3 +106,23 @@ def test_conv_runs_on_the_gemm_kernel(layout, rng):
     assert "vector.fma" in kernel.stages["linalg"]
     expected = ref.conv2d(x, w, b, (2, 1), (1, 0, 2, 1), (1, 2), 1, layout)
     ref.assert_close(kernel(x, w, b), expected, "f32", 30)
+
+
+@given(batch=st.lists(st.integers(1, 3), max_size=2), sq=st.integers(1, 40), skv=st.integers(1, 70),
+       d_vectors=st.integers(1, 2), dv_vectors=st.integers(1, 2), causal=st.booleans(),
+       dtype=st.sampled_from(["f32", "f16", "bf16"]), threads=st.sampled_from([1, 2]))
+def test_flash_attention(batch, sq, skv, d_vectors, dv_vectors, causal, dtype, threads):
+    d, dv = d_vectors * LANES, dv_vectors * LANES
+    rng = np.random.default_rng(sq * 131 + skv)
+    q, k, v = ref.random(rng, (*batch, sq, d), dtype), ref.random(rng, (*batch, skv, d), dtype), \
+        ref.random(rng, (*batch, skv, dv), dtype)
+    fn = td.function(td.tensor(q.shape, dtype), td.tensor(k.shape, dtype), td.tensor(v.shape, dtype))(
+        lambda a, b, c: td.attention(a, b, c, causal=causal))
+    kernel = tracea.compile(fn, threads=threads, keep_stages=True)
+    assert "vector.reduction <maximumf>" in kernel.stages["linalg"]  # the fused kernel ran
+    ref.assert_close(kernel(q, k, v), ref.attention(q, k, v, None, causal), dtype, max(d, skv))
+
+
+def test_attention_with_odd_head_dim_uses_the_reference():
+    fn = td.function(*[td.tensor((2, 9, 5))] * 3)(lambda a, b, c: td.attention(a, b, c))
+    assert "vector.reduction" not in tracea.compile(fn, keep_stages=True).stages["linalg"]

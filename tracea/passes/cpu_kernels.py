@@ -17,6 +17,8 @@ from ..dialects.schedule import LaneMap, Schedule
 from ..dialects.verify import tracea_ops
 from ..errors import OpError
 from ..targets.host import HostCPU, host_cpu
+from .cpu_attention import attention_kernel_text
+from .cpu_attention import supports as supports_attention
 from .cpu_gemm import gemm_kernel_text
 from .kernel_text import KernelWriter
 from .lower_to_linalg import inline_kernel
@@ -199,20 +201,37 @@ class ConvToGemmPass(TraceaPass):
             inline_kernel(op, writer.text(result, str(op.location)) + declaration + "\n")
 
 
+def check_attention_schedule(v: OpView) -> None:
+    s = v.attrs["schedule"]
+    lanes = s.lane_map.shape[-1]
+    if s.tile is None or len(s.tile) != 2 or s.tile[1] % lanes:
+        raise OpError(f"a CPU attention schedule needs tile = [query rows, keys] with keys a multiple of "
+                      f"the {lanes} SIMD lanes; got {s.tile}")
+    if not supports_attention(v, lanes):
+        raise OpError(f"the CPU attention kernel needs head dims that are multiples of {lanes}; "
+                      "drop the schedule to use the reference lowering")
+
+
 @register
 @dataclass(frozen=True)
 class CpuSchedulePass(TraceaPass):
     NAME = "tracea-cpu-schedule"
-    SUMMARY = "attach a host-sized CPU schedule to every gemm / fused_gemm that has none"
+    SUMMARY = "attach a host-sized CPU schedule to every gemm / fused_gemm / attention that has none"
     threads: int = option(0, "threads the kernels will run on (0: the host's cores)")
 
     def run(self, module: ir.Operation) -> None:
         host = host_cpu()
         threads = self.threads or host.cores
         for op in tracea_ops(module):
-            if op.name not in GEMM_OPS or "schedule" in op.attributes:
+            if op.name not in GEMM_OPS + ("tracea.attention",) or "schedule" in op.attributes:
                 continue
             v = view(op)
+            if op.name == "tracea.attention":
+                if supports_attention(v, host.f32_lanes):
+                    with op.context:  # 8 query rows x 2 vectors of keys: 16 score registers
+                        op.attributes["schedule"] = Schedule(tile=(8, 2 * host.f32_lanes),
+                                                             lane_map=LaneMap("simd", (host.f32_lanes,))).to_attr()
+                continue
             m, n = v.result.shape[-2:]
             a = v.operands["a"]
             k = a.shape[-2] if v.attrs["transpose_a"] else a.shape[-1]
@@ -224,17 +243,26 @@ class CpuSchedulePass(TraceaPass):
 @dataclass(frozen=True)
 class CpuKernelsPass(TraceaPass):
     NAME = "tracea-cpu-kernels"
-    SUMMARY = ("replace gemm / fused_gemm ops whose schedule has a simd lane_map by packed, cache-blocked, "
-               "vectorized CPU kernels (scf.parallel over blocks)")
+    SUMMARY = ("replace gemm / fused_gemm / attention ops whose schedule has a simd lane_map by packed, "
+               "cache-blocked, vectorized CPU kernels (scf.parallel over blocks); attention is flash-style")
 
     def run(self, module: ir.Operation) -> None:
         failed = False
         for index, op in enumerate(tracea_ops(module)):
-            if op.name not in GEMM_OPS:
+            if op.name not in GEMM_OPS + ("tracea.attention",):
                 continue
             v = view(op)
             schedule = v.attrs["schedule"]
             if schedule is None or schedule.lane_map is None or schedule.lane_map.kind != "simd":
+                continue
+            if op.name == "tracea.attention":
+                try:
+                    check_attention_schedule(v)
+                except OpError as e:
+                    op.location.emit_error(f"'{op.name}' op {e}")
+                    failed = True
+                    continue
+                inline_kernel(op, attention_kernel_text(f"__tracea_cpu_attention_{index}", v, str(op.location)))
                 continue
             try:
                 check_gemm_schedule(v)

@@ -1,0 +1,231 @@
+"""The CPU attention kernel: flash-style, the S x S score matrix never exists.
+
+    K^T (and V, in f32) are first copied per head, padded with zeros to whole key blocks.
+    for each (batch-head, block of BR queries), in parallel:
+        m = -inf, l = 0, O = 0                        (per query row)
+        for each block of BC keys (causal: only blocks at or before the diagonal):
+            S = scale * Q K^T  on BR x BC/lanes vector registers, masked to -inf outside
+            m' = max(m, rowmax S);  P = exp(S - m');  l = l * exp(m - m') + rowsum P
+            O = O * exp(m - m') + P V
+        out = O / l
+
+Exponentials use `vector_exp`, a polynomial written here in arith ops, so they stay vectors.
+"""
+from __future__ import annotations
+
+from ..dialects.ops import AttentionDef, OpView
+from .cpu_gemm import _memref, _Text
+
+def vector_exp(t: _Text, x: str, vt: str, it: str) -> str:
+    """exp(x) on an f32 vector (Cephes expf: x = n ln2 + r, exp(r) by a degree-6 polynomial,
+    2^n from exponent bits); exp(-inf) and anything below -88 give exactly 0."""
+    def const(value: float) -> str:
+        return t.op(f"arith.constant dense<{value!r}> : {vt}", "k")
+
+    x = t.op(f"arith.minimumf {x}, {const(88.0)} : {vt}", "e")
+    x = t.op(f"arith.maximumf {x}, {const(-88.0)} : {vt}", "e")
+    n = t.op(f"math.floor {t.op(f'math.fma {x}, {const(1.4426950408889634)}, {const(0.5)} : {vt}', 'e')} : {vt}", "e")
+    r = t.op(f"math.fma {n}, {const(-0.693359375)}, {x} : {vt}", "e")
+    r = t.op(f"math.fma {n}, {const(2.12194440e-4)}, {r} : {vt}", "e")
+    y = const(1.9875691500e-4)
+    for c in (1.3981999507e-3, 8.3334519073e-3, 4.1665795894e-2, 1.6666665459e-1, 5.0000001201e-1):
+        y = t.op(f"math.fma {y}, {r}, {const(c)} : {vt}", "e")
+    r2 = t.op(f"arith.mulf {r}, {r} : {vt}", "e")
+    y = t.op(f"math.fma {y}, {r2}, {r} : {vt}", "e")
+    y = t.op(f"arith.addf {y}, {const(1.0)} : {vt}", "e")
+    ni = t.op(f"arith.fptosi {n} : {vt} to {it}", "e")
+    bits = t.op(f"arith.addi {ni}, {t.op(f'arith.constant dense<127> : {it}', 'k')} : {it}", "e")
+    bits = t.op(f"arith.shli {bits}, {t.op(f'arith.constant dense<23> : {it}', 'k')} : {it}", "e")
+    scale = t.op(f"arith.bitcast {bits} : {it} to {vt}", "e")
+    return t.op(f"arith.mulf {y}, {scale} : {vt}", "e")
+
+
+def supports(v: OpView, lanes: int) -> bool:
+    q, val = v.operands["query"], v.operands["value"]
+    return q.shape[-1] % lanes == 0 and val.shape[-1] % lanes == 0
+
+
+def attention_kernel_text(name: str, v: OpView, location: str) -> str:
+    q, k, val = (v.operands[n] for n in ("query", "key", "value"))
+    out = v.result
+    s = v.attrs["schedule"]
+    L = s.lane_map.shape[-1]
+    BR, BC = s.tile[:2]  # queries per block, keys per block
+    nv_s = BC // L
+    batch = 1
+    for d in q.shape[:-2]:
+        batch *= d
+    sq, d = q.shape[-2:]
+    skv, dv = val.shape[-2:]
+    skv_pad = -(-skv // BC) * BC
+    nv_o = dv // L
+    scale = AttentionDef.scale(v.attrs, d)
+    causal = v.attrs["causal"]
+    vt, it = f"vector<{L}xf32>", f"vector<{L}xi32>"
+    t = _Text()
+
+    def view3(arg: str, spec) -> tuple[str, str]:
+        mem_t = _memref(spec.shape, spec.dtype)
+        mem = t.op(f"bufferization.to_buffer {arg} read_only : {spec} to {mem_t}", "m")
+        flat = _memref((batch,) + spec.shape[-2:], spec.dtype)
+        if spec.rank == 3:
+            return mem, flat
+        if spec.rank == 2:
+            return t.op(f"memref.expand_shape {mem} [[0, 1], [2]] output_shape [1, {spec.shape[0]}, {spec.shape[1]}] "
+                        f": {mem_t} into {flat}", "m"), flat
+        groups = "[" + ", ".join(str(i) for i in range(spec.rank - 2)) + f"], [{spec.rank - 2}], [{spec.rank - 1}]"
+        return t.op(f"memref.collapse_shape {mem} [{groups}] : {mem_t} into {flat}", "m"), flat
+
+    Q, Q_t = view3("%arg0", q)
+    K, K_t = view3("%arg1", k)
+    V, V_t = view3("%arg2", val)
+    O_full_t = _memref(out.shape, out.dtype)
+    O_full = t.op(f"memref.alloc() {{alignment = 64 : i64}} : {O_full_t}", "m")
+    if out.rank == 3:
+        O, O_t = O_full, O_full_t
+    else:
+        O_t = _memref((batch, sq, dv), out.dtype)
+        if out.rank == 2:
+            O = t.op(f"memref.expand_shape {O_full} [[0, 1], [2]] output_shape [1, {sq}, {dv}] : {O_full_t} into {O_t}", "m")
+        else:
+            groups = "[" + ", ".join(str(i) for i in range(out.rank - 2)) + f"], [{out.rank - 2}], [{out.rank - 1}]"
+            O = t.op(f"memref.collapse_shape {O_full} [{groups}] : {O_full_t} into {O_t}", "m")
+
+    def load_f32(mem, mem_t, idx, dtype):
+        x = t.op(f"memref.load {mem}[{', '.join(idx)}] : {mem_t}", "x")
+        return x if dtype == "f32" else t.op(f"arith.extf {x} : {dtype} to f32", "x")
+
+    # --- K^T and V in f32, zero-padded to whole key blocks ----------------------------------
+    KT_t, Vf_t = _memref((batch, d, skv_pad), "f32"), _memref((batch, skv_pad, dv), "f32")
+    KT = t.op(f"memref.alloc() {{alignment = 64 : i64}} : {KT_t}", "m")
+    Vf = t.op(f"memref.alloc() {{alignment = 64 : i64}} : {Vf_t}", "m")
+    zero = t.op("arith.constant 0.0 : f32", "z")
+    t.parallel("%b", t.c(0), t.c(batch), t.c(1))
+    t.for_("%j", t.c(0), t.c(skv_pad), t.c(1))
+    inside = t.cmp("ult", "%j", t.c(skv))
+    t.open(f"scf.if {inside}")
+    t.for_("%dd", t.c(0), t.c(d), t.c(1))
+    t.line(f"memref.store {load_f32(K, K_t, ['%b', '%j', '%dd'], k.dtype)}, {KT}[%b, %dd, %j] : {KT_t}")
+    t.close()
+    t.for_("%dd", t.c(0), t.c(dv), t.c(1))
+    t.line(f"memref.store {load_f32(V, V_t, ['%b', '%j', '%dd'], val.dtype)}, {Vf}[%b, %j, %dd] : {Vf_t}")
+    t.close()
+    t.close("} else {")
+    t.depth += 1
+    t.for_("%dd", t.c(0), t.c(d), t.c(1))
+    t.line(f"memref.store {zero}, {KT}[%b, %dd, %j] : {KT_t}")
+    t.close()
+    t.for_("%dd", t.c(0), t.c(dv), t.c(1))
+    t.line(f"memref.store {zero}, {Vf}[%b, %j, %dd] : {Vf_t}")
+    t.close()
+    t.close()
+    t.close()
+    t.close_parallel()
+
+    # --- query blocks in parallel ---------------------------------------------------------------
+    n_qblocks = -(-sq // BR)
+    t.open(f"scf.parallel (%b, %qb) = ({t.c(0)}, {t.c(0)}) to ({t.c(batch)}, {t.c(n_qblocks)}) "
+           f"step ({t.c(1)}, {t.c(1)})")
+    i0 = t.mul("%qb", t.c(BR))
+    P_t, Oacc_t = _memref((BR, BC), "f32"), _memref((BR, dv), "f32")
+    P = t.op(f"memref.alloc() {{alignment = 64 : i64}} : {P_t}", "m")
+    Oacc = t.op(f"memref.alloc() {{alignment = 64 : i64}} : {Oacc_t}", "m")
+    zv = t.op(f"arith.constant dense<0.0> : {vt}", "z")
+    for r in range(BR):
+        for j in range(nv_o):
+            t.line(f"vector.store {zv}, {Oacc}[{t.c(r)}, {t.c(j * L)}] : {Oacc_t}, {vt}")
+    # query rows past the end compute on the last row and are not stored
+    rows = [t.min_(t.add(i0, t.c(r)), t.c(sq - 1)) for r in range(BR)]
+    if causal:  # keys up to the block's last query
+        kv_end = t.min_(t.add(i0, t.c(BR)), t.c(skv))
+    else:
+        kv_end = t.c(skv)
+    neg_inf = t.op("arith.constant 0xFF800000 : f32", "z")
+    one = t.op("arith.constant 1.0 : f32", "z")
+    m_init, l_init = [f"%rowmax{r}" for r in range(BR)], [f"%rowsum{r}" for r in range(BR)]
+    loop = t.fresh("ml")
+    t.open(f"{loop}:{2 * BR} = scf.for %j0 = {t.c(0)} to {kv_end} step {t.c(BC)} "
+           f"iter_args({', '.join(f'{x} = {neg_inf}' for x in m_init)}, {', '.join(f'{x} = {zero}' for x in l_init)}) "
+           f"-> ({', '.join(['f32'] * 2 * BR)})")
+    # S = Q K^T
+    accs = [f"%s{r}_{j}" for r in range(BR) for j in range(nv_s)]
+    res = t.fresh("S")
+    t.open(f"{res}:{len(accs)} = scf.for %dd = {t.c(0)} to {t.c(d)} step {t.c(1)} "
+           f"iter_args({', '.join(f'{x} = {zv}' for x in accs)}) -> ({', '.join([vt] * len(accs))})")
+    kvec = [t.op(f"vector.load {KT}[%b, %dd, {t.add('%j0', t.c(j * L))}] : {KT_t}, {vt}", "k") for j in range(nv_s)]
+    new = []
+    for r in range(BR):
+        qs = t.op(f"vector.broadcast {load_f32(Q, Q_t, ['%b', rows[r], '%dd'], q.dtype)} : f32 to {vt}", "q")
+        for j in range(nv_s):
+            new.append(t.op(f"vector.fma {qs}, {kvec[j]}, {accs[r * nv_s + j]} : {vt}", "f"))
+    t.line(f"scf.yield {', '.join(new)} : {', '.join([vt] * len(new))}")
+    t.close()
+    # scale, mask, online softmax
+    iota = t.op(f"arith.constant dense<[{', '.join(str(i) for i in range(L))}]> : {it}", "k")
+    scale_v = t.op(f"arith.constant dense<{scale!r}> : {vt}", "k")
+    ninf_v = t.op(f"arith.constant dense<0xFF800000> : {vt}", "k")
+    j0_i32 = t.op(f"arith.index_cast %j0 : index to i32", "i")
+    limit_kv = t.op(f"vector.broadcast {t.op(f'arith.constant {skv} : i32', 'i')} : i32 to {it}", "k")
+    new_m, new_l = [], []
+    for r in range(BR):
+        ps = []
+        row_i32 = t.op(f"arith.index_cast {t.add(i0, t.c(r))} : index to i32", "i")
+        for j in range(nv_s):
+            s = t.op(f"arith.mulf {res}#{r * nv_s + j}, {scale_v} : {vt}", "s")
+            base = t.op(f"arith.addi {j0_i32}, {t.op(f'arith.constant {j * L} : i32', 'i')} : i32", "i")
+            cols = t.op(f"arith.addi {t.op(f'vector.broadcast {base} : i32 to {it}', 'i')}, {iota} : {it}", "i")
+            masked = t.op(f"arith.cmpi sge, {cols}, {limit_kv} : {it}", "p")
+            if causal:
+                later = t.op(f"arith.cmpi sgt, {cols}, {t.op(f'vector.broadcast {row_i32} : i32 to {it}', 'i')} : {it}", "p")
+                masked = t.op(f"arith.ori {masked}, {later} : vector<{L}xi1>", "p")
+            ps.append(t.op(f"arith.select {masked}, {ninf_v}, {s} : vector<{L}xi1>, {vt}", "s"))
+        row_max = t.op(f"vector.reduction <maximumf>, {ps[0]} : {vt} into f32", "r")
+        for p in ps[1:]:
+            row_max = t.op(f"arith.maximumf {row_max}, {t.op(f'vector.reduction <maximumf>, {p} : {vt} into f32', 'r')} : f32", "r")
+        m_new = t.op(f"arith.maximumf %rowmax{r}, {row_max} : f32", "r")
+        # alpha = exp(m_old - m_new); m_old = -inf on the first block gives 0
+        diff = t.op(f"arith.subf %rowmax{r}, {m_new} : f32", "r")
+        alpha = t.op(f"vector.extract {vector_exp(t, t.op(f'vector.broadcast {diff} : f32 to {vt}', 'r'), vt, it)}[0] : f32 from {vt}", "r")
+        mb = t.op(f"vector.broadcast {m_new} : f32 to {vt}", "r")
+        total = zero
+        for j, p in enumerate(ps):
+            e = vector_exp(t, t.op(f"arith.subf {p}, {mb} : {vt}", "s"), vt, it)
+            t.line(f"vector.store {e}, {P}[{t.c(r)}, {t.c(j * L)}] : {P_t}, {vt}")
+            total = t.op(f"arith.addf {total}, {t.op(f'vector.reduction <add>, {e} : {vt} into f32', 'r')} : f32", "r")
+        new_l.append(t.op(f"math.fma %rowsum{r}, {alpha}, {total} : f32", "r"))
+        new_m.append(m_new)
+        # O[r] = O[r] * alpha + P[r] V
+        ab = t.op(f"vector.broadcast {alpha} : f32 to {vt}", "r")
+        o_init = [t.op(f"arith.mulf {t.op(f'vector.load {Oacc}[{t.c(r)}, {t.c(j * L)}] : {Oacc_t}, {vt}', 'o')}, {ab} : {vt}", "o")
+                  for j in range(nv_o)]
+        o_names = [f"%o{r}_{j}" for j in range(nv_o)]
+        o_res = t.fresh("O")
+        t.open(f"{o_res}:{nv_o} = scf.for %jj = {t.c(0)} to {t.c(BC)} step {t.c(1)} "
+               f"iter_args({', '.join(f'{n} = {i}' for n, i in zip(o_names, o_init))}) -> ({', '.join([vt] * nv_o)})")
+        pb = t.op(f"vector.broadcast {t.op(f'memref.load {P}[{t.c(r)}, %jj] : {P_t}', 'p')} : f32 to {vt}", "p")
+        vrow = t.add("%j0", "%jj")
+        upd = [t.op(f"vector.fma {pb}, {t.op(f'vector.load {Vf}[%b, {vrow}, {t.c(j * L)}] : {Vf_t}, {vt}', 'v')}, "
+                    f"{o_names[j]} : {vt}", "o") for j in range(nv_o)]
+        t.line(f"scf.yield {', '.join(upd)} : {', '.join([vt] * nv_o)}")
+        t.close()
+        for j in range(nv_o):
+            t.line(f"vector.store {o_res}#{j}, {Oacc}[{t.c(r)}, {t.c(j * L)}] : {Oacc_t}, {vt}")
+    t.line(f"scf.yield {', '.join(new_m + new_l)} : {', '.join(['f32'] * 2 * BR)}")
+    t.close()
+    # out = O / l, rows inside the sequence only
+    ovt = f"vector<{L}x{out.dtype}>"
+    for r in range(BR):
+        t.open(f"scf.if {t.cmp('ult', t.add(i0, t.c(r)), t.c(sq))}")
+        inv = t.op(f"vector.broadcast {t.op(f'arith.divf {one}, {loop}#{BR + r} : f32', 'r')} : f32 to {vt}", "r")
+        for j in range(nv_o):
+            o = t.op(f"arith.mulf {t.op(f'vector.load {Oacc}[{t.c(r)}, {t.c(j * L)}] : {Oacc_t}, {vt}', 'o')}, {inv} : {vt}", "o")
+            if out.dtype != "f32":
+                o = t.op(f"arith.truncf {o} : {vt} to {ovt}", "o")
+            t.line(f"vector.store {o}, {O}[%b, {t.add(i0, t.c(r))}, {t.c(j * L)}] : {O_t}, {ovt}")
+        t.close()
+    t.close_parallel()
+    result = t.op(f"bufferization.to_tensor {O_full} restrict writable : {O_full_t} to {out}", "r")
+    consts = [f"  {n} = arith.constant {value} : index" for value, n in sorted(t.consts.items())]
+    params = ", ".join(f"%arg{i}: {spec}" for i, spec in enumerate((q, k, val)))
+    return (f"#src = {location}\nfunc.func private @{name}({params}) -> {out} {{\n" + "\n".join(consts + t.lines)
+            + f"\n  return {result} : {out}\n}}\n")
