@@ -126,3 +126,19 @@ def test_flash_attention(batch, sq, skv, d_vectors, dv_vectors, causal, dtype, t
 def test_attention_with_odd_head_dim_uses_the_reference():
     fn = td.function(*[td.tensor((2, 9, 5))] * 3)(lambda a, b, c: td.attention(a, b, c))
     assert "vector.reduction" not in tracea.compile(fn, keep_stages=True).stages["linalg"]
+
+
+@given(shape=st.lists(st.integers(1, 40), min_size=1, max_size=3), dtype=st.sampled_from(["f32", "f16", "bf16"]),
+       threads=st.sampled_from([1, 2]), scale=st.sampled_from([1.0, 30.0]))
+def test_vectorized_softmax(shape, dtype, threads, scale):
+    x = ref.random(np.random.default_rng(sum(shape)), shape, dtype, scale=scale)
+    fn = td.function(td.tensor(x.shape, dtype))(lambda a: td.softmax(a))
+    kernel = tracea.compile(fn, threads=threads, keep_stages=True)
+    assert "vector.reduction <maximumf>" in kernel.stages["linalg"]
+    ref.assert_close(kernel(x), ref.softmax(x), dtype)
+
+
+def test_softmax_of_infinities():
+    x = np.array([[0.0, -np.inf, 1.0] * 7, [-np.inf] * 20 + [5.0]], np.float32)
+    out = tracea.compile(td.function(td.tensor(x.shape))(td.softmax))(x)
+    ref.assert_close(out, ref.softmax(x), "f32")

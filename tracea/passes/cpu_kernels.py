@@ -20,6 +20,7 @@ from ..targets.host import HostCPU, host_cpu
 from .cpu_attention import attention_kernel_text
 from .cpu_attention import supports as supports_attention
 from .cpu_gemm import gemm_kernel_text
+from .cpu_softmax import softmax_kernel_text
 from .kernel_text import KernelWriter
 from .lower_to_linalg import inline_kernel
 from .registry import PassFailed, TraceaPass, option, register
@@ -216,16 +217,21 @@ def check_attention_schedule(v: OpView) -> None:
 @dataclass(frozen=True)
 class CpuSchedulePass(TraceaPass):
     NAME = "tracea-cpu-schedule"
-    SUMMARY = "attach a host-sized CPU schedule to every gemm / fused_gemm / attention that has none"
+    SUMMARY = "attach a host-sized CPU schedule to every gemm / fused_gemm / attention / softmax that has none"
     threads: int = option(0, "threads the kernels will run on (0: the host's cores)")
 
     def run(self, module: ir.Operation) -> None:
         host = host_cpu()
         threads = self.threads or host.cores
         for op in tracea_ops(module):
-            if op.name not in GEMM_OPS + ("tracea.attention",) or "schedule" in op.attributes:
+            if op.name not in GEMM_OPS + ("tracea.attention", "tracea.softmax") or "schedule" in op.attributes:
                 continue
             v = view(op)
+            if op.name == "tracea.softmax":
+                if v.attrs["axis"] % v.result.rank == v.result.rank - 1:  # rows are contiguous
+                    with op.context:
+                        op.attributes["schedule"] = Schedule(lane_map=LaneMap("simd", (host.f32_lanes,))).to_attr()
+                continue
             if op.name == "tracea.attention":
                 if supports_attention(v, host.f32_lanes):
                     with op.context:  # 8 query rows x 2 vectors of keys: 16 score registers
@@ -243,17 +249,23 @@ class CpuSchedulePass(TraceaPass):
 @dataclass(frozen=True)
 class CpuKernelsPass(TraceaPass):
     NAME = "tracea-cpu-kernels"
-    SUMMARY = ("replace gemm / fused_gemm / attention ops whose schedule has a simd lane_map by packed, "
-               "cache-blocked, vectorized CPU kernels (scf.parallel over blocks); attention is flash-style")
+    SUMMARY = ("replace gemm / fused_gemm / attention / softmax ops whose schedule has a simd lane_map by "
+               "vectorized CPU kernels (scf.parallel over blocks): packed cache-blocked GEMM, flash-style "
+               "attention, online softmax")
 
     def run(self, module: ir.Operation) -> None:
         failed = False
         for index, op in enumerate(tracea_ops(module)):
-            if op.name not in GEMM_OPS + ("tracea.attention",):
+            if op.name not in GEMM_OPS + ("tracea.attention", "tracea.softmax"):
                 continue
             v = view(op)
             schedule = v.attrs["schedule"]
             if schedule is None or schedule.lane_map is None or schedule.lane_map.kind != "simd":
+                continue
+            if op.name == "tracea.softmax":
+                if v.attrs["axis"] % v.result.rank == v.result.rank - 1:  # other axes: the reference
+                    inline_kernel(op, softmax_kernel_text(f"__tracea_cpu_softmax_{index}", v,
+                                                          schedule.lane_map.shape[-1], str(op.location)))
                 continue
             if op.name == "tracea.attention":
                 try:
