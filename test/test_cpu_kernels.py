@@ -142,3 +142,17 @@ def test_softmax_of_infinities():
     x = np.array([[0.0, -np.inf, 1.0] * 7, [-np.inf] * 20 + [5.0]], np.float32)
     out = tracea.compile(td.function(td.tensor(x.shape))(td.softmax))(x)
     ref.assert_close(out, ref.softmax(x), "f32")
+
+
+@pytest.mark.parametrize("step,kind,param", [(td.relu, "relu", None), (td.sigmoid, "sigmoid", None),
+                                             (td.silu, "silu", None), (lambda: td.gelu("erf"), "gelu", "erf"),
+                                             (lambda: td.gelu("tanh"), "gelu", "tanh")])
+def test_vector_epilogues_over_a_wide_range(step, kind, param):
+    """Full register tiles run the epilogue on vectors (polynomial exp / tanh / erf)."""
+    n = 4 * LANES
+    x = np.linspace(-10, 10, 28 * n, dtype=np.float32).reshape(28, n)
+    eye = np.eye(n, dtype=np.float32)
+    fn = td.function(td.tensor(x.shape), td.tensor(eye.shape))(lambda a, b: td.fused_gemm(a, b, [step()]))
+    kernel = tracea.compile(fn, keep_stages=True)
+    assert "math.erf" not in kernel.stages["llvm"] and "@expf" not in kernel.stages["llvm"]
+    ref.assert_close(kernel(x, eye), ref.epilogue(ref.f64(x), [(kind, param)]), "f32")

@@ -9,36 +9,13 @@
             O = O * exp(m - m') + P V
         out = O / l
 
-Exponentials use `vector_exp`, a polynomial written here in arith ops, so they stay vectors.
+Exponentials use `vector_exp` (kernel_text.py), a polynomial in arith ops, so they stay vectors.
 """
 from __future__ import annotations
 
 from ..dialects.ops import AttentionDef, OpView
 from .cpu_gemm import _memref, _Text
-
-def vector_exp(t: _Text, x: str, vt: str, it: str) -> str:
-    """exp(x) on an f32 vector (Cephes expf: x = n ln2 + r, exp(r) by a degree-6 polynomial,
-    2^n from exponent bits); exp(-inf) and anything below -88 give exactly 0."""
-    def const(value: float) -> str:
-        return t.op(f"arith.constant dense<{value!r}> : {vt}", "k")
-
-    x = t.op(f"arith.minimumf {x}, {const(88.0)} : {vt}", "e")
-    x = t.op(f"arith.maximumf {x}, {const(-88.0)} : {vt}", "e")
-    n = t.op(f"math.floor {t.op(f'math.fma {x}, {const(1.4426950408889634)}, {const(0.5)} : {vt}', 'e')} : {vt}", "e")
-    r = t.op(f"math.fma {n}, {const(-0.693359375)}, {x} : {vt}", "e")
-    r = t.op(f"math.fma {n}, {const(2.12194440e-4)}, {r} : {vt}", "e")
-    y = const(1.9875691500e-4)
-    for c in (1.3981999507e-3, 8.3334519073e-3, 4.1665795894e-2, 1.6666665459e-1, 5.0000001201e-1):
-        y = t.op(f"math.fma {y}, {r}, {const(c)} : {vt}", "e")
-    r2 = t.op(f"arith.mulf {r}, {r} : {vt}", "e")
-    y = t.op(f"math.fma {y}, {r2}, {r} : {vt}", "e")
-    y = t.op(f"arith.addf {y}, {const(1.0)} : {vt}", "e")
-    ni = t.op(f"arith.fptosi {n} : {vt} to {it}", "e")
-    bits = t.op(f"arith.addi {ni}, {t.op(f'arith.constant dense<127> : {it}', 'k')} : {it}", "e")
-    bits = t.op(f"arith.shli {bits}, {t.op(f'arith.constant dense<23> : {it}', 'k')} : {it}", "e")
-    scale = t.op(f"arith.bitcast {bits} : {it} to {vt}", "e")
-    return t.op(f"arith.mulf {y}, {scale} : {vt}", "e")
-
+from .kernel_text import vector_exp
 
 def supports(v: OpView, lanes: int) -> bool:
     q, val = v.operands["query"], v.operands["value"]

@@ -386,24 +386,27 @@ def gemm_kernel_text(name: str, v: OpView, location: str) -> str:
             t.line(partial.format(value))
             t.close()
 
-    # full tiles: straight from the registers
-    t.open(f"scf.if {full}")
-    for r in range(MR):
-        row = t.add(row0, t.c(r))
-        for j in range(nv):
-            col = t.add(col0, t.c(j * L))
-            value = acc[r * nv + j]
-            if not single:
-                value = accumulate(value, vf32, f"vector.load {Cacc}[%bb, {row}, {col}] : {Cacc_t}, {vf32}")
-            store(value, L, row, col, f"{r}_{j}",
-                  f"vector.store {{}}, {C}[%bb, {row}, {col}] : {C_t}, vector<{L}x{p.out_dtype}>",
-                  f"vector.store {{}}, {Cacc}[%bb, {row}, {col}] : {Cacc_t}, {vf32}")
-    # edge tiles: through a small buffer, element by element
-    t.close("} else {")
-    t.depth += 1
+    # The tile goes to a small L1-resident buffer, so the epilogue is written once per vector
+    # column inside a loop over rows, not once per register (MR x fewer ops to compile).
     for r in range(MR):
         for j in range(nv):
             t.line(f"vector.store {acc[r * nv + j]}, {T}[{t.c(r)}, {t.c(j * L)}] : {T_t}, {vf32}")
+    # full tiles: a vector at a time
+    t.open(f"scf.if {full}")
+    t.for_("%tr", t.c(0), t.c(MR), t.c(1))
+    row = t.add(row0, "%tr")
+    for j in range(nv):
+        col = t.add(col0, t.c(j * L))
+        value = t.op(f"vector.load {T}[%tr, {t.c(j * L)}] : {T_t}, {vf32}", "x")
+        if not single:
+            value = accumulate(value, vf32, f"vector.load {Cacc}[%bb, {row}, {col}] : {Cacc_t}, {vf32}")
+        store(value, L, row, col, f"v{j}",
+              f"vector.store {{}}, {C}[%bb, {row}, {col}] : {C_t}, vector<{L}x{p.out_dtype}>",
+              f"vector.store {{}}, {Cacc}[%bb, {row}, {col}] : {Cacc_t}, {vf32}")
+    t.close()
+    # edge tiles: element by element, inside the result
+    t.close("} else {")
+    t.depth += 1
     rows = t.min_(t.op(f"arith.subi {t.c(p.m)}, {row0} : index", "i"), t.c(MR))
     cols = t.min_(t.op(f"arith.subi {t.c(p.n)}, {col0} : index", "i"), t.c(NR))
     t.for_("%er", t.c(0), rows, t.c(1))

@@ -4,8 +4,8 @@ The tail of a row goes through masked transfers (padding -inf contributes exp = 
 from __future__ import annotations
 
 from ..dialects.ops import OpView
-from .cpu_attention import vector_exp
 from .cpu_gemm import _memref, _Text
+from .kernel_text import vector_exp
 
 # The running max starts at the most negative finite f32, not -inf: a lane that only ever sees
 # padding then rescales by exp(0) instead of exp(-inf - -inf) = NaN.

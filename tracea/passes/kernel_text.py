@@ -91,8 +91,34 @@ class Body:
     def max(self, x, y):
         return self.binary("maximumf", x, y)
 
+    def op(self, text: str, hint: str = "") -> str:
+        """Any op, written in full (its result is treated as f32 by later steps)."""
+        return self._new("f32", text)
+
     def unary(self, fn: str, x: str) -> str:
+        if self.lanes and fn in ("exp", "tanh", "erf"):  # LLVM would call libm once per lane
+            return getattr(self, f"_vector_{fn}")(x)
         return self._new("f32", f"math.{fn} {x} : {self.type('f32')}")
+
+    def _vector_exp(self, x: str) -> str:
+        return vector_exp(self, x, self.type("f32"), f"vector<{self.lanes}xi32>")
+
+    def _vector_tanh(self, x: str) -> str:
+        # tanh x = (e - 1) / (e + 1), e = exp(2x); |x| <= 9 keeps e finite and tanh(9) = 1 in f32
+        x = self.binary("minimumf", self.binary("maximumf", x, self.const(-9.0)), self.const(9.0))
+        e = self._vector_exp(self.add(x, x))
+        return self.div(self.sub(e, self.const(1.0)), self.add(e, self.const(1.0)))
+
+    def _vector_erf(self, x: str) -> str:
+        # Abramowitz & Stegun 7.1.26: erf |x| = 1 - poly(t) exp(-x^2), t = 1 / (1 + p |x|)
+        ax = self.unary("absf", x)
+        t = self.div(self.const(1.0), self.add(self.const(1.0), self.mul(self.const(0.3275911), ax)))
+        poly = self.const(1.061405429)
+        for c in (-1.453152027, 1.421413741, -0.284496736, 0.254829592):
+            poly = self.add(self.mul(poly, t), self.const(c))
+        poly = self.mul(poly, t)
+        magnitude = self.sub(self.const(1.0), self.mul(poly, self._vector_exp(self.neg(self.mul(ax, ax)))))
+        return self._new("f32", f"math.copysign {magnitude}, {x} : {self.type('f32')}")
 
     def neg(self, x: str) -> str:
         return self._new("f32", f"arith.negf {x} : {self.type('f32')}")
@@ -105,6 +131,31 @@ class Body:
 
     def select(self, cond: str, x: str, y: str) -> str:
         return self._new("f32", f"arith.select {cond}, {x}, {y} : f32")
+
+
+def vector_exp(t, x: str, vt: str, it: str) -> str:
+    """exp(x) on an f32 vector (Cephes expf: x = n ln2 + r, exp(r) by a degree-6 polynomial,
+    2^n from exponent bits); exp(-inf) and anything below -88 give exactly 0. `t` is any writer
+    with op(text, hint) -> SSA name."""
+    def const(value: float) -> str:
+        return t.op(f"arith.constant dense<{value!r}> : {vt}", "k")
+
+    x = t.op(f"arith.minimumf {x}, {const(88.0)} : {vt}", "e")
+    x = t.op(f"arith.maximumf {x}, {const(-88.0)} : {vt}", "e")
+    n = t.op(f"math.floor {t.op(f'math.fma {x}, {const(1.4426950408889634)}, {const(0.5)} : {vt}', 'e')} : {vt}", "e")
+    r = t.op(f"math.fma {n}, {const(-0.693359375)}, {x} : {vt}", "e")
+    r = t.op(f"math.fma {n}, {const(2.12194440e-4)}, {r} : {vt}", "e")
+    y = const(1.9875691500e-4)
+    for c in (1.3981999507e-3, 8.3334519073e-3, 4.1665795894e-2, 1.6666665459e-1, 5.0000001201e-1):
+        y = t.op(f"math.fma {y}, {r}, {const(c)} : {vt}", "e")
+    r2 = t.op(f"arith.mulf {r}, {r} : {vt}", "e")
+    y = t.op(f"math.fma {y}, {r2}, {r} : {vt}", "e")
+    y = t.op(f"arith.addf {y}, {const(1.0)} : {vt}", "e")
+    ni = t.op(f"arith.fptosi {n} : {vt} to {it}", "e")
+    bits = t.op(f"arith.addi {ni}, {t.op(f'arith.constant dense<127> : {it}', 'k')} : {it}", "e")
+    bits = t.op(f"arith.shli {bits}, {t.op(f'arith.constant dense<23> : {it}', 'k')} : {it}", "e")
+    scale = t.op(f"arith.bitcast {bits} : {it} to {vt}", "e")
+    return t.op(f"arith.mulf {y}, {scale} : {vt}", "e")
 
 
 class KernelWriter:
