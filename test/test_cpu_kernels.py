@@ -156,3 +156,24 @@ def test_vector_epilogues_over_a_wide_range(step, kind, param):
     kernel = tracea.compile(fn, keep_stages=True)
     assert "math.erf" not in kernel.stages["llvm"] and "@expf" not in kernel.stages["llvm"]
     ref.assert_close(kernel(x, eye), ref.epilogue(ref.f64(x), [(kind, param)]), "f32")
+
+
+@pytest.mark.parametrize("c,k,layout", [(40, 3, "nchw"), (300, 1, "nhwc"), (257, 2, "nhwc"), (3, 7, "nchw")],
+                         ids=["runs-per-block", "run-split-by-divisor", "prime-channels", "stem"])
+def test_implicit_gemm_conv_k_blocks(c, k, layout, rng):
+    """Implicit GEMM packs whole channel runs per K block: several runs, a run split evenly,
+    and a channel count with no divisor near the block size."""
+    x = ref.random(rng, (1, c, 9, 8) if layout == "nchw" else (1, 9, 8, c))
+    w = ref.random(rng, (6, c, k, k) if layout == "nchw" else (k, k, c, 6), scale=0.1)
+    fn = td.function(td.tensor(x.shape), td.tensor(w.shape))(
+        lambda a, f: td.conv2d(a, f, padding=1, stride=2 if k == 7 else 1, layout=layout))
+    out = tracea.compile(fn)(x, w)
+    ref.assert_close(out, ref.conv2d(x, w, None, (2, 2) if k == 7 else (1, 1), (1, 1), layout=layout), "f32",
+                     c * k * k)
+
+
+def test_attention_schedule_is_checked():
+    bad = td.Schedule(tile=(8, LANES + 1), lane_map=td.LaneMap("simd", (LANES,)))
+    fn = td.function(*[td.tensor((4, LANES))] * 3)(lambda a, b, c: td.attention(a, b, c, schedule=bad))
+    with pytest.raises(tracea.CompileError, match="keys a multiple of the .* SIMD lanes"):
+        tracea.compile(fn)

@@ -24,6 +24,34 @@ from .kernel_text import Body, apply_epilogue
 
 
 @dataclass(frozen=True)
+class ConvGather:
+    """A is the im2col of an NHWC image, never materialized: row (n, oy, ox), column
+    (ky, kx, c) reads image[n, oy*sy + ky*dy - top, ox*sx + kx*dx - left, c] (0 outside).
+    `run` channels at a time are copied, so K blocks must hold whole runs."""
+
+    image: TensorSpec  # [N, H, W, C]
+    kernel: tuple[int, int]
+    out_hw: tuple[int, int]
+    stride: tuple[int, int]
+    dilation: tuple[int, int]
+    top_left: tuple[int, int]
+
+    def run(self, kc: int) -> int:
+        c = self.image.shape[3]
+        return c if kc % c == 0 else kc  # kc divides c otherwise (see conv_k_block)
+
+
+def conv_k_block(c: int, k: int, kc: int) -> int:
+    """A K block size near `kc` that holds whole channel runs (or divides one)."""
+    if k <= kc:
+        return k
+    if c <= kc:
+        return kc // c * c
+    divisors = [d for d in range(kc // 2, kc + 1) if c % d == 0]
+    return max(divisors) if divisors else c
+
+
+@dataclass(frozen=True)
 class GemmPlan:
     batch: int  # flattened batch count
     m: int
@@ -134,8 +162,67 @@ def _memref(shape, dtype: str) -> str:
     return "memref<" + "".join(f"{d}x" for d in shape) + dtype + ">"
 
 
-def gemm_kernel_text(name: str, v: OpView, location: str) -> str:
-    """A private function on tensors (the op's operands in order) computing the op."""
+def pack_a_from_image(t: _Text, g: ConvGather, p: GemmPlan, image: str, image_t: str, Ap: str, Ap_t: str,
+                      row0: str, kc: str, zero: str) -> None:
+    """Rows row0 .. row0 + MR of the (virtual) im2col matrix into the A strip, run by run."""
+    L, MR = p.lanes, p.mr
+    n_img, h, w, c = g.image.shape
+    (ky_n, kx_n), (oh, ow), (sy, sx), (dy, dx), (top, left) = g.kernel, g.out_hw, g.stride, g.dilation, g.top_left
+    run = g.run(p.kc if p.k > p.kc else p.k)
+    run_vec = run // L * L
+    vf32, vt_in = f"vector<{L}xf32>", f"vector<{L}x{g.image.dtype}>"
+    a_stride = t.add(kc, t.c(A_PAD))
+    t.for_("%r", t.c(0), t.c(MR), t.c(1))
+    row = t.add(row0, "%r")
+    base = t.mul(t.add("%ir", "%r"), a_stride)
+    t.open(f"scf.if {t.cmp('ult', row, t.c(p.m))}")
+    img = t.op(f"arith.divui {row}, {t.c(oh * ow)} : index", "i")
+    pix = t.op(f"arith.remui {row}, {t.c(oh * ow)} : index", "i")
+    oy = t.op(f"arith.divui {pix}, {t.c(ow)} : index", "i")
+    ox = t.op(f"arith.remui {pix}, {t.c(ow)} : index", "i")
+    t.for_("%s", t.c(0), kc, t.c(run))
+    kg = t.add("%pc", "%s")
+    kyx = t.op(f"arith.divui {kg}, {t.c(c)} : index", "i")
+    c0 = t.op(f"arith.remui {kg}, {t.c(c)} : index", "i")
+    ky = t.op(f"arith.divui {kyx}, {t.c(kx_n)} : index", "i")
+    kx = t.op(f"arith.remui {kyx}, {t.c(kx_n)} : index", "i")
+    iy = t.op(f"arith.subi {t.add(t.mul(oy, t.c(sy)), t.mul(ky, t.c(dy)))}, {t.c(top)} : index", "i")
+    ix = t.op(f"arith.subi {t.add(t.mul(ox, t.c(sx)), t.mul(kx, t.c(dx)))}, {t.c(left)} : index", "i")
+    # unsigned compares also reject the negative rows/columns of the padding
+    inside = t.op(f"arith.andi {t.cmp('ult', iy, t.c(h))}, {t.cmp('ult', ix, t.c(w))} : i1", "p")
+    dst = t.add(base, "%s")
+    t.open(f"scf.if {inside}")
+    t.for_("%cc", t.c(0), t.c(run_vec), t.c(L))
+    x = t.op(f"vector.load {image}[{img}, {iy}, {ix}, {t.add(c0, '%cc')}] : {image_t}, {vt_in}", "v")
+    if g.image.dtype != "f32":
+        x = t.op(f"arith.extf {x} : {vt_in} to {vf32}", "v")
+    t.line(f"vector.store {x}, {Ap}[{t.add(dst, '%cc')}] : {Ap_t}, {vf32}")
+    t.close()
+    t.for_("%cc", t.c(run_vec), t.c(run), t.c(1))
+    x = t.op(f"memref.load {image}[{img}, {iy}, {ix}, {t.add(c0, '%cc')}] : {image_t}", "x")
+    if g.image.dtype != "f32":
+        x = t.op(f"arith.extf {x} : {g.image.dtype} to f32", "x")
+    t.line(f"memref.store {x}, {Ap}[{t.add(dst, '%cc')}] : {Ap_t}")
+    t.close()
+    t.close("} else {")
+    t.depth += 1
+    t.for_("%cc", t.c(0), t.c(run), t.c(1))
+    t.line(f"memref.store {zero}, {Ap}[{t.add(dst, '%cc')}] : {Ap_t}")
+    t.close()
+    t.close()
+    t.close()  # runs
+    t.close("} else {")
+    t.depth += 1
+    t.for_("%k", t.c(0), kc, t.c(1))
+    t.line(f"memref.store {zero}, {Ap}[{t.add(base, '%k')}] : {Ap_t}")
+    t.close()
+    t.close()
+    t.close()  # rows
+
+
+def gemm_kernel_text(name: str, v: OpView, location: str, gather: ConvGather | None = None) -> str:
+    """A private function on tensors (the op's operands in order) computing the op; with
+    `gather`, its first argument is the image whose im2col is A."""
     p = GemmPlan.from_view(v)
     t = _Text()
     L, MR, NR = p.lanes, p.mr, p.nr
@@ -143,6 +230,8 @@ def gemm_kernel_text(name: str, v: OpView, location: str) -> str:
     vf32 = f"vector<{L}xf32>"
     a, b = v.operands["a"], v.operands["b"]
     args = list(v.operands.items())
+    if gather is not None:
+        args[0] = ("a", gather.image)
     params = ", ".join(f"%arg{i}: {spec}" for i, (_, spec) in enumerate(args))
     arg = {n: f"%arg{i}" for i, (n, _) in enumerate(args)}
 
@@ -160,7 +249,11 @@ def gemm_kernel_text(name: str, v: OpView, location: str) -> str:
         groups = "[" + ", ".join(str(i) for i in range(spec.rank - 2)) + f"], [{spec.rank - 2}], [{spec.rank - 1}]"
         return t.op(f"memref.collapse_shape {mem} [{groups}] : {_memref(spec.shape, spec.dtype)} into {flat}", "m"), flat
 
-    A, A_t = as_3d(arg["a"], a, a.rank > 2)
+    if gather is None:
+        A, A_t = as_3d(arg["a"], a, a.rank > 2)
+    else:
+        A_t = _memref(gather.image.shape, gather.image.dtype)
+        A = t.op(f"bufferization.to_buffer {arg['a']} read_only : {gather.image} to {A_t}", "m")
     B, B_t = as_3d(arg["b"], b, p.b_batched and b.rank > 2)
     out_spec = v.result
     C_full = t.op(f"memref.alloc() {{alignment = 64 : i64}} : {_memref(out_spec.shape, out_spec.dtype)}", "m")
@@ -192,10 +285,18 @@ def gemm_kernel_text(name: str, v: OpView, location: str) -> str:
     mc_max = min(p.mc, p.m)
     ncp = -(-nc_max // NR) * NR
     mcp = -(-mc_max // MR) * MR
-    Bp_t, Ap_t = _memref((kc_max * ncp,), "f32"), _memref((mcp * (kc_max + A_PAD),), "f32")
+    a_block = mcp * (kc_max + A_PAD)
+    n_mblocks = -(-p.m // p.mc)
+    Bp_t, Ap_all_t = _memref((kc_max * ncp,), "f32"), _memref((n_mblocks * a_block,), "f32")
+    Ap_t = f"memref<{a_block}xf32, strided<[1], offset: ?>>"
     zero = t.op("arith.constant 0.0 : f32", "z")
     zv = t.op(f"arith.constant dense<0.0> : {vf32}", "z")
+    # All packing space is allocated once per call: a fresh malloc per block would be a fresh
+    # mmap (these are large), page-faulted anew by every block under the kernel's memory lock.
     Bp = t.op(f"memref.alloc() {{alignment = 64 : i64}} : {Bp_t}", "m")
+    Ap_all = t.op(f"memref.alloc() {{alignment = 64 : i64}} : {Ap_all_t}", "m")
+    T_all_t = _memref((n_mblocks, MR, NR), "f32")  # edge tiles, one buffer per M block
+    T_all = t.op(f"memref.alloc() {{alignment = 64 : i64}} : {T_all_t}", "m")
 
     def load_f32(mem: str, mem_t: str, idx: list[str], dtype: str) -> str:
         x = t.op(f"memref.load {mem}[{', '.join(idx)}] : {mem_t}", "x")
@@ -262,15 +363,18 @@ def gemm_kernel_text(name: str, v: OpView, location: str) -> str:
     # --- M blocks in parallel ----------------------------------------------------------------
     t.parallel("%ic", t.c(0), t.c(p.m), t.c(p.mc))
     mc = t.min_(t.op(f"arith.subi {t.c(p.m)}, %ic : index", "i"), t.c(p.mc))
-    Ap = t.op(f"memref.alloc() {{alignment = 64 : i64}} : {Ap_t}", "m")
-    T_t = _memref((MR, NR), "f32")  # edge tiles pass through here (once per block: an alloca
-    T = t.op(f"memref.alloc() {{alignment = 64 : i64}} : {T_t}", "m")  # per tile would grow the stack)
+    block = t.op(f"arith.divui %ic, {t.c(p.mc)} : index", "i")
+    Ap = t.op(f"memref.subview {Ap_all}[{t.mul(block, t.c(a_block))}] [{a_block}] [1] : {Ap_all_t} to {Ap_t}", "m")
+    T_t = f"memref<{MR}x{NR}xf32, strided<[{NR}, 1], offset: ?>>"
+    T = t.op(f"memref.subview {T_all}[{block}, 0, 0] [1, {MR}, {NR}] [1, 1, 1] : {T_all_t} to {T_t}", "m")
     # pack A. Non-transposed: each row's k-run is contiguous in A and stays so in the strip,
     # Ap[(ir + r) * kc + k], copied a vector at a time. Transposed (A is [K, M]): the MR rows of a
     # k are contiguous, Ap[ir * kc + k * MR + r].
     t.for_("%ir", t.c(0), mc, t.c(MR))
     row0 = t.add("%ic", "%ir")
-    if p.transpose_a:
+    if gather is not None:
+        pack_a_from_image(t, gather, p, A, A_t, Ap, Ap_t, row0, kc, zero)
+    elif p.transpose_a:
         aoff = t.mul("%ir", kc)
         t.for_("%k", t.c(0), kc, t.c(1))
         t.for_("%r", t.c(0), t.c(MR), t.c(1))

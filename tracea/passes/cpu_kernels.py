@@ -8,18 +8,19 @@ onto SIMD lanes by its kernel; ops it does not handle are left for tracea-lower-
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+import re
+from dataclasses import dataclass, replace
 
 import mlir.ir as ir
 
-from ..dialects.ops import Conv2dDef, OpView, TensorSpec, view
+from ..dialects.ops import OP_DEFS, Conv2dDef, Epilogue, OpView, TensorSpec, view
 from ..dialects.schedule import LaneMap, Schedule
 from ..dialects.verify import tracea_ops
 from ..errors import OpError
 from ..targets.host import HostCPU, host_cpu
 from .cpu_attention import attention_kernel_text
 from .cpu_attention import supports as supports_attention
-from .cpu_gemm import gemm_kernel_text
+from .cpu_gemm import ConvGather, conv_k_block, gemm_kernel_text
 from .cpu_softmax import softmax_kernel_text
 from .kernel_text import KernelWriter
 from .lower_to_linalg import inline_kernel
@@ -70,79 +71,11 @@ def check_gemm_schedule(v: OpView) -> None:
                       f"(reduce MR or NR)")
 
 
-def im2col_text(name: str, image: TensorSpec, kernel: tuple[int, int], out_hw: tuple[int, int], stride, dilation,
-                pads, lanes: int, location: str) -> str:
-    """col[n, oh * OW + ow, (kh * KW + kw) * C + c] = image[n, oh*s + kh*d - top, ow*s + kw*d - left, c]
-    (NHWC image; zero outside it): each (kh, kw) run of C channels is one vector copy."""
-    n, h, w, c = image.shape
-    (kh, kw), (oh, ow), (sh, sw), (dh, dw) = kernel, out_hw, stride, dilation
-    top, left = pads
-    k = kh * kw * c
-    col = TensorSpec((n, oh * ow, k), image.dtype)
-    vt = f"vector<{lanes}x{image.dtype}>"
-    c_vec = c // lanes * lanes
-    mem_in, mem_out = f"memref<{n}x{h}x{w}x{c}x{image.dtype}>", f"memref<{n}x{oh * ow}x{k}x{image.dtype}>"
-    return f"""#src = {location}
-func.func private @{name}(%x: {image}) -> {col} {{
-  %c0 = arith.constant 0 : index
-  %c1 = arith.constant 1 : index
-  %c_ow = arith.constant {ow} : index
-  %c_kh = arith.constant {kh} : index
-  %c_kw = arith.constant {kw} : index
-  %c_h = arith.constant {h} : index
-  %c_w = arith.constant {w} : index
-  %c_c = arith.constant {c} : index
-  %c_cvec = arith.constant {c_vec} : index
-  %c_lanes = arith.constant {lanes} : index
-  %zero = arith.constant 0.0 : {image.dtype}
-  %in = bufferization.to_buffer %x read_only : {image} to {mem_in}
-  %out = memref.alloc() {{alignment = 64 : i64}} : {mem_out}
-  %n = arith.constant {n} : index
-  %oh = arith.constant {oh} : index
-  scf.parallel (%b, %y) = (%c0, %c0) to (%n, %oh) step (%c1, %c1) {{
-    scf.for %x0 = %c0 to %c_ow step %c1 {{
-      %p0 = arith.muli %y, %c_ow : index
-      %p = arith.addi %p0, %x0 : index
-      scf.for %i = %c0 to %c_kh step %c1 {{
-        %ih0 = affine.apply affine_map<(y, i) -> (y * {sh} + i * {dh} - {top})>(%y, %i)
-        %inh = arith.cmpi ult, %ih0, %c_h : index
-        scf.for %j = %c0 to %c_kw step %c1 {{
-          %iw0 = affine.apply affine_map<(x, j) -> (x * {sw} + j * {dw} - {left})>(%x0, %j)
-          %inw = arith.cmpi ult, %iw0, %c_w : index
-          %inside = arith.andi %inh, %inw : i1
-          %k0 = affine.apply affine_map<(i, j) -> ((i * {kw} + j) * {c})>(%i, %j)
-          scf.if %inside {{
-            scf.for %ch = %c0 to %c_cvec step %c_lanes {{
-              %v = vector.load %in[%b, %ih0, %iw0, %ch] : {mem_in}, {vt}
-              %kk = arith.addi %k0, %ch : index
-              vector.store %v, %out[%b, %p, %kk] : {mem_out}, {vt}
-            }}
-            scf.for %ch = %c_cvec to %c_c step %c1 {{
-              %v = memref.load %in[%b, %ih0, %iw0, %ch] : {mem_in}
-              %kk = arith.addi %k0, %ch : index
-              memref.store %v, %out[%b, %p, %kk] : {mem_out}
-            }}
-          }} else {{
-            scf.for %ch = %c0 to %c_c step %c1 {{
-              %kk = arith.addi %k0, %ch : index
-              memref.store %zero, %out[%b, %p, %kk] : {mem_out}
-            }}
-          }}
-        }}
-      }}
-    }}
-    scf.reduce
-  }}
-  %r = bufferization.to_tensor %out restrict writable : {mem_out} to {col}
-  return %r : {col}
-}}
-"""
-
-
-def conv_as_gemm(w: KernelWriter, v: OpView, index: int) -> tuple[str, str]:
-    """conv2d = im2col (NHWC, k ordered (kh, kw, c)) + one batched GEMM whose epilogue adds the
-    bias; an NCHW input is transposed to NHWC first and the result back. Returns the function
-    text of the im2col kernel and the SSA name of the result."""
+def conv_as_gemm(w: KernelWriter, v: OpView, name: str, threads: int) -> tuple[str, str]:
+    """conv2d = one GEMM over the im2col of the NHWC image, packed straight from the image
+    (implicit GEMM), k ordered (kh, kw, c) so the HWCF filter is B as it lies; the bias is the
+    GEMM's epilogue. An NCHW input (and FCHW filter) is transposed first, the result back.
+    Returns the GEMM kernel's function text and the SSA name of the result."""
     x, f = v.operands["input"], v.operands["filter"]
     nchw = v.attrs["layout"] == "nchw"
     top, _, left, _ = Conv2dDef.pads(v.attrs)
@@ -157,26 +90,27 @@ def conv_as_gemm(w: KernelWriter, v: OpView, index: int) -> tuple[str, str]:
         kh, kw, _, nf = f.shape
         _, oh, ow, _ = v.result.shape
         image, filt = w.arg["input"], w.arg["filter"]
-    k = kh * kw * c
-    im2col_name = f"__tracea_im2col_{index}"
-    col_type = TensorSpec((n, oh * ow, k), x.dtype)
-    col = w.emit(col_type, f"func.call @{im2col_name}({image}) : ({w.types[image]}) -> {col_type}")
+    m, k = n * oh * ow, kh * kw * c
     filt = w.reshape(filt, [[0, 1, 2], [3]], (k, nf))
-    b_type = TensorSpec((k, nf), f.dtype)
-    out = TensorSpec((n, oh * ow, nf), v.result.dtype)
+    schedule = default_gemm_schedule(m, nf, k, host_cpu(), threads)
+    mc, nc, kc = schedule.tile
+    schedule = replace(schedule, tile=(mc, nc, conv_k_block(c, k, kc)))
+    operands = {"a": TensorSpec((m, k), x.dtype), "b": TensorSpec((k, nf), f.dtype)}
     if "bias" in w.arg:
-        gemm = w.emit(out, f'"tracea.fused_gemm"({col}, {filt}, {w.arg["bias"]}) {{epilogue = [{{kind = "bias_add"}}], '
-                           f'operandSegmentSizes = array<i32: 1, 1, 1, 0>}} '
-                           f': ({col_type}, {b_type}, {v.operands["bias"]}) -> {out}')
-    else:
-        gemm = w.emit(out, f'"tracea.gemm"({col}, {filt}) : ({col_type}, {b_type}) -> {out}')
+        operands["bias"] = v.operands["bias"]
+    gemm_view = OpView(v.op, OP_DEFS["tracea.fused_gemm"], operands, TensorSpec((m, nf), v.result.dtype),
+                       {"transpose_a": False, "transpose_b": False, "schedule": schedule,
+                        "epilogue": (Epilogue("bias_add"),) if "bias" in w.arg else ()})
+    gather = ConvGather(TensorSpec((n, h, wd, c), x.dtype), (kh, kw), (oh, ow), tuple(v.attrs["stride"]),
+                        tuple(v.attrs["dilation"]), (top, left))
+    text = gemm_kernel_text(name, gemm_view, str(v.op.location), gather)
+    call_args = [image, filt] + ([w.arg["bias"]] if "bias" in w.arg else [])
+    out = gemm_view.result
+    result = w.emit(out, f"func.call @{name}({', '.join(call_args)}) : "
+                         f"({', '.join(str(w.types[a]) for a in call_args)}) -> {out}")
+    result = w.reshape(result, [[0, 1, 2], [3]], (n, oh, ow, nf))
     if nchw:
-        gemm = w.transpose(w.reshape(gemm, [[0], [1, 2], [3]], (n, oh, ow, nf)), [0, 3, 1, 2])
-        result = gemm
-    else:
-        result = w.reshape(gemm, [[0], [1, 2], [3]], (n, oh, ow, nf))
-    text = im2col_text(im2col_name, TensorSpec((n, h, wd, c), x.dtype), (kh, kw), (oh, ow), v.attrs["stride"],
-                       v.attrs["dilation"], (top, left), host_cpu().f32_lanes, str(v.op.location))
+        result = w.transpose(result, [0, 3, 1, 2])
     return text, result
 
 
@@ -184,9 +118,11 @@ def conv_as_gemm(w: KernelWriter, v: OpView, index: int) -> tuple[str, str]:
 @dataclass(frozen=True)
 class ConvToGemmPass(TraceaPass):
     NAME = "tracea-cpu-conv-to-gemm"
-    SUMMARY = "rewrite conv2d (groups = 1) as im2col + a gemm, so it runs on the CPU GEMM kernel"
+    SUMMARY = "run conv2d (groups = 1) on the CPU GEMM kernel, packing im2col rows straight from the image"
+    threads: int = option(0, "threads the kernels will run on (0: the host's cores)")
 
     def run(self, module: ir.Operation) -> None:
+        threads = self.threads or host_cpu().cores
         for index, op in enumerate(tracea_ops(module)):
             if op.name != "tracea.conv2d":
                 continue
@@ -194,11 +130,12 @@ class ConvToGemmPass(TraceaPass):
             if v.attrs["groups"] != 1:
                 continue  # grouped and depthwise convolutions stay on the reference lowering
             writer = KernelWriter(f"__tracea_conv_{index}", v.operands, v.result)
-            im2col, result = conv_as_gemm(writer, v, index)
-            # The im2col kernel stays a function of the module; the inliner dissolves it later.
-            kernel_module = ir.Module.parse(im2col, module.context)
+            gemm, result = conv_as_gemm(writer, v, f"__tracea_conv_gemm_{index}", threads)
+            # The GEMM kernel stays a function of the module; the inliner dissolves it later.
+            kernel_module = ir.Module.parse(gemm, module.context)
             kernel_module.body.operations[0].operation.move_before(module.regions[0].blocks[0].operations[0])
-            declaration = im2col[im2col.index("func.func private"):im2col.index("{\n")].replace("%x: ", "")
+            declaration = gemm[gemm.index("func.func private"):gemm.index(" {\n")]
+            declaration = re.sub(r"%arg\d+: ", "", declaration)
             inline_kernel(op, writer.text(result, str(op.location)) + declaration + "\n")
 
 

@@ -173,7 +173,8 @@ class CpuTarget(Target):
     def stages(self, strategy: str = "tiled", threads: int = 1) -> list[tuple[str, Pipeline]]:
         if strategy not in STRATEGIES:
             raise ValueError(f"unknown CPU strategy '{strategy}'; available: {', '.join(STRATEGIES)}")
-        first = (f"tracea-verify, tracea-cpu-conv-to-gemm, tracea-cpu-schedule{{threads={threads}}}, tracea-cpu-kernels, "
+        first = (f"tracea-verify, tracea-cpu-conv-to-gemm{{threads={threads}}}, tracea-cpu-schedule{{threads={threads}}}, "
+                 "tracea-cpu-kernels, "
                  "tracea-lower-to-linalg, canonicalize, cse") if strategy == "tiled" else "tracea-to-linalg"
         return [
             ("linalg", parse_pipeline(first)),
