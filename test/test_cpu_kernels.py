@@ -177,3 +177,18 @@ def test_attention_schedule_is_checked():
     fn = td.function(*[td.tensor((4, LANES))] * 3)(lambda a, b, c: td.attention(a, b, c, schedule=bad))
     with pytest.raises(tracea.CompileError, match="keys a multiple of the .* SIMD lanes"):
         tracea.compile(fn)
+
+
+@given(c=st.integers(1, LANES - 1), k=st.integers(1, 5), hw=st.integers(1, 12), stride=st.integers(1, 3),
+       pad=st.integers(0, 3), dy=st.integers(1, 2), layout=st.sampled_from(["nchw", "nhwc"]))
+def test_small_channel_conv_copies_kernel_rows(c, k, hw, stride, pad, dy, layout):
+    """C below the vector width: whole kernel rows are copied, pixel by pixel at the borders."""
+    if hw + 2 * pad < dy * (k - 1) + 1:
+        return
+    rng = np.random.default_rng(c * 100 + k * 10 + hw)
+    x = ref.random(rng, (2, c, hw, hw + 1) if layout == "nchw" else (2, hw, hw + 1, c))
+    w = ref.random(rng, (5, c, k, k) if layout == "nchw" else (k, k, c, 5))
+    opts = dict(stride=stride, padding=pad, dilation=(dy, 1), layout=layout)
+    fn = td.function(td.tensor(x.shape), td.tensor(w.shape))(lambda a, f: td.conv2d(a, f, **opts))
+    expected = ref.conv2d(x, w, None, (stride, stride), (pad, pad), (dy, 1), 1, layout)
+    ref.assert_close(tracea.compile(fn, threads=2)(x, w), expected, "f32", c * k * k)

@@ -36,13 +36,23 @@ class ConvGather:
     dilation: tuple[int, int]
     top_left: tuple[int, int]
 
-    def run(self, kc: int) -> int:
+    def wide(self, lanes: int) -> bool:
+        """Copy whole kernel rows (KW pixels x C, contiguous when the x dilation is 1): worth it
+        when a pixel's C channels are shorter than a vector."""
+        return self.dilation[1] == 1 and self.image.shape[3] < lanes
+
+    def unit(self, lanes: int) -> int:
+        """The contiguous run the packing copies: C channels, or a whole kernel row."""
         c = self.image.shape[3]
-        return c if kc % c == 0 else kc  # kc divides c otherwise (see conv_k_block)
+        return self.kernel[1] * c if self.wide(lanes) else c
+
+    def run(self, kc: int, lanes: int) -> int:
+        unit = self.unit(lanes)
+        return unit if kc % unit == 0 else kc  # kc divides the unit otherwise (see conv_k_block)
 
 
 def conv_k_block(c: int, k: int, kc: int) -> int:
-    """A K block size near `kc` that holds whole channel runs (or divides one)."""
+    """A K block size near `kc` that holds whole runs of `c` (or divides one)."""
     if k <= kc:
         return k
     if c <= kc:
@@ -168,7 +178,9 @@ def pack_a_from_image(t: _Text, g: ConvGather, p: GemmPlan, image: str, image_t:
     L, MR = p.lanes, p.mr
     n_img, h, w, c = g.image.shape
     (ky_n, kx_n), (oh, ow), (sy, sx), (dy, dx), (top, left) = g.kernel, g.out_hw, g.stride, g.dilation, g.top_left
-    run = g.run(p.kc if p.k > p.kc else p.k)
+    run = g.run(p.kc if p.k > p.kc else p.k, L)
+    if g.wide(L) and run == g.unit(L):
+        return _pack_a_kernel_rows(t, g, p, image, image_t, Ap, Ap_t, row0, kc, zero)
     run_vec = run // L * L
     vf32, vt_in = f"vector<{L}xf32>", f"vector<{L}x{g.image.dtype}>"
     a_stride = t.add(kc, t.c(A_PAD))
@@ -208,6 +220,78 @@ def pack_a_from_image(t: _Text, g: ConvGather, p: GemmPlan, image: str, image_t:
     t.depth += 1
     t.for_("%cc", t.c(0), t.c(run), t.c(1))
     t.line(f"memref.store {zero}, {Ap}[{t.add(dst, '%cc')}] : {Ap_t}")
+    t.close()
+    t.close()
+    t.close()  # runs
+    t.close("} else {")
+    t.depth += 1
+    t.for_("%k", t.c(0), kc, t.c(1))
+    t.line(f"memref.store {zero}, {Ap}[{t.add(base, '%k')}] : {Ap_t}")
+    t.close()
+    t.close()
+    t.close()  # rows
+
+
+def _pack_a_kernel_rows(t: _Text, g: ConvGather, p: GemmPlan, image: str, image_t: str, Ap: str, Ap_t: str,
+                        row0: str, kc: str, zero: str) -> None:
+    """pack_a_from_image for small C: one run = one kernel row (KW pixels x C channels), copied
+    whole when inside the image, pixel by pixel at its borders."""
+    L, MR = p.lanes, p.mr
+    n_img, h, w, c = g.image.shape
+    (_, kx_n), (oh, ow), (sy, sx), (dy, _), (top, left) = g.kernel, g.out_hw, g.stride, g.dilation, g.top_left
+    run = kx_n * c
+    run_vec = run // L * L
+    vf32, vt_in = f"vector<{L}xf32>", f"vector<{L}x{g.image.dtype}>"
+    rows_t = _memref((n_img, h, w * c), g.image.dtype)
+    rows = t.op(f"memref.collapse_shape {image} [[0], [1], [2, 3]] : {image_t} into {rows_t}", "m")
+
+    def load(index: list[str], vector: bool) -> str:
+        if vector:
+            x = t.op(f"vector.load {rows}[{', '.join(index)}] : {rows_t}, {vt_in}", "v")
+            return x if g.image.dtype == "f32" else t.op(f"arith.extf {x} : {vt_in} to {vf32}", "v")
+        x = t.op(f"memref.load {rows}[{', '.join(index)}] : {rows_t}", "x")
+        return x if g.image.dtype == "f32" else t.op(f"arith.extf {x} : {g.image.dtype} to f32", "x")
+
+    a_stride = t.add(kc, t.c(A_PAD))
+    t.for_("%r", t.c(0), t.c(MR), t.c(1))
+    row = t.add(row0, "%r")
+    base = t.mul(t.add("%ir", "%r"), a_stride)
+    t.open(f"scf.if {t.cmp('ult', row, t.c(p.m))}")
+    img = t.op(f"arith.divui {row}, {t.c(oh * ow)} : index", "i")
+    pix = t.op(f"arith.remui {row}, {t.c(oh * ow)} : index", "i")
+    oy = t.op(f"arith.divui {pix}, {t.c(ow)} : index", "i")
+    ox = t.op(f"arith.remui {pix}, {t.c(ow)} : index", "i")
+    ix0 = t.op(f"arith.subi {t.mul(ox, t.c(sx))}, {t.c(left)} : index", "i")
+    # the row's pixels ix0 .. ix0 + KW - 1 all inside (unsigned: ix0 >= 0 too)
+    x_inside = t.cmp("ult", t.add(ix0, t.c(kx_n - 1)), t.c(w))
+    x_inside = t.op(f"arith.andi {x_inside}, {t.cmp('sge', ix0, t.c(0))} : i1", "p")
+    col0 = t.mul(ix0, t.c(c))
+    t.for_("%s", t.c(0), kc, t.c(run))
+    ky = t.op(f"arith.divui {t.add('%pc', '%s')}, {t.c(run)} : index", "i")
+    iy = t.op(f"arith.subi {t.add(t.mul(oy, t.c(sy)), t.mul(ky, t.c(dy)))}, {t.c(top)} : index", "i")
+    dst = t.add(base, "%s")
+    y_inside = t.cmp("ult", iy, t.c(h))
+    t.open(f"scf.if {t.op(f'arith.andi {y_inside}, {x_inside} : i1', 'p')}")
+    for j in range(0, run_vec, L):  # whole row: a few vectors and a scalar tail
+        t.line(f"vector.store {load([img, iy, t.add(col0, t.c(j))], True)}, {Ap}[{t.add(dst, t.c(j))}] : {Ap_t}, {vf32}")
+    for j in range(run_vec, run):
+        t.line(f"memref.store {load([img, iy, t.add(col0, t.c(j))], False)}, {Ap}[{t.add(dst, t.c(j))}] : {Ap_t}")
+    t.close("} else {")
+    t.depth += 1
+    t.for_("%kx", t.c(0), t.c(kx_n), t.c(1))  # border: pixel by pixel, zeros outside
+    ix = t.add(ix0, "%kx")
+    inside = t.op(f"arith.andi {y_inside}, {t.cmp('ult', ix, t.c(w))} : i1", "p")
+    t.for_("%cc", t.c(0), t.c(c), t.c(1))
+    at = t.add(t.add(dst, t.mul("%kx", t.c(c))), "%cc")
+    x = t.fresh("x")
+    t.open(f"{x} = scf.if {inside} -> (f32)")
+    t.line(f"scf.yield {load([img, iy, t.add(t.mul(ix, t.c(c)), '%cc')], False)} : f32")
+    t.close("} else {")
+    t.depth += 1
+    t.line(f"scf.yield {zero} : f32")
+    t.close()
+    t.line(f"memref.store {x}, {Ap}[{at}] : {Ap_t}")
+    t.close()
     t.close()
     t.close()
     t.close()  # runs

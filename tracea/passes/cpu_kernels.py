@@ -92,17 +92,17 @@ def conv_as_gemm(w: KernelWriter, v: OpView, name: str, threads: int) -> tuple[s
         image, filt = w.arg["input"], w.arg["filter"]
     m, k = n * oh * ow, kh * kw * c
     filt = w.reshape(filt, [[0, 1, 2], [3]], (k, nf))
+    gather = ConvGather(TensorSpec((n, h, wd, c), x.dtype), (kh, kw), (oh, ow), tuple(v.attrs["stride"]),
+                        tuple(v.attrs["dilation"]), (top, left))
     schedule = default_gemm_schedule(m, nf, k, host_cpu(), threads)
     mc, nc, kc = schedule.tile
-    schedule = replace(schedule, tile=(mc, nc, conv_k_block(c, k, kc)))
+    schedule = replace(schedule, tile=(mc, nc, conv_k_block(gather.unit(schedule.lane_map.shape[-1]), k, kc)))
     operands = {"a": TensorSpec((m, k), x.dtype), "b": TensorSpec((k, nf), f.dtype)}
     if "bias" in w.arg:
         operands["bias"] = v.operands["bias"]
     gemm_view = OpView(v.op, OP_DEFS["tracea.fused_gemm"], operands, TensorSpec((m, nf), v.result.dtype),
                        {"transpose_a": False, "transpose_b": False, "schedule": schedule,
                         "epilogue": (Epilogue("bias_add"),) if "bias" in w.arg else ()})
-    gather = ConvGather(TensorSpec((n, h, wd, c), x.dtype), (kh, kw), (oh, ow), tuple(v.attrs["stride"]),
-                        tuple(v.attrs["dilation"]), (top, left))
     text = gemm_kernel_text(name, gemm_view, str(v.op.location), gather)
     call_args = [image, filt] + ([w.arg["bias"]] if "bias" in w.arg else [])
     out = gemm_view.result
