@@ -119,11 +119,13 @@ def attention_kernel_text(name: str, v: OpView, location: str) -> str:
         kv_end = t.c(skv)
     neg_inf = t.op("arith.constant 0xFF800000 : f32", "z")
     one = t.op("arith.constant 1.0 : f32", "z")
-    m_init, l_init = [f"%rowmax{r}" for r in range(BR)], [f"%rowsum{r}" for r in range(BR)]
-    loop = t.fresh("ml")
-    t.open(f"{loop}:{2 * BR} = scf.for %j0 = {t.c(0)} to {kv_end} step {t.c(BC)} "
-           f"iter_args({', '.join(f'{x} = {neg_inf}' for x in m_init)}, {', '.join(f'{x} = {zero}' for x in l_init)}) "
-           f"-> ({', '.join(['f32'] * 2 * BR)})")
+    # running max and sum per query row, in a small buffer so the softmax can loop over rows
+    ML_t = _memref((2, BR), "f32")
+    ML = t.op(f"memref.alloc() {{alignment = 64 : i64}} : {ML_t}", "m")
+    for r in range(BR):
+        t.line(f"memref.store {neg_inf}, {ML}[{t.c(0)}, {t.c(r)}] : {ML_t}")
+        t.line(f"memref.store {zero}, {ML}[{t.c(1)}, {t.c(r)}] : {ML_t}")
+    t.for_("%j0", t.c(0), kv_end, t.c(BC))
     # S = Q K^T
     accs = [f"%s{r}_{j}" for r in range(BR) for j in range(nv_s)]
     res = t.fresh("S")
@@ -137,69 +139,74 @@ def attention_kernel_text(name: str, v: OpView, location: str) -> str:
             new.append(t.op(f"vector.fma {qs}, {kvec[j]}, {accs[r * nv_s + j]} : {vt}", "f"))
     t.line(f"scf.yield {', '.join(new)} : {', '.join([vt] * len(new))}")
     t.close()
-    # scale, mask, online softmax
+    # the score tile to the scratch, then the online softmax row by row (one copy of its code)
+    for r in range(BR):
+        for j in range(nv_s):
+            t.line(f"vector.store {res}#{r * nv_s + j}, {P}[{t.c(r)}, {t.c(j * L)}] : {P_t}, {vt}")
     iota = t.op(f"arith.constant dense<[{', '.join(str(i) for i in range(L))}]> : {it}", "k")
     scale_v = t.op(f"arith.constant dense<{scale!r}> : {vt}", "k")
     ninf_v = t.op(f"arith.constant dense<0xFF800000> : {vt}", "k")
     j0_i32 = t.op(f"arith.index_cast %j0 : index to i32", "i")
     limit_kv = t.op(f"vector.broadcast {t.op(f'arith.constant {skv} : i32', 'i')} : i32 to {it}", "k")
-    new_m, new_l = [], []
-    for r in range(BR):
-        ps = []
-        row_i32 = t.op(f"arith.index_cast {t.add(i0, t.c(r))} : index to i32", "i")
-        for j in range(nv_s):
-            s = t.op(f"arith.mulf {res}#{r * nv_s + j}, {scale_v} : {vt}", "s")
-            base = t.op(f"arith.addi {j0_i32}, {t.op(f'arith.constant {j * L} : i32', 'i')} : i32", "i")
-            cols = t.op(f"arith.addi {t.op(f'vector.broadcast {base} : i32 to {it}', 'i')}, {iota} : {it}", "i")
-            masked = t.op(f"arith.cmpi sge, {cols}, {limit_kv} : {it}", "p")
-            if causal:
-                later = t.op(f"arith.cmpi sgt, {cols}, {t.op(f'vector.broadcast {row_i32} : i32 to {it}', 'i')} : {it}", "p")
-                masked = t.op(f"arith.ori {masked}, {later} : vector<{L}xi1>", "p")
-            ps.append(t.op(f"arith.select {masked}, {ninf_v}, {s} : vector<{L}xi1>, {vt}", "s"))
-        row_max = t.op(f"vector.reduction <maximumf>, {ps[0]} : {vt} into f32", "r")
-        for p in ps[1:]:
-            row_max = t.op(f"arith.maximumf {row_max}, {t.op(f'vector.reduction <maximumf>, {p} : {vt} into f32', 'r')} : f32", "r")
-        m_new = t.op(f"arith.maximumf %rowmax{r}, {row_max} : f32", "r")
-        # alpha = exp(m_old - m_new); m_old = -inf on the first block gives 0
-        diff = t.op(f"arith.subf %rowmax{r}, {m_new} : f32", "r")
-        alpha = t.op(f"vector.extract {vector_exp(t, t.op(f'vector.broadcast {diff} : f32 to {vt}', 'r'), vt, it)}[0] : f32 from {vt}", "r")
-        mb = t.op(f"vector.broadcast {m_new} : f32 to {vt}", "r")
-        total = zero
-        for j, p in enumerate(ps):
-            e = vector_exp(t, t.op(f"arith.subf {p}, {mb} : {vt}", "s"), vt, it)
-            t.line(f"vector.store {e}, {P}[{t.c(r)}, {t.c(j * L)}] : {P_t}, {vt}")
-            total = t.op(f"arith.addf {total}, {t.op(f'vector.reduction <add>, {e} : {vt} into f32', 'r')} : f32", "r")
-        new_l.append(t.op(f"math.fma %rowsum{r}, {alpha}, {total} : f32", "r"))
-        new_m.append(m_new)
-        # O[r] = O[r] * alpha + P[r] V
-        ab = t.op(f"vector.broadcast {alpha} : f32 to {vt}", "r")
-        o_init = [t.op(f"arith.mulf {t.op(f'vector.load {Oacc}[{t.c(r)}, {t.c(j * L)}] : {Oacc_t}, {vt}', 'o')}, {ab} : {vt}", "o")
-                  for j in range(nv_o)]
-        o_names = [f"%o{r}_{j}" for j in range(nv_o)]
-        o_res = t.fresh("O")
-        t.open(f"{o_res}:{nv_o} = scf.for %jj = {t.c(0)} to {t.c(BC)} step {t.c(1)} "
-               f"iter_args({', '.join(f'{n} = {i}' for n, i in zip(o_names, o_init))}) -> ({', '.join([vt] * nv_o)})")
-        pb = t.op(f"vector.broadcast {t.op(f'memref.load {P}[{t.c(r)}, %jj] : {P_t}', 'p')} : f32 to {vt}", "p")
-        vrow = t.add("%j0", "%jj")
-        upd = [t.op(f"vector.fma {pb}, {t.op(f'vector.load {Vf}[%b, {vrow}, {t.c(j * L)}] : {Vf_t}, {vt}', 'v')}, "
-                    f"{o_names[j]} : {vt}", "o") for j in range(nv_o)]
-        t.line(f"scf.yield {', '.join(upd)} : {', '.join([vt] * nv_o)}")
-        t.close()
-        for j in range(nv_o):
-            t.line(f"vector.store {o_res}#{j}, {Oacc}[{t.c(r)}, {t.c(j * L)}] : {Oacc_t}, {vt}")
-    t.line(f"scf.yield {', '.join(new_m + new_l)} : {', '.join(['f32'] * 2 * BR)}")
+    t.for_("%r", t.c(0), t.c(BR), t.c(1))
+    row_i32 = t.op(f"arith.index_cast {t.add(i0, '%r')} : index to i32", "i")
+    ps = []
+    for j in range(nv_s):
+        sc = t.op(f"arith.mulf {t.op(f'vector.load {P}[%r, {t.c(j * L)}] : {P_t}, {vt}', 's')}, {scale_v} : {vt}", "s")
+        base = t.op(f"arith.addi {j0_i32}, {t.op(f'arith.constant {j * L} : i32', 'i')} : i32", "i")
+        cols = t.op(f"arith.addi {t.op(f'vector.broadcast {base} : i32 to {it}', 'i')}, {iota} : {it}", "i")
+        masked = t.op(f"arith.cmpi sge, {cols}, {limit_kv} : {it}", "p")
+        if causal:  # key j is visible to query i when j <= i
+            later = t.op(f"arith.cmpi sgt, {cols}, {t.op(f'vector.broadcast {row_i32} : i32 to {it}', 'i')} : {it}", "p")
+            masked = t.op(f"arith.ori {masked}, {later} : vector<{L}xi1>", "p")
+        ps.append(t.op(f"arith.select {masked}, {ninf_v}, {sc} : vector<{L}xi1>, {vt}", "s"))
+    row_max = t.op(f"vector.reduction <maximumf>, {ps[0]} : {vt} into f32", "r")
+    for p_ in ps[1:]:
+        row_max = t.op(f"arith.maximumf {row_max}, {t.op(f'vector.reduction <maximumf>, {p_} : {vt} into f32', 'r')} : f32", "r")
+    m_old = t.op(f"memref.load {ML}[{t.c(0)}, %r] : {ML_t}", "r")
+    m_new = t.op(f"arith.maximumf {m_old}, {row_max} : f32", "r")
+    # alpha = exp(m_old - m_new); m_old = -inf on the first block gives 0
+    diff = t.op(f"vector.broadcast {t.op(f'arith.subf {m_old}, {m_new} : f32', 'r')} : f32 to {vt}", "r")
+    alpha = t.op(f"vector.extract {vector_exp(t, diff, vt, it)}[0] : f32 from {vt}", "r")
+    mb = t.op(f"vector.broadcast {m_new} : f32 to {vt}", "r")
+    total = zero
+    for j, p_ in enumerate(ps):
+        e = vector_exp(t, t.op(f"arith.subf {p_}, {mb} : {vt}", "s"), vt, it)
+        t.line(f"vector.store {e}, {P}[%r, {t.c(j * L)}] : {P_t}, {vt}")
+        total = t.op(f"arith.addf {total}, {t.op(f'vector.reduction <add>, {e} : {vt} into f32', 'r')} : f32", "r")
+    l_old = t.op(f"memref.load {ML}[{t.c(1)}, %r] : {ML_t}", "r")
+    t.line(f"memref.store {t.op(f'math.fma {l_old}, {alpha}, {total} : f32', 'r')}, {ML}[{t.c(1)}, %r] : {ML_t}")
+    t.line(f"memref.store {m_new}, {ML}[{t.c(0)}, %r] : {ML_t}")
+    # O[r] = O[r] * alpha + P[r] V
+    ab = t.op(f"vector.broadcast {alpha} : f32 to {vt}", "r")
+    o_init = [t.op(f"arith.mulf {t.op(f'vector.load {Oacc}[%r, {t.c(j * L)}] : {Oacc_t}, {vt}', 'o')}, {ab} : {vt}", "o")
+              for j in range(nv_o)]
+    o_names = [f"%o{j}" for j in range(nv_o)]
+    o_res = t.fresh("O")
+    t.open(f"{o_res}:{nv_o} = scf.for %jj = {t.c(0)} to {t.c(BC)} step {t.c(1)} "
+           f"iter_args({', '.join(f'{n} = {i}' for n, i in zip(o_names, o_init))}) -> ({', '.join([vt] * nv_o)})")
+    pb = t.op(f"vector.broadcast {t.op(f'memref.load {P}[%r, %jj] : {P_t}', 'p')} : f32 to {vt}", "p")
+    vrow = t.add("%j0", "%jj")
+    upd = [t.op(f"vector.fma {pb}, {t.op(f'vector.load {Vf}[%b, {vrow}, {t.c(j * L)}] : {Vf_t}, {vt}', 'v')}, "
+                f"{o_names[j]} : {vt}", "o") for j in range(nv_o)]
+    t.line(f"scf.yield {', '.join(upd)} : {', '.join([vt] * nv_o)}")
     t.close()
+    for j in range(nv_o):
+        t.line(f"vector.store {o_res}#{j}, {Oacc}[%r, {t.c(j * L)}] : {Oacc_t}, {vt}")
+    t.close()  # rows
+    t.close()  # key blocks
     # out = O / l, rows inside the sequence only
     ovt = f"vector<{L}x{out.dtype}>"
-    for r in range(BR):
-        t.open(f"scf.if {t.cmp('ult', t.add(i0, t.c(r)), t.c(sq))}")
-        inv = t.op(f"vector.broadcast {t.op(f'arith.divf {one}, {loop}#{BR + r} : f32', 'r')} : f32 to {vt}", "r")
-        for j in range(nv_o):
-            o = t.op(f"arith.mulf {t.op(f'vector.load {Oacc}[{t.c(r)}, {t.c(j * L)}] : {Oacc_t}, {vt}', 'o')}, {inv} : {vt}", "o")
-            if out.dtype != "f32":
-                o = t.op(f"arith.truncf {o} : {vt} to {ovt}", "o")
-            t.line(f"vector.store {o}, {O}[%b, {t.add(i0, t.c(r))}, {t.c(j * L)}] : {O_t}, {ovt}")
-        t.close()
+    rows_here = t.min_(t.op(f"arith.subi {t.c(sq)}, {i0} : index", "i"), t.c(BR))
+    t.for_("%r", t.c(0), rows_here, t.c(1))
+    l_final = t.op(f"memref.load {ML}[{t.c(1)}, %r] : {ML_t}", "r")
+    inv = t.op(f"vector.broadcast {t.op(f'arith.divf {one}, {l_final} : f32', 'r')} : f32 to {vt}", "r")
+    for j in range(nv_o):
+        o = t.op(f"arith.mulf {t.op(f'vector.load {Oacc}[%r, {t.c(j * L)}] : {Oacc_t}, {vt}', 'o')}, {inv} : {vt}", "o")
+        if out.dtype != "f32":
+            o = t.op(f"arith.truncf {o} : {vt} to {ovt}", "o")
+        t.line(f"vector.store {o}, {O}[%b, {t.add(i0, '%r')}, {t.c(j * L)}] : {O_t}, {ovt}")
+    t.close()
     t.close_parallel()
     result = t.op(f"bufferization.to_tensor {O_full} restrict writable : {O_full_t} to {out}", "r")
     consts = [f"  {n} = arith.constant {value} : index" for value, n in sorted(t.consts.items())]
