@@ -101,8 +101,10 @@ def attention_kernel_text(name: str, v: OpView, location: str) -> str:
 
     # --- query blocks in parallel ---------------------------------------------------------------
     n_qblocks = -(-sq // BR)
-    t.open(f"scf.parallel (%b, %qb) = ({t.c(0)}, {t.c(0)}) to ({t.c(batch)}, {t.c(n_qblocks)}) "
-           f"step ({t.c(1)}, {t.c(1)})")
+    # one flat parallel dimension: async-parallel-for specializes code per extra dimension
+    t.parallel("%bq", t.c(0), t.c(batch * n_qblocks), t.c(1))
+    t.line(f"%b = arith.divui %bq, {t.c(n_qblocks)} : index")
+    t.line(f"%qb = arith.remui %bq, {t.c(n_qblocks)} : index")
     i0 = t.mul("%qb", t.c(BR))
     P_t, Oacc_t = _memref((BR, BC), "f32"), _memref((BR, dv), "f32")
     P = t.op(f"memref.alloc() {{alignment = 64 : i64}} : {P_t}", "m")
