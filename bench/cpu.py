@@ -139,8 +139,6 @@ def median_times(calls: dict[str, Callable], rounds: int, cycles: int = 3) -> di
 
 
 def worker(threads: int, only: str | None, rounds: int) -> list[dict]:
-    import numpy as np  # noqa: F401  (thread pools are configured by the environment set below)
-
     import tracea
     try:
         import torch

@@ -87,8 +87,7 @@ def attention_kernel_text(name: str, v: OpView, location: str) -> str:
     t.for_("%dd", t.c(0), t.c(dv), t.c(1))
     t.line(f"memref.store {load_f32(V, V_t, ['%b', '%j', '%dd'], val.dtype)}, {Vf}[%b, %j, %dd] : {Vf_t}")
     t.close()
-    t.close("} else {")
-    t.depth += 1
+    t.else_()
     t.for_("%dd", t.c(0), t.c(d), t.c(1))
     t.line(f"memref.store {zero}, {KT}[%b, %dd, %j] : {KT_t}")
     t.close()
@@ -148,7 +147,7 @@ def attention_kernel_text(name: str, v: OpView, location: str) -> str:
     iota = t.op(f"arith.constant dense<[{', '.join(str(i) for i in range(L))}]> : {it}", "k")
     scale_v = t.op(f"arith.constant dense<{scale!r}> : {vt}", "k")
     ninf_v = t.op(f"arith.constant dense<0xFF800000> : {vt}", "k")
-    j0_i32 = t.op(f"arith.index_cast %j0 : index to i32", "i")
+    j0_i32 = t.op("arith.index_cast %j0 : index to i32", "i")
     limit_kv = t.op(f"vector.broadcast {t.op(f'arith.constant {skv} : i32', 'i')} : i32 to {it}", "k")
     t.for_("%r", t.c(0), t.c(BR), t.c(1))
     row_i32 = t.op(f"arith.index_cast {t.add(i0, '%r')} : index to i32", "i")

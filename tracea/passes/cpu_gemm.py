@@ -157,6 +157,11 @@ class _Text:
         self.depth -= 1
         self.line(trailer)
 
+    def else_(self) -> None:
+        """Close an scf.if's then-region and open its else-region."""
+        self.close("} else {")
+        self.depth += 1
+
     def for_(self, iv: str, lo: str, hi: str, step: str) -> None:
         self.open(f"scf.for {iv} = {lo} to {hi} step {step}")
 
@@ -172,26 +177,41 @@ def _memref(shape, dtype: str) -> str:
     return "memref<" + "".join(f"{d}x" for d in shape) + dtype + ">"
 
 
+def _open_image_row(t: _Text, g: ConvGather, p: GemmPlan, row0: str, kc: str) -> tuple[str, str, str, str]:
+    """Open the loop over the strip's MR rows and, for a row inside the matrix, its pixel:
+    returns (image, output y, output x, offset of the row in the strip)."""
+    oh, ow = g.out_hw
+    t.for_("%r", t.c(0), t.c(p.mr), t.c(1))
+    row = t.add(row0, "%r")
+    base = t.mul(t.add("%ir", "%r"), t.add(kc, t.c(A_PAD)))
+    t.open(f"scf.if {t.cmp('ult', row, t.c(p.m))}")
+    img = t.op(f"arith.divui {row}, {t.c(oh * ow)} : index", "i")
+    pix = t.op(f"arith.remui {row}, {t.c(oh * ow)} : index", "i")
+    return img, t.op(f"arith.divui {pix}, {t.c(ow)} : index", "i"), t.op(f"arith.remui {pix}, {t.c(ow)} : index", "i"), base
+
+
+def _close_image_row(t: _Text, Ap: str, Ap_t: str, base: str, kc: str, zero: str) -> None:
+    """Rows past the matrix are zeros; close the row loop."""
+    t.else_()
+    t.for_("%k", t.c(0), kc, t.c(1))
+    t.line(f"memref.store {zero}, {Ap}[{t.add(base, '%k')}] : {Ap_t}")
+    t.close()
+    t.close()
+    t.close()  # rows
+
+
 def pack_a_from_image(t: _Text, g: ConvGather, p: GemmPlan, image: str, image_t: str, Ap: str, Ap_t: str,
                       row0: str, kc: str, zero: str) -> None:
     """Rows row0 .. row0 + MR of the (virtual) im2col matrix into the A strip, run by run."""
-    L, MR = p.lanes, p.mr
-    n_img, h, w, c = g.image.shape
-    (ky_n, kx_n), (oh, ow), (sy, sx), (dy, dx), (top, left) = g.kernel, g.out_hw, g.stride, g.dilation, g.top_left
+    L = p.lanes
+    _, h, w, c = g.image.shape
+    (_, kx_n), (sy, sx), (dy, dx), (top, left) = g.kernel, g.stride, g.dilation, g.top_left
     run = g.run(p.kc if p.k > p.kc else p.k, L)
     if g.wide(L) and run == g.unit(L):
         return _pack_a_kernel_rows(t, g, p, image, image_t, Ap, Ap_t, row0, kc, zero)
     run_vec = run // L * L
     vf32, vt_in = f"vector<{L}xf32>", f"vector<{L}x{g.image.dtype}>"
-    a_stride = t.add(kc, t.c(A_PAD))
-    t.for_("%r", t.c(0), t.c(MR), t.c(1))
-    row = t.add(row0, "%r")
-    base = t.mul(t.add("%ir", "%r"), a_stride)
-    t.open(f"scf.if {t.cmp('ult', row, t.c(p.m))}")
-    img = t.op(f"arith.divui {row}, {t.c(oh * ow)} : index", "i")
-    pix = t.op(f"arith.remui {row}, {t.c(oh * ow)} : index", "i")
-    oy = t.op(f"arith.divui {pix}, {t.c(ow)} : index", "i")
-    ox = t.op(f"arith.remui {pix}, {t.c(ow)} : index", "i")
+    img, oy, ox, base = _open_image_row(t, g, p, row0, kc)
     t.for_("%s", t.c(0), kc, t.c(run))
     kg = t.add("%pc", "%s")
     kyx = t.op(f"arith.divui {kg}, {t.c(c)} : index", "i")
@@ -216,29 +236,22 @@ def pack_a_from_image(t: _Text, g: ConvGather, p: GemmPlan, image: str, image_t:
         x = t.op(f"arith.extf {x} : {g.image.dtype} to f32", "x")
     t.line(f"memref.store {x}, {Ap}[{t.add(dst, '%cc')}] : {Ap_t}")
     t.close()
-    t.close("} else {")
-    t.depth += 1
+    t.else_()
     t.for_("%cc", t.c(0), t.c(run), t.c(1))
     t.line(f"memref.store {zero}, {Ap}[{t.add(dst, '%cc')}] : {Ap_t}")
     t.close()
     t.close()
     t.close()  # runs
-    t.close("} else {")
-    t.depth += 1
-    t.for_("%k", t.c(0), kc, t.c(1))
-    t.line(f"memref.store {zero}, {Ap}[{t.add(base, '%k')}] : {Ap_t}")
-    t.close()
-    t.close()
-    t.close()  # rows
+    _close_image_row(t, Ap, Ap_t, base, kc, zero)
 
 
 def _pack_a_kernel_rows(t: _Text, g: ConvGather, p: GemmPlan, image: str, image_t: str, Ap: str, Ap_t: str,
                         row0: str, kc: str, zero: str) -> None:
     """pack_a_from_image for small C: one run = one kernel row (KW pixels x C channels), copied
     whole when inside the image, pixel by pixel at its borders."""
-    L, MR = p.lanes, p.mr
+    L = p.lanes
     n_img, h, w, c = g.image.shape
-    (_, kx_n), (oh, ow), (sy, sx), (dy, _), (top, left) = g.kernel, g.out_hw, g.stride, g.dilation, g.top_left
+    (_, kx_n), (sy, sx), (dy, _), (top, left) = g.kernel, g.stride, g.dilation, g.top_left
     run = kx_n * c
     run_vec = run // L * L
     vf32, vt_in = f"vector<{L}xf32>", f"vector<{L}x{g.image.dtype}>"
@@ -252,15 +265,7 @@ def _pack_a_kernel_rows(t: _Text, g: ConvGather, p: GemmPlan, image: str, image_
         x = t.op(f"memref.load {rows}[{', '.join(index)}] : {rows_t}", "x")
         return x if g.image.dtype == "f32" else t.op(f"arith.extf {x} : {g.image.dtype} to f32", "x")
 
-    a_stride = t.add(kc, t.c(A_PAD))
-    t.for_("%r", t.c(0), t.c(MR), t.c(1))
-    row = t.add(row0, "%r")
-    base = t.mul(t.add("%ir", "%r"), a_stride)
-    t.open(f"scf.if {t.cmp('ult', row, t.c(p.m))}")
-    img = t.op(f"arith.divui {row}, {t.c(oh * ow)} : index", "i")
-    pix = t.op(f"arith.remui {row}, {t.c(oh * ow)} : index", "i")
-    oy = t.op(f"arith.divui {pix}, {t.c(ow)} : index", "i")
-    ox = t.op(f"arith.remui {pix}, {t.c(ow)} : index", "i")
+    img, oy, ox, base = _open_image_row(t, g, p, row0, kc)
     ix0 = t.op(f"arith.subi {t.mul(ox, t.c(sx))}, {t.c(left)} : index", "i")
     # the row's pixels ix0 .. ix0 + KW - 1 all inside (unsigned: ix0 >= 0 too)
     x_inside = t.cmp("ult", t.add(ix0, t.c(kx_n - 1)), t.c(w))
@@ -276,8 +281,7 @@ def _pack_a_kernel_rows(t: _Text, g: ConvGather, p: GemmPlan, image: str, image_
         t.line(f"vector.store {load([img, iy, t.add(col0, t.c(j))], True)}, {Ap}[{t.add(dst, t.c(j))}] : {Ap_t}, {vf32}")
     for j in range(run_vec, run):
         t.line(f"memref.store {load([img, iy, t.add(col0, t.c(j))], False)}, {Ap}[{t.add(dst, t.c(j))}] : {Ap_t}")
-    t.close("} else {")
-    t.depth += 1
+    t.else_()
     t.for_("%kx", t.c(0), t.c(kx_n), t.c(1))  # border: pixel by pixel, zeros outside
     ix = t.add(ix0, "%kx")
     inside = t.op(f"arith.andi {y_inside}, {t.cmp('ult', ix, t.c(w))} : i1", "p")
@@ -286,8 +290,7 @@ def _pack_a_kernel_rows(t: _Text, g: ConvGather, p: GemmPlan, image: str, image_
     x = t.fresh("x")
     t.open(f"{x} = scf.if {inside} -> (f32)")
     t.line(f"scf.yield {load([img, iy, t.add(t.mul(ix, t.c(c)), '%cc')], False)} : f32")
-    t.close("} else {")
-    t.depth += 1
+    t.else_()
     t.line(f"scf.yield {zero} : f32")
     t.close()
     t.line(f"memref.store {x}, {Ap}[{at}] : {Ap_t}")
@@ -295,13 +298,7 @@ def _pack_a_kernel_rows(t: _Text, g: ConvGather, p: GemmPlan, image: str, image_
     t.close()
     t.close()
     t.close()  # runs
-    t.close("} else {")
-    t.depth += 1
-    t.for_("%k", t.c(0), kc, t.c(1))
-    t.line(f"memref.store {zero}, {Ap}[{t.add(base, '%k')}] : {Ap_t}")
-    t.close()
-    t.close()
-    t.close()  # rows
+    _close_image_row(t, Ap, Ap_t, base, kc, zero)
 
 
 def gemm_kernel_text(name: str, v: OpView, location: str, gather: ConvGather | None = None) -> str:
@@ -390,8 +387,7 @@ def gemm_kernel_text(name: str, v: OpView, location: str, gather: ConvGather | N
         out = t.fresh("x")
         t.open(f"{out} = scf.if {cond} -> (f32)")
         t.line(f"scf.yield {load_f32(mem, mem_t, idx, dtype)} : f32")
-        t.close("} else {")
-        t.depth += 1
+        t.else_()
         t.line(f"scf.yield {zero} : f32")
         t.close()
         return out
@@ -431,8 +427,7 @@ def gemm_kernel_text(name: str, v: OpView, location: str, gather: ConvGather | N
                 x = t.op(f"arith.extf {x} : {vt_in} to {vf32}", "v")
             t.line(f"vector.store {x}, {Bp}[{t.add(dst, t.c(j * L))}] : {Bp_t}, {vf32}")
         t.close()
-        t.close("} else {")
-        t.depth += 1
+        t.else_()
         t.for_("%k", t.c(0), kc, t.c(1))
         row = t.add("%pc", "%k")
         t.for_("%cc", t.c(0), t.c(NR), t.c(1))
@@ -485,8 +480,7 @@ def gemm_kernel_text(name: str, v: OpView, location: str, gather: ConvGather | N
         x = load_f32(A, A_t, ["%bb", row, t.add("%pc", "%k")], p.a_dtype)
         t.line(f"memref.store {x}, {Ap}[{t.add(base, '%k')}] : {Ap_t}")
         t.close()
-        t.close("} else {")
-        t.depth += 1
+        t.else_()
         t.for_("%k", t.c(0), kc, t.c(1))
         t.line(f"memref.store {zero}, {Ap}[{t.add(base, '%k')}] : {Ap_t}")
         t.close()
@@ -555,8 +549,7 @@ def gemm_kernel_text(name: str, v: OpView, location: str, gather: ConvGather | N
         summed = t.fresh("s")
         t.open(f"{summed} = scf.if {first} -> ({vtype})")
         t.line(f"scf.yield {value} : {vtype}")
-        t.close("} else {")
-        t.depth += 1
+        t.else_()
         old = t.op(load, "o")
         t.line(f"scf.yield {t.op(f'arith.addf {old}, {value} : {vtype}', 's')} : {vtype}")
         t.close()
@@ -569,8 +562,7 @@ def gemm_kernel_text(name: str, v: OpView, location: str, gather: ConvGather | N
         y = epilogue(value, lanes, row, col, tag)
         t.line(final.format(y))
         if not single:
-            t.close("} else {")
-            t.depth += 1
+            t.else_()
             t.line(partial.format(value))
             t.close()
 
@@ -593,8 +585,7 @@ def gemm_kernel_text(name: str, v: OpView, location: str, gather: ConvGather | N
               f"vector.store {{}}, {Cacc}[%bb, {row}, {col}] : {Cacc_t}, {vf32}")
     t.close()
     # edge tiles: element by element, inside the result
-    t.close("} else {")
-    t.depth += 1
+    t.else_()
     rows = t.min_(t.op(f"arith.subi {t.c(p.m)}, {row0} : index", "i"), t.c(MR))
     cols = t.min_(t.op(f"arith.subi {t.c(p.n)}, {col0} : index", "i"), t.c(NR))
     t.for_("%er", t.c(0), rows, t.c(1))

@@ -100,8 +100,6 @@ def llvm_lowering(threads: int) -> str:
             "reconcile-unrealized-casts")
 
 
-STRATEGIES = ("tiled", "reference")
-
 @register
 @dataclass(frozen=True)
 class ForwardOutputsPass(TraceaPass):
@@ -133,6 +131,8 @@ class ForwardOutputsPass(TraceaPass):
                 src.replace_all_uses_with(dst)
                 alloc.erase()
 
+
+STRATEGIES = ("tiled", "reference")
 
 register_pipeline("tracea-to-linalg", "verify and lower tracea ops to linalg on tensors, then simplify",
                   "tracea-verify, tracea-lower-to-linalg, canonicalize, cse")
