@@ -1,10 +1,14 @@
 import os
 import sys
+import tempfile
 
 import pytest
 from hypothesis import settings
 
 sys.path.insert(0, os.path.dirname(__file__))  # `import reference`
+
+# Each test process gets its own persistent kernel cache (subprocesses of tests inherit it).
+os.environ["TRACEA_CACHE_DIR"] = tempfile.mkdtemp(prefix="tracea-test-cache-")
 
 # Every example compiles a kernel (~0.3 s); keep property tests to a few dozen shapes each.
 settings.register_profile("tracea", max_examples=12, deadline=None, derandomize=True)

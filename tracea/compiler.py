@@ -14,6 +14,7 @@ from .dialects.builder import Function
 from .dialects.context import make_context, parse_module
 from .errors import CompileError, OpError
 from .passes.pipeline import compile_or_raise
+from .runtime import disk_cache
 from .runtime.kernel import Kernel, Signature
 from .targets import get_target
 from .targets.cpu import function_signature, public_functions
@@ -67,21 +68,32 @@ def compile(program, *, target: str = "cpu", entry: str | None = None, strategy:
     $TRACEA_NUM_THREADS or the host's cores).
 
     keep_stages=True keeps the IR after every stage in `kernel.stages` (also written to
-    $TRACEA_DUMP_DIR when set). Raises CompileError with file:line:col diagnostics for invalid
+    $TRACEA_DUMP_DIR when set). CPU kernels also persist on disk ($TRACEA_CACHE_DIR), so the same
+    compile in a later process is a load (kept-stage and dumped compiles always compile). Raises CompileError with file:line:col diagnostics for invalid
     input, and InternalCompilerError (with a saved reproducer) if the compiler itself aborts.
     """
     text, source_name = _source(program)
     threads = threads or knobs.num_threads() or host_cpu().cores
     if threads < 1:
         raise ValueError(f"threads must be >= 1, got {threads}")
-    key = hashlib.sha256("\0".join([text, target, str(entry), strategy, str(threads), str(keep_stages)])
-                         .encode()).hexdigest()
+    parts = [text, target, str(entry), strategy, str(threads), str(keep_stages)]
+    key = hashlib.sha256("\0".join(parts).encode()).hexdigest()
     with _CACHE_LOCK:
         if key in _CACHE:
             return _CACHE[key]
     start = time.perf_counter()
     backend = get_target(target)
     dump = knobs.dump_dir()
+    persistent = target == "cpu" and not keep_stages and dump is None  # a cached kernel keeps no IR
+    if persistent:
+        disk_key = disk_cache.entry_key(parts)
+        kernel = disk_cache.lookup(disk_key, target)
+        if kernel is not None:
+            if isinstance(program, Function):
+                kernel.signature.arg_names = program.arg_names
+            with _CACHE_LOCK:
+                _CACHE[key] = kernel
+            return kernel
     result = compile_or_raise(text, backend.stages(strategy, threads), source_name=source_name,
                               keep_stages=keep_stages or dump is not None)
     signature = _signature(text, entry, source_name)
@@ -95,6 +107,8 @@ def compile(program, *, target: str = "cpu", entry: str | None = None, strategy:
             (dump / f"{signature.name}.{i}-{stage}.mlir").write_text(stage_text)
     kernel = Kernel(signature, code.address, code.owner, target, result.stages if keep_stages else None,
                     time.perf_counter() - start, code.entry_symbol, code.runtime_libraries)
+    if persistent:
+        disk_cache.store(disk_key, kernel)
     with _CACHE_LOCK:
         _CACHE[key] = kernel
     return kernel

@@ -34,3 +34,14 @@ def num_threads() -> int | None:
     """TRACEA_NUM_THREADS: threads compiled kernels use by default (default: the host's cores)."""
     value = os.environ.get("TRACEA_NUM_THREADS")
     return int(value) if value else None
+
+
+def cache_dir() -> Path | None:
+    """TRACEA_CACHE_DIR: where compiled kernels persist across processes (default
+    $XDG_CACHE_HOME/tracea/kernels or ~/.cache/tracea/kernels); TRACEA_DISK_CACHE=0 turns it off."""
+    if not _flag("TRACEA_DISK_CACHE", True):
+        return None
+    if os.environ.get("TRACEA_CACHE_DIR"):
+        return Path(os.environ["TRACEA_CACHE_DIR"])
+    base = os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache"
+    return Path(base) / "tracea" / "kernels"

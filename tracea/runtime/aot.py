@@ -87,5 +87,7 @@ def load(path: str | Path) -> Kernel:
     address = ctypes.cast(getattr(library, meta["packed_symbol"]), ctypes.c_void_p).value
     signature = Signature(meta["name"], [TensorSpec(tuple(s), d) for s, d in meta["inputs"]],
                           [TensorSpec(tuple(s), d) for s, d in meta["outputs"]], meta["arg_names"])
-    return Kernel(signature, address, library, "cpu (shared library)", entry_symbol=meta["symbol"],
-                  runtime_libraries=meta["runtime_libraries"])
+    kernel = Kernel(signature, address, library, "cpu (shared library)", entry_symbol=meta["symbol"],
+                    runtime_libraries=meta["runtime_libraries"])
+    kernel.origin = "shared library"
+    return kernel

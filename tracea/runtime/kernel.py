@@ -62,6 +62,7 @@ class Kernel:
         self.signature = signature
         self.target = target
         self.entry_symbol = entry_symbol  # the C-ABI function (pointers to memref descriptors)
+        self.origin = "compiled"  # or "disk cache", "shared library": where the code came from
         self.runtime_libraries = list(runtime_libraries)  # shared libraries the code calls into
         self.stages = stages or {}  # stage name -> IR text, when compiled with keep_stages
         self.compile_seconds = compile_seconds

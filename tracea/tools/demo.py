@@ -64,7 +64,9 @@ def run(batch: int = 2, seq: int = 128, dim: int = 128, hidden: int = 512, vocab
     t0 = time.perf_counter()
     kernel = tracea_compile(block)
     t_compile = time.perf_counter() - t0
-    print(f"  compiled (tracea -> linalg -> bufferized -> LLVM -> JIT) in {t_compile:.3f} s", flush=True)
+    how = ("loaded from the disk cache" if kernel.origin == "disk cache"
+           else "compiled (tracea -> linalg -> bufferized -> LLVM -> JIT)")
+    print(f"  {how} in {t_compile:.3f} s", flush=True)
 
     rng = np.random.default_rng(seed)
     # Weights scaled by 1/sqrt(fan-in) so activations stay O(1), as in a trained model.

@@ -1,0 +1,64 @@
+"""The persistent kernel cache: compiled CPU kernels kept as shared libraries (runtime/aot.py),
+so compiling the same program in a later process is a load of about a millisecond.
+
+An entry's key covers the program text and compile options, the host CPU as detected, and a
+digest of Tracea's own sources: a new Tracea or another machine never reuses a stale kernel.
+Entries are written under a temporary name and renamed, so concurrent processes and interrupted
+writes leave either a whole entry or none. A damaged entry is ignored and rewritten.
+"""
+from __future__ import annotations
+
+import hashlib
+import os
+import tempfile
+from functools import lru_cache
+from pathlib import Path
+
+from .. import __version__, knobs
+from ..errors import TraceaError
+from .aot import export, load
+from .kernel import Kernel
+
+_SUFFIXES = (".so", ".so.h", ".so.json")  # the description last: it marks the entry complete
+
+
+@lru_cache(maxsize=1)
+def _source_digest() -> str:
+    root = Path(__file__).resolve().parent.parent
+    digest = hashlib.sha256(__version__.encode())
+    for path in sorted(root.rglob("*.py")):
+        digest.update(path.relative_to(root).as_posix().encode())
+        digest.update(path.read_bytes())
+    return digest.hexdigest()
+
+
+def entry_key(parts: list[str]) -> str:
+    from ..targets.host import host_cpu
+    return hashlib.sha256("\0".join([_source_digest(), host_cpu().describe(), *parts]).encode()).hexdigest()
+
+
+def lookup(key: str, target: str) -> Kernel | None:
+    directory = knobs.cache_dir()
+    if directory is None or not (directory / f"{key}.so.json").exists():
+        return None
+    try:
+        kernel = load(directory / f"{key}.so")
+    except (TraceaError, OSError, ValueError, KeyError):
+        return None  # damaged: compile again and overwrite
+    kernel.target, kernel.origin = target, "disk cache"
+    return kernel
+
+
+def store(key: str, kernel: Kernel) -> None:
+    """Best effort: without a linker, or on a read-only disk, the cache is simply not written."""
+    directory = knobs.cache_dir()
+    if directory is None:
+        return
+    try:
+        directory.mkdir(parents=True, exist_ok=True)
+        with tempfile.TemporaryDirectory(dir=directory) as tmp:
+            export(kernel, Path(tmp) / "kernel.so")
+            for suffix in _SUFFIXES:
+                os.replace(Path(tmp) / f"kernel{suffix}", directory / f"{key}{suffix}")
+    except (TraceaError, OSError):
+        return
