@@ -1,9 +1,9 @@
 """tracea-lower-to-linalg: every tracea op becomes linalg/tensor/arith/math on tensors.
 
-Each op has lowering *strategies*; `reference` is the straightforward linalg.generic form that
-upstream passes tile, vectorize or run as loops, and that tests treat as the ground truth. A
-faster strategy for an op registers under another name in `STRATEGIES` and is picked by the pass
-option, so the pipeline around it does not change.
+`reference` is the straightforward linalg.generic form of each op: what every target can run as
+loops, and the ground truth the tests compare fast kernels with. Target kernels come from their
+own passes run before this one (tracea-cpu-kernels on the CPU); ops they leave are lowered here.
+Another linalg form of an op would register in `STRATEGIES` under its own name.
 """
 from __future__ import annotations
 
