@@ -129,3 +129,18 @@ def test_results_are_independent_arrays(kernel, rng):
     second = kernel(a * 2, b)
     ref.assert_close(first, ref.gemm(a, b), "f32", 8)
     ref.assert_close(second, ref.gemm(a * 2, b), "f32", 8)
+
+
+def test_compiles_from_several_threads(rng):
+    """Kernels compiled concurrently from Python threads are all correct."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    def build_and_run(n):
+        fn = td.function(td.tensor((n, 7)), td.tensor((7, 3)), name=f"mm{n}")(td.gemm)
+        a, b = np.ones((n, 7), np.float32), np.ones((7, 3), np.float32)
+        return tracea.compile(fn, threads=1)(a, b)
+
+    with ThreadPoolExecutor(4) as pool:
+        results = list(pool.map(build_and_run, range(1, 9)))
+    for n, out in enumerate(results, 1):
+        assert out.shape == (n, 3) and (out == 7).all()

@@ -11,7 +11,7 @@ import mlir.ir as ir
 
 from . import knobs
 from .dialects.builder import Function
-from .dialects.context import make_context, parse_module
+from .dialects.context import parse_module, shared_context
 from .errors import CompileError, OpError
 from .passes.pipeline import compile_or_raise
 from .runtime import disk_cache
@@ -41,7 +41,7 @@ def _source(program) -> tuple[str, str]:
 
 
 def _signature(text: str, entry: str | None, source_name: str) -> Signature:
-    with make_context(threads=False):
+    with shared_context("host"):
         module = parse_module(text, source_name)
         funcs = public_functions(module.operation)
         names = [ir.StringAttr(f.attributes["sym_name"]).value for f in funcs]

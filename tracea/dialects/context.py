@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import contextlib
+import threading
 from typing import Iterator
 
 import mlir.ir as ir
@@ -46,6 +47,21 @@ def parse_module(text: str, source_name: str):
     module = ir.Module.create(loc=ir.Location.file(source_name, 1, 1))
     module.body.append(op.operation)
     return module
+
+
+_shared: dict[str, ir.Context] = {}
+pipeline_lock = threading.Lock()  # the shared pipeline context has no locks of its own
+
+
+def shared_context(purpose: str) -> ir.Context:
+    """One long-lived single-threaded context per purpose ("pipeline": compiling, copied into
+    each forked compiler process; "host": parsing signatures and JIT input in this process), so
+    a compile does not pay for creating a context and loading the dialect each time."""
+    if purpose not in _shared:
+        # The pipeline context runs passes, also in forked children: no thread pool may exist
+        # when a process forks. The host one is used from the caller's threads: keep its locks.
+        _shared[purpose] = make_context(threads=purpose != "pipeline")
+    return _shared[purpose]
 
 
 def to_diagnostic(d, source_name: str | None = None) -> Diagnostic:

@@ -23,7 +23,7 @@ import mlir.ir as ir
 from mlir.passmanager import PassManager
 
 from .. import knobs
-from ..dialects.context import DiagnosticLog, make_context, parse_module
+from ..dialects.context import DiagnosticLog, parse_module, pipeline_lock, shared_context
 from ..dialects.verify import verify_tracea_ops
 from ..errors import CompileError, Diagnostic, InternalCompilerError, TraceaError
 from .registry import PASSES, PIPELINES, TraceaPass
@@ -127,7 +127,7 @@ class PipelineResult:
 
 def _run_in_process(source: str, stages: list[tuple[str, Pipeline]], source_name: str,
                     print_ir_after_all: bool, keep_stages: bool, asm: dict) -> PipelineResult:
-    ctx = make_context(threads=False)
+    ctx = shared_context("pipeline")
     log = DiagnosticLog(source_name)
     kept: dict[str, str] = {}
     with ctx, log.capture(ctx):
@@ -166,7 +166,8 @@ def run_pipeline(source: str, stages: list[tuple[str, Pipeline]] | Pipeline, *, 
         stages = [("output", stages)]
     args = (source, stages, source_name, print_ir_after_all, keep_stages, asm or {})
     if not (knobs.isolate_compiler() if isolate is None else isolate):
-        return _run_in_process(*args)
+        with pipeline_lock:
+            return _run_in_process(*args)
     return _run_forked(args)
 
 

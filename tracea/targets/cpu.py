@@ -186,11 +186,11 @@ class CpuTarget(Target):
         """JIT the LLVM-dialect module (keeping its object code for Kernel.export)."""
         from mlir.execution_engine import ExecutionEngine
 
-        from ..dialects.context import DiagnosticLog, make_context
+        from ..dialects.context import DiagnosticLog, shared_context
         threaded = "mlirAsyncRuntime" in llvm_dialect_text
         if threaded:
             load_async_runtime()
-        ctx = make_context()
+        ctx = shared_context("host")
         log = DiagnosticLog("<llvm dialect>")
         with ctx, log.capture(ctx):
             module = ir.Module.parse(llvm_dialect_text)
