@@ -77,3 +77,20 @@ def test_load_reports_a_missing_description(tmp_path):
     from tracea.runtime.aot import load
     with pytest.raises(tracea.TraceaError, match="its description .*json is missing"):
         load(tmp_path / "nothing.so")
+
+
+def test_export_of_a_bf16_kernel_works_or_says_why(tmp_path):
+    """bf16 results use a compiler-rt builtin the JIT supplies; a toolchain without it must fail
+    at export with an explanation, never produce a library that cannot be loaded."""
+    from tracea.runtime.aot import load
+    fn = td.function(td.tensor((4, 8), "bf16"), td.tensor((8, 3), "bf16"), name="bf")(td.gemm)
+    kernel = tracea.compile(fn)
+    try:
+        kernel.export(tmp_path / "bf.so")
+    except tracea.TraceaError as e:
+        assert "__truncsfbf2" in str(e) and "compiler-rt builtin" in str(e)
+        return
+    loaded = load(tmp_path / "bf.so")
+    a = np.ones((4, 8), kernel._in_dtypes[0])
+    b = np.ones((8, 3), kernel._in_dtypes[1])
+    assert (np.asarray(loaded(a, b), np.float32) == 8).all()

@@ -55,12 +55,19 @@ def export(kernel: Kernel, path: str | Path) -> Path:
         engine.dump_to_object_file(str(obj))
         if not obj.exists():
             raise TraceaError(f"the JIT kept no object code for {kernel.signature.name}; recompile it")
-        command = [_linker(), "-shared", "-o", str(path), str(obj), f"-Wl,--defsym={symbol}={entry}", "-lm"]
+        # --no-undefined: a symbol the JIT supplied but this toolchain lacks must fail here, not
+        # when the library is loaded somewhere else.
+        command = [_linker(), "-shared", "-o", str(path), str(obj), f"-Wl,--defsym={symbol}={entry}",
+                   "-Wl,--no-undefined", "-lm"]
         for lib in kernel.runtime_libraries:
             command += [lib, f"-Wl,-rpath,{Path(lib).parent}"]
         done = subprocess.run(command, capture_output=True, text=True)
         if done.returncode:
-            raise TraceaError(f"linking {path} failed ({' '.join(command)}):\n{done.stderr}")
+            hint = ""
+            if "__truncsfbf2" in done.stderr or "__extendbfsf2" in done.stderr:
+                hint = ("\nthe kernel converts to bf16 through a compiler-rt builtin that this C toolchain's "
+                        "runtime library lacks (GCC 13 or clang's compiler-rt provide it)")
+            raise TraceaError(f"linking {path} failed ({' '.join(command)}):\n{done.stderr}{hint}")
     sig = kernel.signature
     Path(str(path) + ".h").write_text(header(sig, symbol))
     Path(str(path) + ".json").write_text(json.dumps({
