@@ -95,6 +95,7 @@ def llvm_lowering(threads: int) -> str:
     return ("convert-linalg-to-loops, lower-affine, " + parallel +
             "convert-scf-to-cf, expand-strided-metadata, lower-affine, "
             # math first: libm calls for vector math are made element by element with vector ops
+            "arith-expand{include-bf16=true}, "  # bf16 conversions as integer ops: no compiler-rt builtin
             "convert-math-to-llvm, convert-math-to-libm, convert-vector-to-llvm, finalize-memref-to-llvm, "
             "convert-func-to-llvm, convert-arith-to-llvm, convert-cf-to-llvm, convert-index-to-llvm, "
             "reconcile-unrealized-casts")
