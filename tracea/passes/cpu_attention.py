@@ -41,36 +41,12 @@ def attention_kernel_text(name: str, v: OpView, location: str) -> str:
     vt, it = f"vector<{L}xf32>", f"vector<{L}xi32>"
     t = _Text()
 
-    def view3(arg: str, spec) -> tuple[str, str]:
-        mem_t = _memref(spec.shape, spec.dtype)
-        mem = t.op(f"bufferization.to_buffer {arg} read_only : {spec} to {mem_t}", "m")
-        flat = _memref((batch,) + spec.shape[-2:], spec.dtype)
-        if spec.rank == 3:
-            return mem, flat
-        if spec.rank == 2:
-            return t.op(f"memref.expand_shape {mem} [[0, 1], [2]] output_shape [1, {spec.shape[0]}, {spec.shape[1]}] "
-                        f": {mem_t} into {flat}", "m"), flat
-        groups = "[" + ", ".join(str(i) for i in range(spec.rank - 2)) + f"], [{spec.rank - 2}], [{spec.rank - 1}]"
-        return t.op(f"memref.collapse_shape {mem} [{groups}] : {mem_t} into {flat}", "m"), flat
-
-    Q, Q_t = view3("%arg0", q)
-    K, K_t = view3("%arg1", k)
-    V, V_t = view3("%arg2", val)
+    Q, Q_t = t.batched_view(t.to_buffer("%arg0", q), q, batch)
+    K, K_t = t.batched_view(t.to_buffer("%arg1", k), k, batch)
+    V, V_t = t.batched_view(t.to_buffer("%arg2", val), val, batch)
     O_full_t = _memref(out.shape, out.dtype)
     O_full = t.op(f"memref.alloc() {{alignment = 64 : i64}} : {O_full_t}", "m")
-    if out.rank == 3:
-        O, O_t = O_full, O_full_t
-    else:
-        O_t = _memref((batch, sq, dv), out.dtype)
-        if out.rank == 2:
-            O = t.op(f"memref.expand_shape {O_full} [[0, 1], [2]] output_shape [1, {sq}, {dv}] : {O_full_t} into {O_t}", "m")
-        else:
-            groups = "[" + ", ".join(str(i) for i in range(out.rank - 2)) + f"], [{out.rank - 2}], [{out.rank - 1}]"
-            O = t.op(f"memref.collapse_shape {O_full} [{groups}] : {O_full_t} into {O_t}", "m")
-
-    def load_f32(mem, mem_t, idx, dtype):
-        x = t.op(f"memref.load {mem}[{', '.join(idx)}] : {mem_t}", "x")
-        return x if dtype == "f32" else t.op(f"arith.extf {x} : {dtype} to f32", "x")
+    O, O_t = t.batched_view(O_full, out, batch)
 
     # --- K^T and V in f32, zero-padded to whole key blocks ----------------------------------
     KT_t, Vf_t = _memref((batch, d, skv_pad), "f32"), _memref((batch, skv_pad, dv), "f32")
@@ -82,10 +58,10 @@ def attention_kernel_text(name: str, v: OpView, location: str) -> str:
     inside = t.cmp("ult", "%j", t.c(skv))
     t.open(f"scf.if {inside}")
     t.for_("%dd", t.c(0), t.c(d), t.c(1))
-    t.line(f"memref.store {load_f32(K, K_t, ['%b', '%j', '%dd'], k.dtype)}, {KT}[%b, %dd, %j] : {KT_t}")
+    t.line(f"memref.store {t.load_f32(K, K_t, ['%b', '%j', '%dd'], k.dtype)}, {KT}[%b, %dd, %j] : {KT_t}")
     t.close()
     t.for_("%dd", t.c(0), t.c(dv), t.c(1))
-    t.line(f"memref.store {load_f32(V, V_t, ['%b', '%j', '%dd'], val.dtype)}, {Vf}[%b, %j, %dd] : {Vf_t}")
+    t.line(f"memref.store {t.load_f32(V, V_t, ['%b', '%j', '%dd'], val.dtype)}, {Vf}[%b, %j, %dd] : {Vf_t}")
     t.close()
     t.else_()
     t.for_("%dd", t.c(0), t.c(d), t.c(1))
@@ -135,7 +111,7 @@ def attention_kernel_text(name: str, v: OpView, location: str) -> str:
     kvec = [t.op(f"vector.load {KT}[%b, %dd, {t.add('%j0', t.c(j * L))}] : {KT_t}, {vt}", "k") for j in range(nv_s)]
     new = []
     for r in range(BR):
-        qs = t.op(f"vector.broadcast {load_f32(Q, Q_t, ['%b', rows[r], '%dd'], q.dtype)} : f32 to {vt}", "q")
+        qs = t.op(f"vector.broadcast {t.load_f32(Q, Q_t, ['%b', rows[r], '%dd'], q.dtype)} : f32 to {vt}", "q")
         for j in range(nv_s):
             new.append(t.op(f"vector.fma {qs}, {kvec[j]}, {accs[r * nv_s + j]} : {vt}", "f"))
     t.line(f"scf.yield {', '.join(new)} : {', '.join([vt] * len(new))}")
@@ -209,8 +185,5 @@ def attention_kernel_text(name: str, v: OpView, location: str) -> str:
         t.line(f"vector.store {o}, {O}[%b, {t.add(i0, '%r')}, {t.c(j * L)}] : {O_t}, {ovt}")
     t.close()
     t.close_parallel()
-    result = t.op(f"bufferization.to_tensor {O_full} restrict writable : {O_full_t} to {out}", "r")
-    consts = [f"  {n} = arith.constant {value} : index" for value, n in sorted(t.consts.items())]
     params = ", ".join(f"%arg{i}: {spec}" for i, spec in enumerate((q, k, val)))
-    return (f"#src = {location}\nfunc.func private @{name}({params}) -> {out} {{\n" + "\n".join(consts + t.lines)
-            + f"\n  return {result} : {out}\n}}\n")
+    return t.function_text(name, params, O_full, out, location)

@@ -162,6 +162,36 @@ class _Text:
         self.close("} else {")
         self.depth += 1
 
+    def load_f32(self, mem: str, mem_t: str, idx: list[str], dtype: str) -> str:
+        x = self.op(f"memref.load {mem}[{', '.join(idx)}] : {mem_t}", "x")
+        return x if dtype == "f32" else self.op(f"arith.extf {x} : {dtype} to f32", "x")
+
+    def batched_view(self, mem: str, spec: TensorSpec, batch: int) -> tuple[str, str]:
+        """A memref holding a [..., rows, cols] tensor, viewed as [batch, rows, cols] (the leading
+        dims flattened; none: a batch of 1). Returns (view, its type)."""
+        mem_t = _memref(spec.shape, spec.dtype)
+        rows, cols = spec.shape[-2:]
+        if spec.rank == 2:
+            flat = _memref((1, rows, cols), spec.dtype)
+            return self.op(f"memref.expand_shape {mem} [[0, 1], [2]] output_shape [1, {rows}, {cols}] "
+                           f": {mem_t} into {flat}", "m"), flat
+        flat = _memref((batch, rows, cols), spec.dtype)
+        if spec.rank == 3:
+            return mem, flat
+        groups = "[" + ", ".join(str(i) for i in range(spec.rank - 2)) + f"], [{spec.rank - 2}], [{spec.rank - 1}]"
+        return self.op(f"memref.collapse_shape {mem} [{groups}] : {mem_t} into {flat}", "m"), flat
+
+    def to_buffer(self, value: str, spec: TensorSpec) -> str:
+        return self.op(f"bufferization.to_buffer {value} read_only : {spec} to {_memref(spec.shape, spec.dtype)}", "m")
+
+    def function_text(self, name: str, params: str, result_mem: str, out: TensorSpec, location: str) -> str:
+        """The private function on tensors these lines make, returning the buffer `result_mem`."""
+        result = self.op(f"bufferization.to_tensor {result_mem} restrict writable : "
+                         f"{_memref(out.shape, out.dtype)} to {out}", "r")
+        consts = [f"  {n} = arith.constant {value} : index" for value, n in sorted(self.consts.items())]
+        return (f"#src = {location}\nfunc.func private @{name}({params}) -> {out} {{\n"
+                + "\n".join(consts + self.lines) + f"\n  return {result} : {out}\n}}\n")
+
     def for_(self, iv: str, lo: str, hi: str, step: str) -> None:
         self.open(f"scf.for {iv} = {lo} to {hi} step {step}")
 
@@ -317,38 +347,15 @@ def gemm_kernel_text(name: str, v: OpView, location: str, gather: ConvGather | N
     arg = {n: f"%arg{i}" for i, (n, _) in enumerate(args)}
 
     # --- memref views: every operand as [batch, rows, cols] (bias as [N]) -------------------
-    def as_3d(value: str, spec: TensorSpec, batched: bool) -> tuple[str, str]:
-        mem = t.op(f"bufferization.to_buffer {value} read_only : {spec} to {_memref(spec.shape, spec.dtype)}", "m")
-        rows, cols = spec.shape[-2:]
-        if not batched:
-            flat = _memref((1, rows, cols), spec.dtype)
-            return t.op(f"memref.expand_shape {mem} [[0, 1], [2]] output_shape [1, {rows}, {cols}] "
-                        f": {_memref(spec.shape, spec.dtype)} into {flat}", "m"), flat
-        flat = _memref((p.batch, rows, cols), spec.dtype)
-        if spec.rank == 3:
-            return mem, flat
-        groups = "[" + ", ".join(str(i) for i in range(spec.rank - 2)) + f"], [{spec.rank - 2}], [{spec.rank - 1}]"
-        return t.op(f"memref.collapse_shape {mem} [{groups}] : {_memref(spec.shape, spec.dtype)} into {flat}", "m"), flat
-
     if gather is None:
-        A, A_t = as_3d(arg["a"], a, a.rank > 2)
+        A, A_t = t.batched_view(t.to_buffer(arg["a"], a), a, p.batch)
     else:
         A_t = _memref(gather.image.shape, gather.image.dtype)
         A = t.op(f"bufferization.to_buffer {arg['a']} read_only : {gather.image} to {A_t}", "m")
-    B, B_t = as_3d(arg["b"], b, p.b_batched and b.rank > 2)
+    B, B_t = t.batched_view(t.to_buffer(arg["b"], b), b, p.batch)
     out_spec = v.result
     C_full = t.op(f"memref.alloc() {{alignment = 64 : i64}} : {_memref(out_spec.shape, out_spec.dtype)}", "m")
-    if out_spec.rank == 2:
-        C_t = _memref((1, p.m, p.n), out_spec.dtype)
-        C = t.op(f"memref.expand_shape {C_full} [[0, 1], [2]] output_shape [1, {p.m}, {p.n}] "
-                 f": {_memref(out_spec.shape, out_spec.dtype)} into {C_t}", "m")
-    elif out_spec.rank == 3:
-        C, C_t = C_full, _memref(out_spec.shape, out_spec.dtype)
-    else:
-        C_t = _memref((p.batch, p.m, p.n), out_spec.dtype)
-        groups = "[" + ", ".join(str(i) for i in range(out_spec.rank - 2)) + \
-                 f"], [{out_spec.rank - 2}], [{out_spec.rank - 1}]"
-        C = t.op(f"memref.collapse_shape {C_full} [{groups}] : {_memref(out_spec.shape, out_spec.dtype)} into {C_t}", "m")
+    C, C_t = t.batched_view(C_full, out_spec, p.batch)
     if p.needs_accumulator:
         Cacc_t = _memref((p.batch, p.m, p.n), "f32")
         Cacc = t.op(f"memref.alloc() {{alignment = 64 : i64}} : {Cacc_t}", "m")
@@ -357,10 +364,11 @@ def gemm_kernel_text(name: str, v: OpView, location: str, gather: ConvGather | N
     bias = residual = None
     if "bias" in v.operands:
         bspec = v.operands["bias"]
-        bias = t.op(f"bufferization.to_buffer {arg['bias']} read_only : {bspec} to {_memref(bspec.shape, bspec.dtype)}", "m")
+        bias = t.to_buffer(arg["bias"], bspec)
         bias_t = _memref(bspec.shape, bspec.dtype)
     if "residual" in v.operands:
-        residual, residual_t = as_3d(arg["residual"], v.operands["residual"], out_spec.rank > 2)
+        residual_spec = v.operands["residual"]
+        residual, residual_t = t.batched_view(t.to_buffer(arg["residual"], residual_spec), residual_spec, p.batch)
 
     kc_max, nc_max = min(p.kc, p.k), min(p.nc, p.n)
     mc_max = min(p.mc, p.m)
@@ -379,14 +387,10 @@ def gemm_kernel_text(name: str, v: OpView, location: str, gather: ConvGather | N
     T_all_t = _memref((n_mblocks, MR, NR), "f32")  # edge tiles, one buffer per M block
     T_all = t.op(f"memref.alloc() {{alignment = 64 : i64}} : {T_all_t}", "m")
 
-    def load_f32(mem: str, mem_t: str, idx: list[str], dtype: str) -> str:
-        x = t.op(f"memref.load {mem}[{', '.join(idx)}] : {mem_t}", "x")
-        return x if dtype == "f32" else t.op(f"arith.extf {x} : {dtype} to f32", "x")
-
     def guarded_load(cond: str, mem: str, mem_t: str, idx: list[str], dtype: str) -> str:
         out = t.fresh("x")
         t.open(f"{out} = scf.if {cond} -> (f32)")
-        t.line(f"scf.yield {load_f32(mem, mem_t, idx, dtype)} : f32")
+        t.line(f"scf.yield {t.load_f32(mem, mem_t, idx, dtype)} : f32")
         t.else_()
         t.line(f"scf.yield {zero} : f32")
         t.close()
@@ -477,7 +481,7 @@ def gemm_kernel_text(name: str, v: OpView, location: str, gather: ConvGather | N
         t.line(f"vector.store {x}, {Ap}[{t.add(base, '%k')}] : {Ap_t}, {vf32}")
         t.close()
         t.for_("%k", kc_vec, kc, t.c(1))
-        x = load_f32(A, A_t, ["%bb", row, t.add("%pc", "%k")], p.a_dtype)
+        x = t.load_f32(A, A_t, ["%bb", row, t.add("%pc", "%k")], p.a_dtype)
         t.line(f"memref.store {x}, {Ap}[{t.add(base, '%k')}] : {Ap_t}")
         t.close()
         t.else_()
@@ -605,9 +609,4 @@ def gemm_kernel_text(name: str, v: OpView, location: str, gather: ConvGather | N
     t.close()  # pc
     t.close()  # jc
     t.close()  # bb
-    result = t.op(f"bufferization.to_tensor {C_full} restrict writable : "
-                  f"{_memref(out_spec.shape, out_spec.dtype)} to {out_spec}", "r")
-    consts = [f"  {name} = arith.constant {value} : index" for value, name in sorted(t.consts.items())]
-    return (f"#src = {location}\n"
-            f"func.func private @{name}({params}) -> {out_spec} {{\n" + "\n".join(consts + t.lines) +
-            f"\n  return {result} : {out_spec}\n}}\n")
+    return t.function_text(name, params, C_full, out_spec, location)

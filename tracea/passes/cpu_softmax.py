@@ -85,7 +85,4 @@ def softmax_kernel_text(name: str, v: OpView, lanes: int, location: str) -> str:
     if n_vec < n:
         t.line(f"vector.transfer_write {normalized(t.c(n_vec), True)}, {O}[%row, {t.c(n_vec)}] : {ovt}, {O_t}")
     t.close_parallel()
-    result = t.op(f"bufferization.to_tensor {O_full} restrict writable : {_memref(out.shape, out.dtype)} to {out}", "r")
-    consts = [f"  {nm} = arith.constant {value} : index" for value, nm in sorted(t.consts.items())]
-    return (f"#src = {location}\nfunc.func private @{name}(%arg0: {x}) -> {out} {{\n" + "\n".join(consts + t.lines)
-            + f"\n  return {result} : {out}\n}}\n")
+    return t.function_text(name, f"%arg0: {x}", O_full, out, location)

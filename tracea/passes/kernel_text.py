@@ -14,10 +14,6 @@ from ..errors import OpError
 FASTMATH = "fastmath<contract>"  # lets LLVM fuse multiply-add into FMA
 
 
-def tensor_type(shape: Sequence[int], dtype: str) -> str:
-    return str(TensorSpec(tuple(shape), dtype))
-
-
 def affine_map(n_dims: int, results: Sequence[str]) -> str:
     dims = ", ".join(f"d{i}" for i in range(n_dims))
     return f"affine_map<({dims}) -> ({', '.join(results)})>"
