@@ -174,9 +174,9 @@ class CpuTarget(Target):
     def stages(self, strategy: str = "tiled", threads: int = 1) -> list[tuple[str, Pipeline]]:
         if strategy not in STRATEGIES:
             raise ValueError(f"unknown CPU strategy '{strategy}'; available: {', '.join(STRATEGIES)}")
-        first = (f"tracea-verify, tracea-cpu-conv-to-gemm{{threads={threads}}}, tracea-cpu-schedule{{threads={threads}}}, "
-                 "tracea-cpu-kernels, "
-                 "tracea-lower-to-linalg, canonicalize, cse") if strategy == "tiled" else "tracea-to-linalg"
+        first = (f"tracea-verify, tracea-widen-i1, tracea-cpu-conv-to-gemm{{threads={threads}}}, "
+                 f"tracea-cpu-schedule{{threads={threads}}}, tracea-cpu-kernels, "
+                 "tracea-lower-to-linalg, canonicalize, cse") if strategy == "tiled" else "tracea-widen-i1, tracea-to-linalg"
         return [
             ("linalg", parse_pipeline(first)),
             ("bufferized", parse_pipeline("tracea-cpu-bufferize")),
