@@ -14,9 +14,11 @@ the operand at fault; the op records the Python call site as its location.
 """
 from __future__ import annotations
 
+import contextlib
 import inspect
 import os
 import re
+import threading
 from dataclasses import dataclass
 from typing import Callable, Sequence
 
@@ -79,8 +81,24 @@ def silu() -> EpilogueStep:
 _LIBRARY_DIRS = (os.path.dirname(os.path.dirname(__file__)), os.path.dirname(ir.__file__))
 
 
+_located = threading.local()
+
+
+@contextlib.contextmanager
+def located(loc: ir.Location):
+    """Ops built inside take `loc` (a pass raising existing IR keeps the source's locations)."""
+    previous = getattr(_located, "loc", None)
+    _located.loc = loc
+    try:
+        yield
+    finally:
+        _located.loc = previous
+
+
 def _call_site() -> ir.Location:
     """The location of the user's call (the first frame outside Tracea and the MLIR bindings)."""
+    if getattr(_located, "loc", None) is not None:
+        return _located.loc
     frame = inspect.currentframe()
     while frame is not None and frame.f_code.co_filename.startswith(_LIBRARY_DIRS):
         frame = frame.f_back

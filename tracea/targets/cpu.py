@@ -174,7 +174,8 @@ class CpuTarget(Target):
     def stages(self, strategy: str = "tiled", threads: int = 1) -> list[tuple[str, Pipeline]]:
         if strategy not in STRATEGIES:
             raise ValueError(f"unknown CPU strategy '{strategy}'; available: {', '.join(STRATEGIES)}")
-        first = (f"tracea-verify, tracea-widen-i1, tracea-cpu-conv-to-gemm{{threads={threads}}}, "
+        first = (f"tracea-verify, tracea-widen-i1, tracea-raise-linalg, canonicalize, "
+                 f"tracea-cpu-conv-to-gemm{{threads={threads}}}, "
                  f"tracea-cpu-schedule{{threads={threads}}}, tracea-cpu-kernels, "
                  "tracea-lower-to-linalg, canonicalize, cse") if strategy == "tiled" else "tracea-widen-i1, tracea-to-linalg"
         return [

@@ -1,0 +1,414 @@
+"""`tracea-raise-linalg`: find tracea ops in linalg on tensors (what torch-mlir imports).
+
+Patterns raised (anything else stays linalg and takes the generic lowering):
+- `linalg.matmul` / `linalg.batch_matmul` into a zero fill -> `tracea.gemm`, absorbing a transpose
+  of the last two dims of either operand and a broadcast of a 2-D right operand over the batch;
+  then the chain of single-use elementwise `linalg.generic`s that follows it, as far as each one
+  is an epilogue step (bias add, residual add, scale, relu, gelu, sigmoid, silu) -> `tracea.fused_gemm`.
+- `linalg.conv_2d_nchw_fchw` on a zero `tensor.pad` into a zero fill or a broadcast bias -> `tracea.conv2d`.
+- max-subtract / exp / sum / divide along one axis -> `tracea.softmax`.
+
+Elementwise bodies are recognized by what they compute, not by how they are spelled: the part of
+the body that depends on one value only is evaluated on sample points and compared with each
+known activation, so `max(x, 0)`, `select(x > 0, x, 0)` or an erf-based GELU written any way match.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import mlir.ir as ir
+import numpy as np
+
+from ..dialects import builder as td
+from ..dialects.ops import Epilogue
+from .registry import TraceaPass, register
+
+_CMP = {1: np.equal, 2: np.greater, 3: np.greater_equal, 4: np.less, 5: np.less_equal, 6: np.not_equal,
+        8: np.equal, 9: np.greater, 10: np.greater_equal, 11: np.less, 12: np.less_equal, 13: np.not_equal}
+_BINARY = {"arith.addf": np.add, "arith.subf": np.subtract, "arith.mulf": np.multiply, "arith.divf": np.divide,
+           "arith.maximumf": np.maximum, "arith.maxnumf": np.fmax, "arith.minimumf": np.minimum,
+           "arith.minnumf": np.fmin, "math.powf": np.power}
+_UNARY = {"arith.negf": np.negative, "math.exp": np.exp, "math.tanh": np.tanh, "math.sqrt": np.sqrt,
+          "math.rsqrt": lambda x: 1 / np.sqrt(x), "math.log": np.log, "math.log1p": np.log1p, "math.absf": np.abs,
+          "math.erf": np.vectorize(math.erf), "arith.extf": lambda x: x, "arith.truncf": lambda x: x,
+          "math.expm1": np.expm1}
+_SAMPLES = np.linspace(-6.0, 6.0, 97)
+
+
+def _sigmoid(x):
+    return 1 / (1 + np.exp(-x))
+
+
+_ACTIVATIONS = {
+    Epilogue("relu"): lambda x: np.maximum(x, 0),
+    Epilogue("gelu", approximate="erf"): lambda x: 0.5 * x * (1 + np.vectorize(math.erf)(x / math.sqrt(2))),
+    Epilogue("gelu", approximate="tanh"): lambda x: 0.5 * x * (1 + np.tanh(math.sqrt(2 / math.pi) * (x + 0.044715 * x ** 3))),
+    Epilogue("sigmoid"): _sigmoid,
+    Epilogue("silu"): lambda x: x * _sigmoid(x),
+}
+
+
+def _producer(value: ir.Value) -> ir.Operation | None:
+    return value.owner.operation if isinstance(value, ir.OpResult) else None
+
+
+def _float_constant(value: ir.Value) -> float | None:
+    op = _producer(value)
+    if op is None or op.name != "arith.constant" or not isinstance(op.attributes["value"], ir.FloatAttr):
+        return None
+    return op.attributes["value"].value
+
+
+def _single_use(value: ir.Value) -> ir.Operation | None:
+    uses = list(value.uses)
+    return uses[0].owner.operation if len(uses) == 1 else None
+
+
+def _maps(op: ir.Operation) -> list[ir.AffineMap]:
+    return [ir.AffineMapAttr(a).value for a in op.attributes["indexing_maps"]]
+
+
+def _all_parallel(op: ir.Operation) -> bool:
+    return all("parallel" in str(a) for a in op.attributes["iterator_types"])
+
+
+def _body(op: ir.Operation) -> ir.Block:
+    return op.regions[0].blocks[0]
+
+
+def _yielded(op: ir.Operation) -> list[ir.Value]:
+    block = _body(op)
+    return list(block.operations[len(block.operations) - 1].operands)
+
+
+def _ins(op: ir.Operation) -> list[ir.Value]:
+    count = op.attributes["operandSegmentSizes"][0] if "operandSegmentSizes" in op.attributes else len(op.operands) - 1
+    return list(op.operands)[:count]
+
+
+def _zero_fill(value: ir.Value) -> bool:
+    op = _producer(value)
+    return op is not None and op.name == "linalg.fill" and _float_constant(op.operands[0]) == 0.0
+
+
+# --- evaluating linalg bodies -------------------------------------------------------------------
+class _NotScalar(Exception):
+    pass
+
+
+def _evaluate(root: ir.Value, env: dict) -> np.ndarray:
+    """Value of `root` given arrays for some values in `env`; constants are read from the IR."""
+    if root in env:
+        return env[root]
+    constant = _float_constant(root)
+    if constant is not None:
+        return np.float64(constant)
+    op = _producer(root)
+    if op is None:
+        raise _NotScalar
+    args = [_evaluate(v, env) for v in op.operands]
+    if op.name in _BINARY:
+        result = _BINARY[op.name](*args)
+    elif op.name in _UNARY:
+        result = _UNARY[op.name](args[0])
+    elif op.name == "arith.cmpf" and ir.IntegerAttr(op.attributes["predicate"]).value in _CMP:
+        result = _CMP[ir.IntegerAttr(op.attributes["predicate"]).value](*args)
+    elif op.name == "arith.select":
+        result = np.where(*args)
+    else:
+        raise _NotScalar
+    env[root] = result
+    return result
+
+
+def _dependencies(root: ir.Value, leaves: set, cut: ir.Value | None = None) -> set:
+    """Which of `leaves` (block arguments) `root` reaches without passing through `cut`."""
+    found, stack, seen = set(), [root], set()
+    while stack:
+        v = stack.pop()
+        if (cut is not None and v == cut) or v in seen:
+            continue
+        seen.add(v)
+        if v in leaves:
+            found.add(v)
+        op = _producer(v)
+        if op is not None:
+            stack.extend(op.operands)
+    return found
+
+
+def _subexpressions(root: ir.Value) -> list[ir.Value]:
+    """Operands of `root`'s expression, nearest first."""
+    order, queue, seen = [], [root], {root}
+    while queue:
+        v = queue.pop(0)
+        order.append(v)
+        op = _producer(v)
+        for w in (op.operands if op is not None else []):
+            if w not in seen:
+                seen.add(w)
+                queue.append(w)
+    return order[1:]
+
+
+def _identify(root: ir.Value, variable: ir.Value) -> Epilogue | None:
+    """Which single-input epilogue `root` computes from `variable`."""
+    with np.errstate(all="ignore"):
+        try:
+            y = np.broadcast_to(_evaluate(root, {variable: _SAMPLES}), _SAMPLES.shape).astype(np.float64)
+        except _NotScalar:
+            return None
+        for epilogue, reference in _ACTIVATIONS.items():
+            if np.allclose(y, reference(_SAMPLES), rtol=1e-5, atol=1e-6):
+                return epilogue
+        c = float(y[_SAMPLES == 1.0][0]) if np.any(_SAMPLES == 1.0) else None
+        if c is not None and math.isfinite(c) and np.allclose(y, c * _SAMPLES, rtol=1e-6, atol=1e-7):
+            return None if c == 1.0 else Epilogue("scale", value=c)
+    return None
+
+
+def _epilogue_steps(root: ir.Value, main: ir.Value, extra: ir.Value | None, leaves: set) -> list[Epilogue] | None:
+    """Decompose the body value `root` into epilogue steps applied to `main` (a block argument),
+    the optional `extra` block argument being added once (bias or residual)."""
+    if root == main:
+        return []
+    op = _producer(root)
+    if op is not None and op.name == "arith.addf" and extra is not None and extra in list(op.operands):
+        other = op.operands[1] if op.operands[0] == extra else op.operands[0]
+        inner = _epilogue_steps(other, main, None, leaves)
+        return None if inner is None else inner + [Epilogue("extra")]
+    for candidate in _subexpressions(root):  # the nearest value every path to an argument passes through
+        if not _dependencies(root, leaves, cut=candidate) and _dependencies(candidate, leaves):
+            step = _identify(root, candidate)
+            inner = _epilogue_steps(candidate, main, extra, leaves) if step is not None else None
+            return None if inner is None else inner + [step]
+    return None
+
+
+# --- patterns -----------------------------------------------------------------------------------
+def _is_last_two_transpose(op: ir.Operation | None) -> bool:
+    if op is None or op.name != "linalg.transpose":
+        return False
+    perm = list(op.attributes["permutation"])
+    n = len(perm)
+    return n >= 2 and perm == list(range(n - 2)) + [n - 1, n - 2]
+
+
+def _broadcast_over_batch(op: ir.Operation | None) -> ir.Value | None:
+    """The 2-D value a 3-D batch broadcast (linalg.generic copying [K, N] into [B, K, N]) copies."""
+    if op is None or op.name != "linalg.generic" or len(_ins(op)) != 1 or not _all_parallel(op):
+        return None
+    maps = _maps(op)
+    src = _ins(op)[0]
+    block = _body(op)
+    if len(maps[1].results) != 3 or str(maps[0]) != "(d0, d1, d2) -> (d1, d2)" or not maps[1].is_permutation \
+            or str(maps[1]) != "(d0, d1, d2) -> (d0, d1, d2)" or _yielded(op) != [block.arguments[0]]:
+        return None
+    return src
+
+
+_DEFAULT_MAPS = {
+    "linalg.matmul": ["(d0, d1, d2) -> (d0, d2)", "(d0, d1, d2) -> (d2, d1)", "(d0, d1, d2) -> (d0, d1)"],
+    "linalg.batch_matmul": ["(d0, d1, d2, d3) -> (d0, d1, d3)", "(d0, d1, d2, d3) -> (d0, d3, d2)",
+                            "(d0, d1, d2, d3) -> (d0, d1, d2)"],
+}
+
+
+@dataclass
+class _Chain:
+    steps: list  # td.EpilogueStep
+    last: ir.Operation  # the op whose result the fused op replaces
+    reshapes: list  # expand/collapse_shape ops the chain passed through, re-applied after the fused op
+
+
+def _epilogue_chain(result: ir.Value) -> _Chain | None:
+    """Elementwise generics after a GEMM (through reshapes that keep the last dim, which an
+    elementwise epilogue commutes with), as far as each one is an epilogue step."""
+    steps, last, value, kinds, reshapes, pending = [], None, result, set(), [], []
+    while True:
+        op = _single_use(value)
+        if op is not None and op.name in ("tensor.expand_shape", "tensor.collapse_shape") \
+                and op.results[0].type.shape[-1] == value.type.shape[-1]:
+            pending.append(op)
+            value = op.results[0]
+            continue
+        shape = value.type.shape
+        if op is None or op.name != "linalg.generic" or not _all_parallel(op) or len(op.results) != 1 \
+                or op.results[0].type != value.type:
+            break
+        ins, maps = _ins(op), _maps(op)
+        if value not in ins or len(ins) > 2 or not maps[ins.index(value)].is_permutation \
+                or str(maps[ins.index(value)]) != str(maps[-1]) or not str(maps[-1]).endswith(
+                    "(" + ", ".join(f"d{i}" for i in range(len(shape))) + ")"):
+            break
+        block = _body(op)
+        main = block.arguments[ins.index(value)]
+        extra_value = extra_arg = kind = None
+        if len(ins) == 2:
+            i = 1 - ins.index(value)
+            extra_value, extra_arg = ins[i], block.arguments[i]
+            last_dim = f"-> (d{len(shape) - 1})"
+            if extra_value.type == result.type and str(maps[i]) == str(maps[-1]):
+                kind = "residual_add"
+            elif len(extra_value.type.shape) == 1 and str(maps[i]).endswith(last_dim):
+                kind = "bias_add"
+            else:
+                break
+            if kind in kinds or (kind == "residual_add" and (reshapes or pending)):
+                break
+        leaves = {main} | ({extra_arg} if extra_arg is not None else set())
+        found = _epilogue_steps(_yielded(op)[0], main, extra_arg, leaves)
+        if found is None or (kind is not None and not any(e.kind == "extra" for e in found)):
+            break
+        for e in found:
+            steps.append(td.EpilogueStep(Epilogue(kind), extra_value) if e.kind == "extra" else td.EpilogueStep(e))
+        if kind:
+            kinds.add(kind)
+        last, value = op, op.results[0]
+        reshapes += pending
+        pending = []
+    return _Chain(steps, last, reshapes) if last is not None else None
+
+
+def _raise_gemm(op: ir.Operation) -> bool:
+    if _maps(op) and [str(m) for m in _maps(op)] != _DEFAULT_MAPS[op.name]:
+        return False
+    a, b, init = op.operands
+    if not _zero_fill(init) or any(str(v.type.element_type) != "f32" for v in (a, b)):
+        return False
+    transpose_a = transpose_b = False
+    if _is_last_two_transpose(_producer(a)):
+        a, transpose_a = _producer(a).operands[0], True
+    shared = _broadcast_over_batch(_producer(b))
+    if shared is not None:
+        b = shared
+    if _is_last_two_transpose(_producer(b)):
+        b, transpose_b = _producer(b).operands[0], True
+    chain = _epilogue_chain(op.results[0])
+    anchor = chain.last if chain else op
+    with op.location, td.located(op.location), ir.InsertionPoint(anchor):
+        if chain and chain.steps:
+            new = td.fused_gemm(a, b, chain.steps, transpose_a=transpose_a, transpose_b=transpose_b)
+        else:
+            new = td.gemm(a, b, transpose_a=transpose_a, transpose_b=transpose_b)
+        for reshape in chain.reshapes if chain else []:
+            copy = reshape.clone()
+            copy.operands[0] = new
+            new = copy.results[0]
+    anchor.results[0].replace_all_uses_with(new)
+    return True
+
+
+def _int_pair(attr) -> tuple[int, int] | None:
+    if attr is None:
+        return (1, 1)
+    values = [int(v) for v in ir.DenseIntElementsAttr(attr)]
+    return tuple(values) if len(values) == 2 else None
+
+
+def _raise_conv(op: ir.Operation) -> bool:
+    x, w, init = op.operands
+    if any(str(v.type.element_type) != "f32" for v in (x, w)):
+        return False
+    padding = (0, 0, 0, 0)
+    pad = _producer(x)
+    if pad is not None and pad.name == "tensor.pad":
+        low, high = list(pad.attributes["static_low"]), list(pad.attributes["static_high"])
+        yielded = _yielded(pad)
+        if len(pad.operands) == 1 and low[:2] == [0, 0] and high[:2] == [0, 0] and min(low + high) >= 0 \
+                and len(yielded) == 1 and _float_constant(yielded[0]) == 0.0:
+            x, padding = pad.operands[0], (low[2], high[2], low[3], high[3])
+    bias = None
+    if not _zero_fill(init):
+        fill = _producer(init)
+        if fill is None or fill.name != "linalg.broadcast" or list(fill.attributes["dimensions"]) != [0, 2, 3]:
+            return False
+        bias = fill.operands[0]
+    stride, dilation = (_int_pair(op.attributes[n] if n in op.attributes else None) for n in ("strides", "dilations"))
+    if stride is None or dilation is None:
+        return False
+    with op.location, td.located(op.location), ir.InsertionPoint(op):
+        new = td.conv2d(x, w, bias, stride=stride, padding=padding, dilation=dilation)
+    op.results[0].replace_all_uses_with(new)
+    return True
+
+
+def _through_expand(value: ir.Value) -> ir.Value:
+    op = _producer(value)
+    return op.operands[0] if op is not None and op.name == "tensor.expand_shape" else value
+
+
+def _reduction(value: ir.Value, combine: str) -> tuple[ir.Value, int] | None:
+    """(input, axis) if `value` is result #0 of a one-axis reduction whose body combines with `combine`."""
+    value = _through_expand(value)
+    op = _producer(value)
+    if op is None or op.name != "linalg.generic" or len(_ins(op)) != 1 or value != op.results[0]:
+        return None
+    iterators = [str(a) for a in op.attributes["iterator_types"]]
+    reduced = [i for i, it in enumerate(iterators) if "reduction" in it]
+    block = _body(op)
+    first = _yielded(op)[0]
+    combiner = _producer(first)
+    if len(reduced) != 1 or combiner is None or combiner.name not in combine.split("|") \
+            or set(combiner.operands) != {block.arguments[0], block.arguments[1]}:
+        return None
+    return _ins(op)[0], reduced[0]
+
+
+def _elementwise(value: ir.Value, name: str) -> list[ir.Value] | None:
+    """Inputs of the elementwise generic producing `value` if its body is the single op `name`
+    applied to its block arguments in order."""
+    op = _producer(value)
+    if op is None or op.name != "linalg.generic" or not _all_parallel(op) or len(op.results) != 1:
+        return None
+    block = _body(op)
+    inner = _producer(_yielded(op)[0])
+    ins = _ins(op)
+    if inner is None or inner.name != name or list(inner.operands) != list(block.arguments)[:len(ins)]:
+        return None
+    return ins
+
+
+def _raise_softmax(op: ir.Operation) -> bool:
+    ratio = _elementwise(op.results[0], "arith.divf")
+    if ratio is None or len(ratio) != 2:
+        return False
+    e, total = ratio
+    exp_in = _elementwise(e, "math.exp")
+    summed = _reduction(total, "arith.addf")
+    if exp_in is None or summed is None or summed[0] != e:
+        return False
+    diff = _elementwise(exp_in[0], "arith.subf")
+    if diff is None or len(diff) != 2:
+        return False
+    x, peak = diff
+    maxed = _reduction(peak, "arith.maximumf|arith.maxnumf")
+    if maxed is None or maxed[0] != x or maxed[1] != summed[1] or e.type != x.type:
+        return False
+    with op.location, td.located(op.location), ir.InsertionPoint(op):
+        new = td.softmax(x, axis=maxed[1])
+    op.results[0].replace_all_uses_with(new)
+    return True
+
+
+@register
+@dataclass(frozen=True)
+class RaiseLinalgPass(TraceaPass):
+    NAME = "tracea-raise-linalg"
+    SUMMARY = ("raise linalg patterns (matmul + elementwise epilogue, padded conv + bias, decomposed "
+               "softmax) into tracea ops so they take the fast kernels")
+
+    def run(self, module: ir.Operation) -> None:
+        for func_op in module.regions[0].blocks[0].operations:
+            if func_op.operation.name != "func.func" or not func_op.regions[0].blocks:
+                continue
+            block = func_op.regions[0].blocks[0]
+            for op in list(block.operations):
+                op = op.operation
+                if op.name in _DEFAULT_MAPS:
+                    _raise_gemm(op)
+                elif op.name == "linalg.conv_2d_nchw_fchw":
+                    _raise_conv(op)
+                elif op.name == "linalg.generic":
+                    _raise_softmax(op)
