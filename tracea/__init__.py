@@ -1,11 +1,34 @@
 """Tracea: an MLIR-based kernel compiler (GEMM, fused GEMM, softmax, conv2d, attention)."""
 __version__ = "0.1.0"
 
-from . import dialects, passes, targets  # noqa: E402,F401  (registers the dialect, passes, targets)
+from . import dialects, ops, passes, targets  # noqa: E402,F401  (registers the dialect, passes, targets)
 from .compiler import clear_cache, compile  # noqa: E402
 from .errors import (ArgumentError, CompileError, InternalCompilerError, OpError,  # noqa: E402
                      TraceaError)
+from .ops import patch_conv2d, unpatch_conv2d  # noqa: E402
 from .runtime.kernel import Kernel  # noqa: E402
 
-__all__ = ["ArgumentError", "CompileError", "InternalCompilerError", "Kernel", "OpError", "TraceaError",
-           "__version__", "clear_cache", "compile", "dialects", "passes", "targets"]
+
+def __getattr__(name: str):
+    if name == "TraceaConv2d":  # an nn.Conv2d subclass: made on first use, so torch loads only then
+        return ops.TraceaConv2d
+    raise AttributeError(f"module 'tracea' has no attribute '{name}'")
+
+
+def _register_torch_backend() -> None:
+    """backend="tracea" for torch.compile when torch is already imported (otherwise the package's
+    torch_dynamo_backends entry point makes the name known)."""
+    import sys
+    if "torch" in sys.modules:
+        try:
+            from .frontend.dynamo import register
+            register()
+        except Exception:  # noqa: BLE001 - a torch without dynamo: the rest of Tracea still works
+            pass
+
+
+_register_torch_backend()
+
+__all__ = ["ArgumentError", "CompileError", "InternalCompilerError", "Kernel", "OpError", "TraceaConv2d",
+           "TraceaError", "__version__", "clear_cache", "compile", "dialects", "ops", "passes", "patch_conv2d",
+           "targets", "unpatch_conv2d"]

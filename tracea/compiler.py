@@ -59,9 +59,13 @@ def _signature(text: str, entry: str | None, source_name: str) -> Signature:
     return Signature(entry, inputs, outputs)
 
 
-def compile(program, *, target: str = "cpu", entry: str | None = None, strategy: str = "tiled",
-            threads: int | None = None, keep_stages: bool = False) -> Kernel:
+def compile(program, example_inputs=None, *, target: str = "cpu", entry: str | None = None, strategy: str = "tiled",
+            threads: int | None = None, keep_stages: bool = False):
     """Compile `program` for `target`; the result is cached for this exact input and options.
+
+    `program` is IR text, a Path, an MLIR module, a tracea Function, or a torch.nn.Module; a module
+    needs `example_inputs` (tensors of the shapes it will be called with) and compiles into a
+    CompiledModel called with torch tensors (see tracea.frontend.torch_model).
 
     strategy: "tiled" (fast kernels where the target has them) or "reference" (plain linalg
     loops, the ground truth for tests). threads: worker threads for parallel loops (default:
@@ -72,6 +76,11 @@ def compile(program, *, target: str = "cpu", entry: str | None = None, strategy:
     compile in a later process is a load (kept-stage and dumped compiles always compile). Raises CompileError with file:line:col diagnostics for invalid
     input, and InternalCompilerError (with a saved reproducer) if the compiler itself aborts.
     """
+    from .frontend.torch_model import compile_model, is_torch_module
+    if is_torch_module(program):
+        return compile_model(program, example_inputs, target=target, threads=threads, strategy=strategy)
+    if example_inputs is not None:
+        raise TypeError("example_inputs is for torch.nn.Module programs; tracea IR carries its own shapes")
     text, source_name = _source(program)
     threads = threads or knobs.num_threads() or host_cpu().cores
     if threads < 1:

@@ -68,6 +68,23 @@ def fold_batch_norms(model):
         return model
 
 
+_DIALECTS = ("builtin", "func", "linalg", "tensor", "arith", "math", "cf", "scf", "bufferization")
+
+
+def _foreign_ops(module) -> list[str]:
+    """Ops outside the dialects Tracea lowers (e.g. tm_tensor.sort, torch.* left unconverted)."""
+    from torch_mlir import ir as tir
+    found: set[str] = set()
+
+    def visit(op):
+        if op.operation.name.split(".")[0] not in _DIALECTS:
+            found.add(op.operation.name)
+        return tir.WalkResult.ADVANCE
+
+    module.operation.walk(visit)
+    return sorted(found)
+
+
 def import_module(model, example_inputs, *, fold_bn: bool = True) -> ImportedGraph:
     """Trace `model` on `example_inputs` (torch tensors) and import it as linalg on tensors."""
     require_torch_mlir()
@@ -100,5 +117,10 @@ def import_module(model, example_inputs, *, fold_bn: bool = True) -> ImportedGra
             first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
             raise CompileError(f"torch-mlir could not import the model to linalg: {type(e).__name__}: "
                                f"{first}") from None
+    unsupported = _foreign_ops(module)
+    if unsupported:
+        raise CompileError(f"the model uses {', '.join(unsupported)}, which torch-mlir does not lower to linalg "
+                           "and Tracea cannot compile (torch.compile(model, backend='tracea') runs such graphs "
+                           "with PyTorch)")
     text = module.operation.get_asm(print_generic_op_form=True, large_elements_limit=None)
     return ImportedGraph(text, list(wrapped.tensors), list(wrapped.names), len(outputs), single)

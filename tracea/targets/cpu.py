@@ -164,6 +164,12 @@ def load_async_runtime() -> None:
     be torn down by the first engine destroyed, crashing every other threaded kernel."""
     global _async_runtime
     if _async_runtime is None:
+        # Loaded globally, the runtime makes its libLLVM.so's symbols global; torch-mlir's own
+        # statically linked LLVM, imported afterwards, would then register its command-line
+        # options into that one and abort the process. Loaded first, it keeps to itself.
+        import importlib.util
+        if importlib.util.find_spec("torch_mlir") is not None:
+            import torch_mlir._mlir_libs._mlir  # noqa: F401
         _async_runtime = ctypes.CDLL(str(MLIR_LIB / "libmlir_async_runtime.so"), mode=ctypes.RTLD_GLOBAL)
 
 
