@@ -1,0 +1,198 @@
+"""PyTorch front end: tracea.compile(model), torch.compile(backend="tracea"), tracea.ops.conv2d."""
+import warnings
+
+import pytest
+
+torch = pytest.importorskip("torch", reason="torch is not installed (pip install 'tracea[torch]')")
+pytest.importorskip("torch_mlir", reason="torch-mlir is not installed (pip install 'tracea[torch]')")
+nn = torch.nn
+
+import tracea  # noqa: E402
+from tracea import ops  # noqa: E402
+from tracea.frontend import dynamo  # noqa: E402
+from tracea.frontend.torch_import import import_module  # noqa: E402
+
+
+class ResidualBlock(nn.Module):
+    def __init__(self, c):
+        super().__init__()
+        self.c1, self.b1 = nn.Conv2d(c, c, 3, padding=1, bias=False), nn.BatchNorm2d(c)
+        self.c2, self.b2 = nn.Conv2d(c, c, 3, padding=1, bias=False), nn.BatchNorm2d(c)
+
+    def forward(self, x):
+        return torch.relu(self.b2(self.c2(torch.relu(self.b1(self.c1(x))))) + x)
+
+
+def mlp():
+    return nn.Sequential(nn.Linear(64, 96), nn.ReLU(), nn.Linear(96, 48), nn.GELU(), nn.Linear(48, 10))
+
+
+def cnn():
+    return nn.Sequential(nn.Conv2d(3, 16, 3, padding=1), nn.BatchNorm2d(16), nn.ReLU(), nn.MaxPool2d(2),
+                         ResidualBlock(16), nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(16, 10))
+
+
+def encoder():
+    return nn.TransformerEncoderLayer(64, 4, 128, dropout=0.0, activation="gelu", batch_first=True)
+
+
+def _randomize_batch_norms(model):
+    """Non-trivial running statistics, so that folding them is tested."""
+    g = torch.Generator().manual_seed(1)
+    for m in model.modules():
+        if isinstance(m, nn.BatchNorm2d):
+            m.running_mean.copy_(torch.randn(m.num_features, generator=g) * 0.1)
+            m.running_var.copy_(torch.rand(m.num_features, generator=g) + 0.5)
+    return model
+
+
+MODELS = {"mlp": (mlp, (8, 64)), "cnn": (cnn, (2, 3, 32, 32)), "encoder": (encoder, (2, 16, 64))}
+
+
+@pytest.mark.parametrize("name", MODELS)
+def test_compile_matches_eager(name):
+    torch.manual_seed(0)
+    build, shape = MODELS[name]
+    model = _randomize_batch_norms(build()).eval()
+    x = torch.randn(*shape)
+    compiled = tracea.compile(model, (x,))
+    with torch.no_grad():
+        expected = model(x)
+    got = compiled(x)
+    assert isinstance(got, torch.Tensor) and got.shape == expected.shape
+    torch.testing.assert_close(got, expected, rtol=1e-4, atol=1e-4)
+    y = torch.randn(*shape)  # a second call with other data of the same shape
+    with torch.no_grad():
+        torch.testing.assert_close(compiled(y), model(y), rtol=1e-4, atol=1e-4)
+
+
+def _raised_ops(model, x) -> str:
+    from tracea.passes.pipeline import parse_pipeline, run_pipeline
+    graph = import_module(model.eval(), (x,))
+    result = run_pipeline(graph.text, parse_pipeline("tracea-widen-i1, tracea-raise-linalg, canonicalize"))
+    assert result.ok, result.diagnostics
+    return result.text
+
+
+def test_patterns_are_raised_into_tracea_ops():
+    torch.manual_seed(0)
+    text = _raised_ops(mlp(), torch.randn(8, 64))
+    assert text.count('"tracea.fused_gemm"') == 3 and "linalg.matmul" not in text
+    assert 'kind = "relu"' in text and 'kind = "gelu"' in text and text.count('kind = "bias_add"') == 3
+    text = _raised_ops(cnn(), torch.randn(1, 3, 32, 32))
+    assert text.count('"tracea.conv2d"') == 3 and "linalg.conv_2d" not in text
+    text = _raised_ops(encoder(), torch.randn(2, 16, 64))
+    assert '"tracea.softmax"' in text and text.count('"tracea.fused_gemm"') >= 4
+    assert "i1>" not in text  # boolean masks stored as bytes
+
+
+class Unsupported(nn.Module):
+    def forward(self, x):
+        return torch.sort(x, dim=1).values
+
+
+class Mixed(nn.Module):
+    """Supported linear layers around an op torch-mlir cannot lower (sort)."""
+
+    def __init__(self):
+        super().__init__()
+        self.a, self.b = nn.Linear(16, 16), nn.Linear(16, 4)
+
+    def forward(self, x):
+        h = torch.relu(self.a(x))
+        h = torch.sort(h, dim=1).values
+        return self.b(h)
+
+
+def test_unsupported_op_is_named():
+    with pytest.raises(tracea.CompileError, match="tm_tensor.sort"):
+        tracea.compile(Unsupported(), (torch.randn(4, 8),))
+
+
+def test_compiled_model_checks_its_inputs():
+    model = mlp().eval()
+    compiled = tracea.compile(model, (torch.randn(8, 64),))
+    with pytest.raises(tracea.ArgumentError, match="compiled for"):
+        compiled(torch.randn(4, 64))
+    with pytest.raises(tracea.ArgumentError, match="takes 1 input"):
+        compiled()
+    with pytest.raises(tracea.CompileError, match="example_inputs"):
+        tracea.compile(model)
+
+
+def test_dynamo_backend_compiles_and_recompiles_per_shape():
+    torch.manual_seed(0)
+    model = mlp().eval()
+    compiled = torch.compile(model, backend="tracea", dynamic=False)
+    with torch.no_grad():
+        for rows in (8, 8, 3):
+            x = torch.randn(rows, 64)
+            torch.testing.assert_close(compiled(x), model(x), rtol=1e-4, atol=1e-4)
+
+
+def test_dynamo_backend_falls_back_once_per_reason():
+    dynamo.fallbacks.clear()
+    dynamo._warned.clear()
+    torch._dynamo.reset()
+    model = Mixed().eval()
+    compiled = torch.compile(model, backend="tracea", dynamic=False)
+    with warnings.catch_warnings(record=True) as caught, torch.no_grad():
+        warnings.simplefilter("always")
+        for _ in range(3):
+            x = torch.randn(4, 16)
+            torch.testing.assert_close(compiled(x), model(x), rtol=1e-4, atol=1e-4)
+    messages = [str(w.message) for w in caught if "tracea:" in str(w.message)]
+    assert len(messages) == 1 and "tm_tensor.sort" in messages[0]
+    assert sum(dynamo.fallbacks.values()) == 1
+
+
+def test_dynamo_backend_falls_back_for_autograd():
+    dynamo._warned.clear()
+    torch._dynamo.reset()
+    model = nn.Linear(8, 4)
+    compiled = torch.compile(model, backend="tracea")
+    x = torch.randn(2, 8)
+    with pytest.warns(RuntimeWarning, match="gradients"):
+        y = compiled(x)
+    y.sum().backward()  # eager PyTorch ran it: gradients flow
+    assert model.weight.grad is not None
+
+
+def test_ops_conv2d_and_its_fallbacks():
+    torch.manual_seed(0)
+    ops.reset_fallback_counts()
+    x, w, b = torch.randn(2, 8, 12, 12), torch.randn(16, 8, 3, 3), torch.randn(16)
+    ref = torch.nn.functional.conv2d(x, w, b, stride=(2, 1), padding=(1, 0))
+    torch.testing.assert_close(ops.conv2d(x, w, b, stride=(2, 1), padding=(1, 0)), ref, rtol=1e-4, atol=1e-4)
+    assert not ops.fallback_counts
+    cases = {
+        "groups != 1": lambda: ops.conv2d(x, torch.randn(8, 1, 3, 3), None, padding=1, groups=8),
+        "dilation != 1": lambda: ops.conv2d(x, w, b, padding=2, dilation=2),
+        "dtype is not float32": lambda: ops.conv2d(x.double(), w.double(), b.double()),
+        "tensor is not contiguous": lambda: ops.conv2d(x.transpose(2, 3), w, b),
+    }
+    for reason, call in cases.items():
+        call()
+        assert ops.fallback_counts[reason] == 1, (reason, dict(ops.fallback_counts))
+
+
+def test_patch_conv2d_and_tracea_conv2d():
+    torch.manual_seed(0)
+    ops.reset_fallback_counts()
+    conv = nn.Conv2d(4, 6, 3, padding=1)
+    x = torch.randn(1, 4, 9, 9)
+    with torch.no_grad():
+        expected = conv(x)
+        original = nn.Conv2d.forward
+        tracea.patch_conv2d()
+        try:
+            assert nn.Conv2d.forward is not original
+            torch.testing.assert_close(conv(x), expected, rtol=1e-4, atol=1e-4)
+        finally:
+            tracea.unpatch_conv2d()
+        assert nn.Conv2d.forward is original
+        layer = tracea.TraceaConv2d(4, 6, 3, padding=1)
+        layer.load_state_dict(conv.state_dict())
+        assert isinstance(layer, nn.Conv2d)
+        torch.testing.assert_close(layer(x), expected, rtol=1e-4, atol=1e-4)
+    assert not ops.fallback_counts
