@@ -4,7 +4,8 @@ import warnings
 import pytest
 
 torch = pytest.importorskip("torch", reason="torch is not installed (pip install 'tracea[torch]')")
-pytest.importorskip("torch_mlir", reason="torch-mlir is not installed (pip install 'tracea[torch]')")
+# imported at collection, before any test JITs a kernel (see frontend.torch_import.require_torch_mlir)
+pytest.importorskip("torch_mlir.fx", reason="torch-mlir is not installed (pip install 'tracea[torch]')")
 nn = torch.nn
 
 import tracea  # noqa: E402

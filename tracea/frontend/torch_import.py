@@ -4,7 +4,7 @@ the xtc bindings cannot take).
 
 Parameters and buffers become leading function arguments rather than constants: the compiled
 kernel then depends only on shapes (one kernel per shape, shared by models with other weights),
-the IR text stays small, and in-place weight updates are seen by the next call."""
+and the IR text stays small. (Convolutions with a folded batch norm get new weights: a copy.)"""
 from __future__ import annotations
 
 import warnings
@@ -14,6 +14,14 @@ from ..errors import CompileError
 
 
 def require_torch_mlir():
+    import sys
+
+    from ..targets import cpu
+    if "torch_mlir" not in sys.modules and cpu.jit_used:
+        # Its native library carries its own LLVM; loaded after a JIT has made this process's
+        # libLLVM.so symbols global, LLVM aborts the process on duplicate command-line options.
+        raise CompileError("torch-mlir must be imported before Tracea compiles its first kernel in this "
+                           "process: add `import torch_mlir.fx` at the top of your program")
     try:
         import torch  # noqa: F401
         from torch_mlir import fx  # noqa: F401

@@ -159,17 +159,14 @@ MLIR_LIB = Path(__import__("mlir").__path__[0]) / "lib"  # a namespace package: 
 _async_runtime = None
 
 
+jit_used = False  # torch-mlir cannot be loaded once a JIT has run here (see frontend.torch_import)
+
+
 def load_async_runtime() -> None:
     """Load MLIR's async runtime once, globally. Passed to each ExecutionEngine instead, it would
     be torn down by the first engine destroyed, crashing every other threaded kernel."""
     global _async_runtime
     if _async_runtime is None:
-        # Loaded globally, the runtime makes its libLLVM.so's symbols global; torch-mlir's own
-        # statically linked LLVM, imported afterwards, would then register its command-line
-        # options into that one and abort the process. Loaded first, it keeps to itself.
-        import importlib.util
-        if importlib.util.find_spec("torch_mlir") is not None:
-            import torch_mlir._mlir_libs._mlir  # noqa: F401
         _async_runtime = ctypes.CDLL(str(MLIR_LIB / "libmlir_async_runtime.so"), mode=ctypes.RTLD_GLOBAL)
 
 
@@ -195,6 +192,8 @@ class CpuTarget(Target):
         from mlir.execution_engine import ExecutionEngine
 
         from ..dialects.context import DiagnosticLog, shared_context
+        global jit_used
+        jit_used = True
         threaded = "mlirAsyncRuntime" in llvm_dialect_text
         if threaded:
             load_async_runtime()
