@@ -3,12 +3,12 @@ import warnings
 
 import pytest
 
+import tracea  # before torch_mlir (see tracea/__init__.py)
+
 torch = pytest.importorskip("torch", reason="torch is not installed (pip install 'tracea[torch]')")
-# imported at collection, before any test JITs a kernel (see frontend.torch_import.require_torch_mlir)
 pytest.importorskip("torch_mlir.fx", reason="torch-mlir is not installed (pip install 'tracea[torch]')")
 nn = torch.nn
 
-import tracea  # noqa: E402
 from tracea import ops  # noqa: E402
 from tracea.frontend import dynamo  # noqa: E402
 from tracea.frontend.torch_import import import_module  # noqa: E402

@@ -1,8 +1,21 @@
 """Tracea: an MLIR-based kernel compiler (GEMM, fused GEMM, softmax, conv2d, attention)."""
 __version__ = "0.1.0"
 
+import importlib.util as _importlib_util  # noqa: E402
+import sys as _sys  # noqa: E402
+
+# torch-mlir bundles its own LLVM/MLIR. Its native library must be loaded after the xtc MLIR
+# libraries and before any kernel is JIT-compiled: loaded first, it makes the JIT bind to its
+# copies (kernels then crash); loaded after a JIT has made libLLVM.so's symbols global, LLVM aborts
+# on duplicate command-line options. So Tracea loads it here, when installed (~0.06 s).
+if "torch_mlir._mlir_libs._mlir" in _sys.modules:
+    raise ImportError("import tracea before torch_mlir: torch-mlir's bundled LLVM, loaded first, makes "
+                      "Tracea's compiled kernels crash")
 
 from . import dialects, ops, passes, targets  # noqa: E402,F401  (registers the dialect, passes, targets)
+
+if _importlib_util.find_spec("torch_mlir") is not None:
+    import torch_mlir._mlir_libs._mlir  # noqa: E402,F401
 from .compiler import clear_cache, compile  # noqa: E402
 from .errors import (ArgumentError, CompileError, InternalCompilerError, OpError,  # noqa: E402
                      TraceaError)

@@ -13,6 +13,7 @@ from . import knobs
 from .dialects.builder import Function
 from .dialects.context import parse_module, shared_context
 from .errors import CompileError, OpError
+from .frontend.torch_model import compile_model, is_torch_module
 from .passes.pipeline import compile_or_raise
 from .runtime import disk_cache
 from .runtime.kernel import Kernel, Signature
@@ -76,7 +77,6 @@ def compile(program, example_inputs=None, *, target: str = "cpu", entry: str | N
     compile in a later process is a load (kept-stage and dumped compiles always compile). Raises CompileError with file:line:col diagnostics for invalid
     input, and InternalCompilerError (with a saved reproducer) if the compiler itself aborts.
     """
-    from .frontend.torch_model import compile_model, is_torch_module
     if is_torch_module(program):
         return compile_model(program, example_inputs, target=target, threads=threads, strategy=strategy)
     if example_inputs is not None:

@@ -11,6 +11,7 @@ Importing this module does not import torch; using it does.
 """
 from __future__ import annotations
 
+import functools
 import logging
 import threading
 from collections import Counter
@@ -119,21 +120,21 @@ def unpatch_conv2d() -> None:
         _original_conv_forward = None
 
 
-_classes: dict[str, type] = {}
+@functools.cache
+def _tracea_conv2d_class() -> type:
+    import torch
+
+    class TraceaConv2d(torch.nn.Conv2d):
+        """An nn.Conv2d (same constructor and state dict) whose forward runs `tracea.ops.conv2d`."""
+
+        forward = _conv_module_forward
+
+    TraceaConv2d.__module__ = __name__
+    return TraceaConv2d
 
 
 def __getattr__(name: str):
     """TraceaConv2d is built on first use, so that importing tracea does not import torch."""
-    if name != "TraceaConv2d":
-        raise AttributeError(f"module 'tracea.ops' has no attribute '{name}'")
-    if name not in _classes:
-        import torch
-
-        class TraceaConv2d(torch.nn.Conv2d):
-            """An nn.Conv2d (same constructor and state dict) whose forward runs `tracea.ops.conv2d`."""
-
-            forward = _conv_module_forward
-
-        TraceaConv2d.__module__ = __name__
-        _classes[name] = TraceaConv2d
-    return _classes[name]
+    if name == "TraceaConv2d":
+        return _tracea_conv2d_class()
+    raise AttributeError(f"module 'tracea.ops' has no attribute '{name}'")

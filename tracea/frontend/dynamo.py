@@ -1,16 +1,14 @@
 """`torch.compile(model, backend="tracea")`: a TorchDynamo backend.
 
-Each FX graph Dynamo captures is compiled with Tracea for its input shapes and dtypes (Dynamo
-recompiles on a shape change, calling the backend again; identical graphs are compiled once). A
-graph Tracea cannot take runs eagerly, with one warning per distinct reason.
+Each FX graph Dynamo captures is compiled with Tracea for its input shapes and dtypes, once per
+distinct set (an identical graph met again is a hit in Tracea's kernel cache). A graph Tracea
+cannot take runs eagerly, with one warning per distinct reason.
 """
 from __future__ import annotations
 
 import logging
 import threading
 import warnings
-
-from ..errors import TraceaError
 
 log = logging.getLogger("tracea.dynamo")
 _warned: set[str] = set()
@@ -57,12 +55,17 @@ class _PerShape:
         self.gm = gm
         self.kernels: dict[tuple, object] = {}
 
-    def __call__(self, *args):
+    def prepare(self, args):
+        """The model compiled for these arguments' shapes (None: it runs with PyTorch)."""
         import torch
         key = tuple((tuple(a.shape), str(a.dtype)) if isinstance(a, torch.Tensor) else int(a) for a in args)
         if key not in self.kernels:
             self.kernels[key] = self._compile(args)
-        compiled = self.kernels[key]
+        return self.kernels[key]
+
+    def __call__(self, *args):
+        import torch
+        compiled = self.prepare(args)
         if compiled is None:
             return self.gm.forward(*args)
         return compiled(*[a for a in args if isinstance(a, torch.Tensor)])
@@ -102,7 +105,7 @@ def tracea_backend(gm, example_inputs):
     if reason is not None:
         return _fall_back(gm, reason)
     runner = _PerShape(gm)
-    runner(*example_inputs)  # compile now, for the shapes Dynamo traced with
+    runner.prepare(example_inputs)  # compile now, for the shapes Dynamo traced with
     return runner
 
 

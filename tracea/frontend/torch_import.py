@@ -14,14 +14,6 @@ from ..errors import CompileError
 
 
 def require_torch_mlir():
-    import sys
-
-    from ..targets import cpu
-    if "torch_mlir" not in sys.modules and cpu.jit_used:
-        # Its native library carries its own LLVM; loaded after a JIT has made this process's
-        # libLLVM.so symbols global, LLVM aborts the process on duplicate command-line options.
-        raise CompileError("torch-mlir must be imported before Tracea compiles its first kernel in this "
-                           "process: add `import torch_mlir.fx` at the top of your program")
     try:
         import torch  # noqa: F401
         from torch_mlir import fx  # noqa: F401
@@ -34,39 +26,33 @@ def require_torch_mlir():
 class ImportedGraph:
     text: str  # linalg-on-tensors module, generic form
     weights: list  # torch tensors passed ahead of the user's inputs, in argument order
-    weight_names: list[str]
-    num_outputs: int
     single_output: bool  # the model returned one tensor, not a tuple/list
 
 
-class _WeightsAsInputs:
-    """Wraps a module so that its parameters and buffers are inputs of forward()."""
+def _weights_as_inputs(model):
+    """`model` wrapped so that its parameters and buffers are leading inputs of forward();
+    returns (wrapper, those tensors)."""
+    import torch
+    state = dict(model.named_parameters(remove_duplicate=False))
+    state.update(dict(model.named_buffers(remove_duplicate=False)))
+    names = list(state)
 
-    @staticmethod
-    def build(model):
-        import torch
+    class Functional(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.inner = model
 
-        class Functional(torch.nn.Module):
-            def __init__(self):
-                super().__init__()
-                self.inner = model
-                state = dict(model.named_parameters(remove_duplicate=False))
-                state.update(dict(model.named_buffers(remove_duplicate=False)))
-                self.names = list(state)
-                self.tensors = [state[n] for n in self.names]
+        def forward(self, *flat):
+            weights = dict(zip(names, flat[:len(names)]))
+            return torch.func.functional_call(self.inner, weights, flat[len(names):])
 
-            def forward(self, *flat):
-                n = len(self.names)
-                return torch.func.functional_call(self.inner, dict(zip(self.names, flat[:n])), flat[n:])
-
-        return Functional()
+    return Functional(), [state[n] for n in names]
 
 
 def fold_batch_norms(model):
     """Conv2d followed by BatchNorm2d in eval mode, folded into the convolution's weights and
     bias (a copy; the model is left as it is). Models torch.fx cannot trace are returned as
     they are: their batch norms are then compiled as elementwise code."""
-    import torch
     if model.training:
         return model
     try:
@@ -108,19 +94,22 @@ def import_module(model, example_inputs, *, fold_bn: bool = True) -> ImportedGra
                                "inputs are tensors")
     if fold_bn:
         model = fold_batch_norms(model)
-    wrapped = _WeightsAsInputs.build(model)
-    with torch.no_grad():
-        expected = model(*example_inputs)
-    single = isinstance(expected, torch.Tensor)
-    outputs = [expected] if single else list(expected) if isinstance(expected, (tuple, list)) else None
-    if outputs is None or not all(isinstance(o, torch.Tensor) for o in outputs):
-        raise CompileError(f"the model returned {type(expected).__name__}; Tracea compiles models that "
-                           "return a tensor or a tuple/list of tensors")
-    args = tuple(t.detach() for t in wrapped.tensors) + example_inputs
+    wrapped, weights = _weights_as_inputs(model)
+    args = tuple(t.detach() for t in weights) + example_inputs
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", FutureWarning)  # torch.export's own deprecation noise
         try:
-            module = fx.export_and_import(wrapped, *args, output_type="linalg-on-tensors", func_name="main")
+            program = torch.export.export(wrapped, args, strict=False)
+            out_spec = program.call_spec.out_spec
+            single = out_spec.num_children == 0
+            if not all(type(o.arg).__name__ == "TensorArgument" for o in program.graph_signature.output_specs) \
+                    or not (single or out_spec.type in (tuple, list)) \
+                    or any(c.num_children for c in out_spec.children()):
+                raise CompileError("the model returns something other than a tensor or a tuple/list of tensors; "
+                                   "Tracea compiles models that return those")
+            module = fx.export_and_import(program, output_type="linalg-on-tensors", func_name="main")
+        except CompileError:
+            raise
         except Exception as e:  # noqa: BLE001 - torch.export / torch-mlir name the unsupported construct
             first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
             raise CompileError(f"torch-mlir could not import the model to linalg: {type(e).__name__}: "
@@ -131,4 +120,4 @@ def import_module(model, example_inputs, *, fold_bn: bool = True) -> ImportedGra
                            "and Tracea cannot compile (torch.compile(model, backend='tracea') runs such graphs "
                            "with PyTorch)")
     text = module.operation.get_asm(print_generic_op_form=True, large_elements_limit=None)
-    return ImportedGraph(text, list(wrapped.tensors), list(wrapped.names), len(outputs), single)
+    return ImportedGraph(text, weights, single)

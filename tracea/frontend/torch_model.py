@@ -2,6 +2,7 @@
 called with torch tensors and returning torch tensors."""
 from __future__ import annotations
 
+import sys
 import time
 
 from ..errors import ArgumentError, CompileError
@@ -44,7 +45,6 @@ class CompiledModel:
 
 
 def is_torch_module(program) -> bool:
-    import sys
     torch = sys.modules.get("torch")
     return torch is not None and isinstance(program, torch.nn.Module)
 

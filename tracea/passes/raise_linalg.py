@@ -34,6 +34,7 @@ _UNARY = {"arith.negf": np.negative, "math.exp": np.exp, "math.tanh": np.tanh, "
           "math.erf": np.vectorize(math.erf), "arith.extf": lambda x: x, "arith.truncf": lambda x: x,
           "math.expm1": np.expm1}
 _SAMPLES = np.linspace(-6.0, 6.0, 97)
+_ADD_EXTRA = Epilogue("extra")  # marker in _epilogue_steps: the bias/residual operand is added here
 
 
 def _sigmoid(x):
@@ -85,6 +86,11 @@ def _yielded(op: ir.Operation) -> list[ir.Value]:
 def _ins(op: ir.Operation) -> list[ir.Value]:
     count = op.attributes["operandSegmentSizes"][0] if "operandSegmentSizes" in op.attributes else len(op.operands) - 1
     return list(op.operands)[:count]
+
+
+def _identity(rank: int) -> str:
+    dims = ", ".join(f"d{i}" for i in range(rank))
+    return f"({dims}) -> ({dims})"
 
 
 def _zero_fill(value: ir.Value) -> bool:
@@ -162,8 +168,8 @@ def _identify(root: ir.Value, variable: ir.Value) -> Epilogue | None:
         for epilogue, reference in _ACTIVATIONS.items():
             if np.allclose(y, reference(_SAMPLES), rtol=1e-5, atol=1e-6):
                 return epilogue
-        c = float(y[_SAMPLES == 1.0][0]) if np.any(_SAMPLES == 1.0) else None
-        if c is not None and math.isfinite(c) and np.allclose(y, c * _SAMPLES, rtol=1e-6, atol=1e-7):
+        c = float(y[-1] / _SAMPLES[-1])
+        if math.isfinite(c) and np.allclose(y, c * _SAMPLES, rtol=1e-6, atol=1e-7):
             return None if c == 1.0 else Epilogue("scale", value=c)
     return None
 
@@ -177,7 +183,7 @@ def _epilogue_steps(root: ir.Value, main: ir.Value, extra: ir.Value | None, leav
     if op is not None and op.name == "arith.addf" and extra is not None and extra in list(op.operands):
         other = op.operands[1] if op.operands[0] == extra else op.operands[0]
         inner = _epilogue_steps(other, main, None, leaves)
-        return None if inner is None else inner + [Epilogue("extra")]
+        return None if inner is None else inner + [_ADD_EXTRA]
     for candidate in _subexpressions(root):  # the nearest value every path to an argument passes through
         if not _dependencies(root, leaves, cut=candidate) and _dependencies(candidate, leaves):
             step = _identify(root, candidate)
@@ -200,12 +206,10 @@ def _broadcast_over_batch(op: ir.Operation | None) -> ir.Value | None:
     if op is None or op.name != "linalg.generic" or len(_ins(op)) != 1 or not _all_parallel(op):
         return None
     maps = _maps(op)
-    src = _ins(op)[0]
-    block = _body(op)
-    if len(maps[1].results) != 3 or str(maps[0]) != "(d0, d1, d2) -> (d1, d2)" or not maps[1].is_permutation \
-            or str(maps[1]) != "(d0, d1, d2) -> (d0, d1, d2)" or _yielded(op) != [block.arguments[0]]:
+    if str(maps[0]) != "(d0, d1, d2) -> (d1, d2)" or str(maps[1]) != _identity(3) \
+            or _yielded(op) != [_body(op).arguments[0]]:
         return None
-    return src
+    return _ins(op)[0]
 
 
 _DEFAULT_MAPS = {
@@ -238,9 +242,8 @@ def _epilogue_chain(result: ir.Value) -> _Chain | None:
                 or op.results[0].type != value.type:
             break
         ins, maps = _ins(op), _maps(op)
-        if value not in ins or len(ins) > 2 or not maps[ins.index(value)].is_permutation \
-                or str(maps[ins.index(value)]) != str(maps[-1]) or not str(maps[-1]).endswith(
-                    "(" + ", ".join(f"d{i}" for i in range(len(shape))) + ")"):
+        if value not in ins or len(ins) > 2 or str(maps[ins.index(value)]) != _identity(len(shape)) \
+                or str(maps[-1]) != _identity(len(shape)):
             break
         block = _body(op)
         main = block.arguments[ins.index(value)]
@@ -249,7 +252,7 @@ def _epilogue_chain(result: ir.Value) -> _Chain | None:
             i = 1 - ins.index(value)
             extra_value, extra_arg = ins[i], block.arguments[i]
             last_dim = f"-> (d{len(shape) - 1})"
-            if extra_value.type == result.type and str(maps[i]) == str(maps[-1]):
+            if extra_value.type == value.type and str(maps[i]) == _identity(len(shape)):
                 kind = "residual_add"
             elif len(extra_value.type.shape) == 1 and str(maps[i]).endswith(last_dim):
                 kind = "bias_add"
@@ -259,10 +262,10 @@ def _epilogue_chain(result: ir.Value) -> _Chain | None:
                 break
         leaves = {main} | ({extra_arg} if extra_arg is not None else set())
         found = _epilogue_steps(_yielded(op)[0], main, extra_arg, leaves)
-        if found is None or (kind is not None and not any(e.kind == "extra" for e in found)):
+        if found is None or (kind is not None and _ADD_EXTRA not in found):
             break
         for e in found:
-            steps.append(td.EpilogueStep(Epilogue(kind), extra_value) if e.kind == "extra" else td.EpilogueStep(e))
+            steps.append(td.EpilogueStep(Epilogue(kind), extra_value) if e == _ADD_EXTRA else td.EpilogueStep(e))
         if kind:
             kinds.add(kind)
         last, value = op, op.results[0]

@@ -57,11 +57,9 @@ class WidenBoolTensorsPass(TraceaPass):
                 op.result.replace_all_uses_with(new.result)
                 op.erase()
                 continue
-            changed = False
             for result in op.results:
                 if _is_bool_tensor(result.type):
                     result.set_type(_byte_tensor(result.type))
-                    changed = True
             if op.name == "linalg.fill" and op.operands[0].type == i1:
                 with op.location, ir.InsertionPoint(op):
                     widened = ir.Operation.create("arith.extui", results=[i8], operands=[op.operands[0]])
@@ -74,12 +72,11 @@ class WidenBoolTensorsPass(TraceaPass):
                 element = operand.type.element_type if isinstance(operand.type, ir.ShapedType) else operand.type
                 if arg.type == i1 and element == i8:
                     arg.set_type(i8)
-                    first = block.operations[0] if len(block.operations) else None
-                    with op.location, ir.InsertionPoint(first) if first is not None else ir.InsertionPoint(block):
+                    with op.location, ir.InsertionPoint.at_block_begin(block):
                         narrow = ir.Operation.create("arith.trunci", results=[i1], operands=[arg])
                     arg.replace_all_uses_except(narrow.result, narrow)
             terminator = block.operations[len(block.operations) - 1]
-            if terminator.name == "linalg.yield" and (changed or op.name == "linalg.fill"):
+            if terminator.name == "linalg.yield":
                 for i, (value, result) in enumerate(zip(list(terminator.operands), op.results)):
                     if value.type == i1 and result.type.element_type == i8:
                         with op.location, ir.InsertionPoint(terminator):

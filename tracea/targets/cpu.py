@@ -159,9 +159,6 @@ MLIR_LIB = Path(__import__("mlir").__path__[0]) / "lib"  # a namespace package: 
 _async_runtime = None
 
 
-jit_used = False  # torch-mlir cannot be loaded once a JIT has run here (see frontend.torch_import)
-
-
 def load_async_runtime() -> None:
     """Load MLIR's async runtime once, globally. Passed to each ExecutionEngine instead, it would
     be torn down by the first engine destroyed, crashing every other threaded kernel."""
@@ -192,8 +189,6 @@ class CpuTarget(Target):
         from mlir.execution_engine import ExecutionEngine
 
         from ..dialects.context import DiagnosticLog, shared_context
-        global jit_used
-        jit_used = True
         threaded = "mlirAsyncRuntime" in llvm_dialect_text
         if threaded:
             load_async_runtime()
