@@ -51,6 +51,16 @@ def cases(only: str | None):
             "numpy": lambda a, b: (lambda: a @ b),
             "torch": lambda a, b: _torch_call(lambda ta, tb: ta @ tb, a, b)}))
 
+    # The GEMMs of the PyTorch models (bench/torch_models.py): few rows, nn.Linear's [N, K] weights.
+    for m, n, k in [(64, 2048, 2048), (64, 512, 2048), (128, 1024, 256), (128, 256, 1024)]:
+        def build(m=m, n=n, k=k):
+            fn = td.function(td.tensor((m, k)), td.tensor((n, k)), name="linear")(
+                lambda x, w: td.gemm(x, w, transpose_b=True))
+            return fn, [arr(m, k), arr(n, k)]
+        out.append(Case("gemm-small", f"linear {m}x{n}x{k} (B^T)", 2.0 * m * n * k, build, {
+            "numpy": lambda a, b: (lambda: a @ b.T),
+            "torch": lambda a, b: _torch_call(lambda ta, tb: __import__("torch").nn.functional.linear(ta, tb), a, b)}))
+
     for name, (c, hw, f, kk, stride, pad) in {
             "conv 3x3 N1 C64 56x56 K64 p1": (64, 56, 64, 3, 1, 1),
             "conv 7x7 s2 p3 N1 C3 224x224 K64": (3, 224, 64, 7, 2, 3)}.items():
@@ -124,12 +134,13 @@ def _iree_call(fn, arrays, threads):
 def median_times(calls: dict[str, Callable], rounds: int, cycles: int = 3) -> dict[str, float]:
     """Each implementation runs in blocks of calls, the blocks cycling through the implementations
     (so drift in machine speed hits all alike), with a pause between blocks: on a 2-core machine
-    a thread pool still spinning after its block would otherwise slow the next implementation."""
+    a thread pool still spinning after its block (OpenBLAS spins ~0.1 s) would otherwise slow the
+    next implementation."""
     samples = {name: [] for name in calls}
     per_block = max(1, rounds // cycles)
     for cycle in range(cycles):
         for name, call in calls.items():
-            time.sleep(0.05)
+            time.sleep(0.3)
             call()  # warm-up
             for _ in range(per_block):
                 start = time.perf_counter()
@@ -204,7 +215,7 @@ def markdown(rows: list[dict]) -> str:
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--threads", default="1,2", help="comma-separated thread counts (default 1,2)")
-    parser.add_argument("--only", choices=["gemm", "conv", "attention"], help="one group of cases")
+    parser.add_argument("--only", choices=["gemm", "gemm-small", "conv", "attention"], help="one group of cases")
     parser.add_argument("--rounds", type=int, default=15, help="timed rounds per case (median reported)")
     parser.add_argument("--markdown", action="store_true", help="print a Markdown table at the end")
     parser.add_argument("--worker", type=int, help=argparse.SUPPRESS)
@@ -215,9 +226,10 @@ def main() -> int:
     rows = []
     for threads in [int(t) for t in args.threads.split(",")]:
         # Passive waiting: a peer's idle OpenMP workers must not spin on the cores the next one uses.
+        # (Tracea's own OpenMP runtime spins 1 ms, see tracea.targets.cpu.load_runtime.)
         env = {**os.environ, "OPENBLAS_NUM_THREADS": str(threads), "OMP_NUM_THREADS": str(threads),
                "MKL_NUM_THREADS": str(threads), "TRACEA_NUM_THREADS": str(threads),
-               "OMP_WAIT_POLICY": "PASSIVE", "KMP_BLOCKTIME": "0",
+               "OMP_WAIT_POLICY": "PASSIVE",
                "TRACEA_DISK_CACHE": "0"}  # time real compiles, not cache loads
         cmd = [sys.executable, os.path.abspath(__file__), "--worker", str(threads), "--rounds", str(args.rounds)]
         if args.only:

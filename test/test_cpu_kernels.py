@@ -11,6 +11,7 @@ from hypothesis import strategies as st
 import reference as ref
 import tracea
 from tracea import dialects as td
+from tracea.passes.cpu_gemm import column_chunk
 from tracea.passes.cpu_kernels import default_gemm_schedule
 from tracea.targets.host import host_cpu
 
@@ -68,17 +69,22 @@ def test_default_schedule_shapes(shape, rng):
                      "f32", k)
 
 
-def test_default_schedule_follows_the_host():
+@pytest.mark.parametrize("m, n, k", [(1024, 1024, 1024), (64, 2048, 2048), (128, 256, 1024), (1000, 3000, 500)])
+def test_default_schedule_follows_the_host(m, n, k):
     host = host_cpu()
-    s = default_gemm_schedule(1024, 1024, 1024, host, threads=2)
+    s = default_gemm_schedule(m, n, k, host, threads=2)
     mc, nc, kc = s.tile
     mr, nr, _ = s.warp_tile
     assert s.lane_map == td.LaneMap("simd", (host.f32_lanes,))
     assert nr == 2 * host.f32_lanes and mr * nr // host.f32_lanes + 3 <= host.vector_registers
-    assert kc * nr * 4 <= host.l1d_bytes  # the B micro-panel fits L1
+    assert kc * nr * 4 <= 2 * host.l1d_bytes  # the B micro-panel streams from L2 through L1
     assert mc * kc * 4 <= host.l2_bytes  # the A block fits L2
     assert mc % mr == 0 and nc % nr == 0
-    assert -(-1024 // mc) >= 8  # several M blocks per thread
+    # enough equal work items for both threads: M blocks x column chunks of the NC panel
+    items = -(-m // mc) * -(-min(nc, n) // column_chunk(m, n, mc, nc, nr, 2))
+    assert items >= 8 and items % 2 == 0
+    if m <= mc:  # one M block: the register tile's height wastes less than one row per strip
+        assert -(-m // mr) * mr - m < -(-m // mr)
 
 
 def test_schedule_is_visible_in_the_ir():

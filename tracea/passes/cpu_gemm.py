@@ -61,6 +61,20 @@ def conv_k_block(c: int, k: int, kc: int) -> int:
     return max(divisors) if divisors else c
 
 
+def column_chunk(m: int, n: int, mc: int, nc: int, nr: int, threads: int) -> int:
+    """Columns of an NC panel in one parallel work item (a multiple of NR). Few M blocks (few
+    rows) cannot keep the threads busy, so the panel is split too: about 4 equal items per
+    thread in all, their number a multiple of the threads."""
+    panel = -(-min(nc, n) // nr) * nr
+    m_blocks = -(-m // mc)
+    if threads <= 1 or m_blocks >= 4 * threads:
+        return panel
+    chunks = -(-4 * threads // m_blocks)
+    while (chunks * m_blocks) % threads:
+        chunks += 1
+    return -(-(panel // nr) // chunks) * nr
+
+
 @dataclass(frozen=True)
 class GemmPlan:
     batch: int  # flattened batch count
@@ -82,9 +96,10 @@ class GemmPlan:
     nc: int
     kc: int
     lanes: int
+    threads: int
 
     @staticmethod
-    def from_view(v: OpView) -> "GemmPlan":
+    def from_view(v: OpView, threads: int = 1) -> "GemmPlan":
         a, b = v.operands["a"], v.operands["b"]
         s = v.attrs["schedule"]
         m, n = v.result.shape[-2:]
@@ -98,7 +113,11 @@ class GemmPlan:
                         a.dtype, b.dtype, v.result.dtype, tuple(v.attrs.get("epilogue", ())),
                         v.operands["bias"].dtype if "bias" in v.operands else None,
                         v.operands["residual"].dtype if "residual" in v.operands else None,
-                        mr, nr, mc, nc, kc, s.lane_map.shape[-1])
+                        mr, nr, mc, nc, kc, s.lane_map.shape[-1], threads)
+
+    @property
+    def n_chunk(self) -> int:
+        return column_chunk(self.m, self.n, self.mc, self.nc, self.nr, self.threads)
 
     @property
     def needs_accumulator(self) -> bool:
@@ -331,10 +350,11 @@ def _pack_a_kernel_rows(t: _Text, g: ConvGather, p: GemmPlan, image: str, image_
     _close_image_row(t, Ap, Ap_t, base, kc, zero)
 
 
-def gemm_kernel_text(name: str, v: OpView, location: str, gather: ConvGather | None = None) -> str:
-    """A private function on tensors (the op's operands in order) computing the op; with
-    `gather`, its first argument is the image whose im2col is A."""
-    p = GemmPlan.from_view(v)
+def gemm_kernel_text(name: str, v: OpView, location: str, gather: ConvGather | None = None,
+                     threads: int = 1) -> str:
+    """A private function on tensors (the op's operands in order) computing the op, its work
+    shared among `threads`; with `gather`, its first argument is the image whose im2col is A."""
+    p = GemmPlan.from_view(v, threads)
     t = _Text()
     L, MR, NR = p.lanes, p.mr, p.nr
     nv = NR // L
@@ -384,7 +404,8 @@ def gemm_kernel_text(name: str, v: OpView, location: str, gather: ConvGather | N
     # mmap (these are large), page-faulted anew by every block under the kernel's memory lock.
     Bp = t.op(f"memref.alloc() {{alignment = 64 : i64}} : {Bp_t}", "m")
     Ap_all = t.op(f"memref.alloc() {{alignment = 64 : i64}} : {Ap_all_t}", "m")
-    T_all_t = _memref((n_mblocks, MR, NR), "f32")  # edge tiles, one buffer per M block
+    chunks = -(-ncp // p.n_chunk)
+    T_all_t = _memref((n_mblocks * chunks, MR, NR), "f32")  # edge tiles, one buffer per work item
     T_all = t.op(f"memref.alloc() {{alignment = 64 : i64}} : {T_all_t}", "m")
 
     def guarded_load(cond: str, mem: str, mem_t: str, idx: list[str], dtype: str) -> str:
@@ -409,13 +430,42 @@ def gemm_kernel_text(name: str, v: OpView, location: str, gather: ConvGather | N
     t.parallel("%jr", t.c(0), nc, t.c(NR))
     boff = t.mul("%jr", kc)
     col0 = t.add("%jc", "%jr")
-    if p.transpose_b:  # B is [N, K]: walk k contiguously for each column
+    if p.transpose_b:  # B is [N, K]
+        # Whole strips: L x L blocks (L columns' runs of L k's) loaded as vectors and transposed
+        # in registers; the k remainder, and strips at the edge, element by element.
+        full = t.cmp("sle", t.add(col0, t.c(NR)), t.c(p.n))
+        t.open(f"scf.if {full}")
+        kc_vec = t.mul(t.op(f"arith.divui {kc}, {t.c(L)} : index", "i"), t.c(L))
+        t.for_("%k", t.c(0), kc_vec, t.c(L))
+        vt_in, square = f"vector<{L}x{p.b_dtype}>", f"vector<{L}x{L}xf32>"
+        for j in range(nv):
+            block = t.op(f"arith.constant dense<0.0> : {square}", "z")
+            for i in range(L):
+                x = t.op(f"vector.load {B}[{b_batch}, {t.add(col0, t.c(j * L + i))}, {t.add('%pc', '%k')}] "
+                         f": {B_t}, {vt_in}", "v")
+                if p.b_dtype != "f32":
+                    x = t.op(f"arith.extf {x} : {vt_in} to {vf32}", "v")
+                block = t.op(f"vector.insert {x}, {block} [{i}] : {vf32} into {square}", "v")
+            block = t.op(f"vector.transpose {block}, [1, 0] : {square} to {square}", "v")
+            for i in range(L):
+                row = t.op(f"vector.extract {block}[{i}] : {vf32} from {square}", "v")
+                dst = t.add(t.add(boff, t.mul(t.add("%k", t.c(i)), t.c(NR))), t.c(j * L))
+                t.line(f"vector.store {row}, {Bp}[{dst}] : {Bp_t}, {vf32}")
+        t.close()
+        t.for_("%k", kc_vec, kc, t.c(1))
+        t.for_("%cc", t.c(0), t.c(NR), t.c(1))
+        x = t.load_f32(B, B_t, [b_batch, t.add(col0, "%cc"), t.add("%pc", "%k")], p.b_dtype)
+        t.line(f"memref.store {x}, {Bp}[{t.add(t.add(boff, t.mul('%k', t.c(NR))), '%cc')}] : {Bp_t}")
+        t.close()
+        t.close()
+        t.else_()
         t.for_("%cc", t.c(0), t.c(NR), t.c(1))
         col = t.add(col0, "%cc")
         inb = t.cmp("ult", col, t.c(p.n))
         t.for_("%k", t.c(0), kc, t.c(1))
         x = guarded_load(inb, B, B_t, [b_batch, col, t.add("%pc", "%k")], p.b_dtype)
         t.line(f"memref.store {x}, {Bp}[{t.add(t.add(boff, t.mul('%k', t.c(NR))), '%cc')}] : {Bp_t}")
+        t.close()
         t.close()
         t.close()
     else:
@@ -443,57 +493,75 @@ def gemm_kernel_text(name: str, v: OpView, location: str, gather: ConvGather | N
         t.close()
     t.close_parallel()
 
-    # --- M blocks in parallel ----------------------------------------------------------------
-    t.parallel("%ic", t.c(0), t.c(p.m), t.c(p.mc))
+    # --- work items: (M block, column chunk) pairs in parallel ----------------------------------
+    NB = p.n_chunk
+    split = NB < ncp  # several items share an M block: its A strips are packed beforehand
+
+    def pack_a(mc: str, Ap: str) -> None:
+        """Pack the `mc` rows of A at %ic into MR-tall strips at Ap. Non-transposed: each row's
+        k-run is contiguous in A and stays so in the strip, Ap[(ir + r) * kc + k], copied a vector
+        at a time. Transposed (A is [K, M]): the MR rows of a k are contiguous, Ap[ir * kc + k * MR + r]."""
+        t.for_("%ir", t.c(0), mc, t.c(MR))
+        row0 = t.add("%ic", "%ir")
+        if gather is not None:
+            pack_a_from_image(t, gather, p, A, A_t, Ap, Ap_t, row0, kc, zero)
+        elif p.transpose_a:
+            aoff = t.mul("%ir", kc)
+            t.for_("%k", t.c(0), kc, t.c(1))
+            t.for_("%r", t.c(0), t.c(MR), t.c(1))
+            row = t.add(row0, "%r")
+            x = guarded_load(t.cmp("ult", row, t.c(p.m)), A, A_t, ["%bb", t.add("%pc", "%k"), row], p.a_dtype)
+            t.line(f"memref.store {x}, {Ap}[{t.add(t.add(aoff, t.mul('%k', t.c(MR))), '%r')}] : {Ap_t}")
+            t.close()
+            t.close()
+        else:
+            kc_vec = t.mul(t.op(f"arith.divui {kc}, {t.c(L)} : index", "i"), t.c(L))
+            a_stride = t.add(kc, t.c(A_PAD))
+            t.for_("%r", t.c(0), t.c(MR), t.c(1))
+            row = t.add(row0, "%r")
+            base = t.mul(t.add("%ir", "%r"), a_stride)
+            t.open(f"scf.if {t.cmp('ult', row, t.c(p.m))}")
+            t.for_("%k", t.c(0), kc_vec, t.c(L))
+            vt_in = f"vector<{L}x{p.a_dtype}>"
+            x = t.op(f"vector.load {A}[%bb, {row}, {t.add('%pc', '%k')}] : {A_t}, {vt_in}", "v")
+            if p.a_dtype != "f32":
+                x = t.op(f"arith.extf {x} : {vt_in} to {vf32}", "v")
+            t.line(f"vector.store {x}, {Ap}[{t.add(base, '%k')}] : {Ap_t}, {vf32}")
+            t.close()
+            t.for_("%k", kc_vec, kc, t.c(1))
+            x = t.load_f32(A, A_t, ["%bb", row, t.add("%pc", "%k")], p.a_dtype)
+            t.line(f"memref.store {x}, {Ap}[{t.add(base, '%k')}] : {Ap_t}")
+            t.close()
+            t.else_()
+            t.for_("%k", t.c(0), kc, t.c(1))
+            t.line(f"memref.store {zero}, {Ap}[{t.add(base, '%k')}] : {Ap_t}")
+            t.close()
+            t.close()
+            t.close()
+        t.close()
+
+    def a_block_view() -> tuple[str, str]:
+        """The index of the M block at %ic and its packed strips."""
+        block = t.op(f"arith.divui %ic, {t.c(p.mc)} : index", "i")
+        return block, t.op(f"memref.subview {Ap_all}[{t.mul(block, t.c(a_block))}] [{a_block}] [1] : "
+                           f"{Ap_all_t} to {Ap_t}", "m")
+
+    if split:
+        t.parallel("%ic", t.c(0), t.c(p.m), t.c(p.mc))
+        mc = t.min_(t.op(f"arith.subi {t.c(p.m)}, %ic : index", "i"), t.c(p.mc))
+        pack_a(mc, a_block_view()[1])
+        t.close_parallel()
+    t.open(f"scf.parallel (%ic, %jb) = ({t.c(0)}, {t.c(0)}) to ({t.c(p.m)}, {nc}) step ({t.c(p.mc)}, {t.c(NB)})")
     mc = t.min_(t.op(f"arith.subi {t.c(p.m)}, %ic : index", "i"), t.c(p.mc))
-    block = t.op(f"arith.divui %ic, {t.c(p.mc)} : index", "i")
-    Ap = t.op(f"memref.subview {Ap_all}[{t.mul(block, t.c(a_block))}] [{a_block}] [1] : {Ap_all_t} to {Ap_t}", "m")
+    block, Ap = a_block_view()
+    item = t.add(t.mul(block, t.c(chunks)), t.op(f"arith.divui %jb, {t.c(NB)} : index", "i"))
     T_t = f"memref<{MR}x{NR}xf32, strided<[{NR}, 1], offset: ?>>"
-    T = t.op(f"memref.subview {T_all}[{block}, 0, 0] [1, {MR}, {NR}] [1, 1, 1] : {T_all_t} to {T_t}", "m")
-    # pack A. Non-transposed: each row's k-run is contiguous in A and stays so in the strip,
-    # Ap[(ir + r) * kc + k], copied a vector at a time. Transposed (A is [K, M]): the MR rows of a
-    # k are contiguous, Ap[ir * kc + k * MR + r].
-    t.for_("%ir", t.c(0), mc, t.c(MR))
-    row0 = t.add("%ic", "%ir")
-    if gather is not None:
-        pack_a_from_image(t, gather, p, A, A_t, Ap, Ap_t, row0, kc, zero)
-    elif p.transpose_a:
-        aoff = t.mul("%ir", kc)
-        t.for_("%k", t.c(0), kc, t.c(1))
-        t.for_("%r", t.c(0), t.c(MR), t.c(1))
-        row = t.add(row0, "%r")
-        x = guarded_load(t.cmp("ult", row, t.c(p.m)), A, A_t, ["%bb", t.add("%pc", "%k"), row], p.a_dtype)
-        t.line(f"memref.store {x}, {Ap}[{t.add(t.add(aoff, t.mul('%k', t.c(MR))), '%r')}] : {Ap_t}")
-        t.close()
-        t.close()
-    else:
-        kc_vec = t.mul(t.op(f"arith.divui {kc}, {t.c(L)} : index", "i"), t.c(L))
-        a_stride = t.add(kc, t.c(A_PAD))
-        t.for_("%r", t.c(0), t.c(MR), t.c(1))
-        row = t.add(row0, "%r")
-        base = t.mul(t.add("%ir", "%r"), a_stride)
-        t.open(f"scf.if {t.cmp('ult', row, t.c(p.m))}")
-        t.for_("%k", t.c(0), kc_vec, t.c(L))
-        vt_in = f"vector<{L}x{p.a_dtype}>"
-        x = t.op(f"vector.load {A}[%bb, {row}, {t.add('%pc', '%k')}] : {A_t}, {vt_in}", "v")
-        if p.a_dtype != "f32":
-            x = t.op(f"arith.extf {x} : {vt_in} to {vf32}", "v")
-        t.line(f"vector.store {x}, {Ap}[{t.add(base, '%k')}] : {Ap_t}, {vf32}")
-        t.close()
-        t.for_("%k", kc_vec, kc, t.c(1))
-        x = t.load_f32(A, A_t, ["%bb", row, t.add("%pc", "%k")], p.a_dtype)
-        t.line(f"memref.store {x}, {Ap}[{t.add(base, '%k')}] : {Ap_t}")
-        t.close()
-        t.else_()
-        t.for_("%k", t.c(0), kc, t.c(1))
-        t.line(f"memref.store {zero}, {Ap}[{t.add(base, '%k')}] : {Ap_t}")
-        t.close()
-        t.close()
-        t.close()
-    t.close()
+    T = t.op(f"memref.subview {T_all}[{item}, 0, 0] [1, {MR}, {NR}] [1, 1, 1] : {T_all_t} to {T_t}", "m")
+    if not split:
+        pack_a(mc, Ap)
 
     # --- register tiles -------------------------------------------------------------------------
-    t.for_("%jr", t.c(0), nc, t.c(NR))
+    t.for_("%jr", "%jb", t.min_(t.add("%jb", t.c(NB)), nc), t.c(NR))
     boff = t.mul("%jr", kc)
     t.for_("%ir", t.c(0), mc, t.c(MR))
     aoff = t.mul("%ir", kc)
@@ -521,8 +589,8 @@ def gemm_kernel_text(name: str, v: OpView, location: str, gather: ConvGather | N
 
     row0 = t.add("%ic", "%ir")
     col0 = t.add("%jc", "%jr")
-    full = t.op(f"arith.andi {t.cmp('sle', t.add(row0, t.c(MR)), t.c(p.m))}, "
-                f"{t.cmp('sle', t.add(col0, t.c(NR)), t.c(p.n))} : i1", "p")
+    full = t.cmp('sle', t.add(col0, t.c(NR)), t.c(p.n))  # all NR columns inside the result
+    rows = t.c(MR) if p.m % MR == 0 else t.min_(t.op(f"arith.subi {t.c(p.m)}, {row0} : index", "i"), t.c(MR))
 
     def epilogue(value: str, lanes: int | None, row: str, col: str, tag: str) -> str:
         """The fused epilogue on an f32 scalar or vector; loads its operands at (row, col)."""
@@ -575,9 +643,9 @@ def gemm_kernel_text(name: str, v: OpView, location: str, gather: ConvGather | N
     for r in range(MR):
         for j in range(nv):
             t.line(f"vector.store {acc[r * nv + j]}, {T}[{t.c(r)}, {t.c(j * L)}] : {T_t}, {vf32}")
-    # full tiles: a vector at a time
+    # tiles with all their columns: a vector at a time, over the rows inside the result
     t.open(f"scf.if {full}")
-    t.for_("%tr", t.c(0), t.c(MR), t.c(1))
+    t.for_("%tr", t.c(0), rows, t.c(1))
     row = t.add(row0, "%tr")
     for j in range(nv):
         col = t.add(col0, t.c(j * L))
@@ -588,9 +656,8 @@ def gemm_kernel_text(name: str, v: OpView, location: str, gather: ConvGather | N
               f"vector.store {{}}, {C}[%bb, {row}, {col}] : {C_t}, vector<{L}x{p.out_dtype}>",
               f"vector.store {{}}, {Cacc}[%bb, {row}, {col}] : {Cacc_t}, {vf32}")
     t.close()
-    # edge tiles: element by element, inside the result
+    # tiles at the right edge: element by element, inside the result
     t.else_()
-    rows = t.min_(t.op(f"arith.subi {t.c(p.m)}, {row0} : index", "i"), t.c(MR))
     cols = t.min_(t.op(f"arith.subi {t.c(p.n)}, {col0} : index", "i"), t.c(NR))
     t.for_("%er", t.c(0), rows, t.c(1))
     t.for_("%ec", t.c(0), cols, t.c(1))
@@ -605,7 +672,7 @@ def gemm_kernel_text(name: str, v: OpView, location: str, gather: ConvGather | N
     t.close()  # edge / full
     t.close()  # ir
     t.close()  # jr
-    t.close_parallel()  # ic
+    t.close_parallel()  # ic, jb
     t.close()  # pc
     t.close()  # jc
     t.close()  # bb

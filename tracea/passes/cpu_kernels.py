@@ -39,18 +39,21 @@ def _round_up(x: int, multiple: int) -> int:
 
 def default_gemm_schedule(m: int, n: int, k: int, host: HostCPU, threads: int) -> Schedule:
     """BLIS-style blocking: the B micro-panel (KC x NR) in L1, the A block (MC x KC) in half of
-    L2, the B panel (KC x NC) in a quarter of L3; enough M blocks to keep every thread busy."""
+    L2, the B panel (KC x NC) in a quarter of L3. Threads share the M blocks when there are
+    enough (~4 each, in equal numbers); with fewer the kernel also splits the B panel among
+    them (see GemmPlan.n_chunk), so M blocks stay as large as L2 allows."""
     lanes = host.f32_lanes
     nr = 2 * lanes
     mr = min(14, (host.vector_registers - 3) // 2)  # accumulators + 2 B vectors + 1 broadcast
-    kc = max(64, min(512, host.l1d_bytes // (nr * 4)))
+    kc = max(64, min(512, 2 * host.l1d_bytes // (nr * 4)))
     kc = min(kc, _round_up(k, 8))
     mc = _round_down(host.l2_bytes // 2 // (kc * 4), mr)
-    if threads > 1:  # the M blocks are shared among threads: make ~4 each, in equal numbers
-        blocks = max(math.ceil(m / mc), 4 * threads)
+    blocks = math.ceil(m / mc)
+    if blocks == 1:  # one block: the register tile's height divides M as evenly as it can
+        mr = math.ceil(m / math.ceil(m / mr))
+    elif threads > 1 and blocks >= 4 * threads:
         blocks = _round_up(blocks, threads)
-        mc = max(mr, min(mc, _round_up(math.ceil(m / blocks), mr)))
-    mc = min(mc, _round_up(m, mr))
+    mc = _round_up(math.ceil(m / blocks), mr)
     nc = min(_round_down(host.l3_bytes // 4 // (kc * 4), nr), _round_up(n, nr))
     return Schedule(tile=(mc, nc, kc), warp_tile=(mr, nr, 1), lane_map=LaneMap("simd", (lanes,)))
 
@@ -103,7 +106,7 @@ def conv_as_gemm(w: KernelWriter, v: OpView, name: str, threads: int) -> tuple[s
     gemm_view = OpView(v.op, OP_DEFS["tracea.fused_gemm"], operands, TensorSpec((m, nf), v.result.dtype),
                        {"transpose_a": False, "transpose_b": False, "schedule": schedule,
                         "epilogue": (Epilogue("bias_add"),) if "bias" in w.arg else ()})
-    text = gemm_kernel_text(name, gemm_view, str(v.op.location), gather)
+    text = gemm_kernel_text(name, gemm_view, str(v.op.location), gather, threads)
     call_args = [image, filt] + ([w.arg["bias"]] if "bias" in w.arg else [])
     out = gemm_view.result
     result = w.emit(out, f"func.call @{name}({', '.join(call_args)}) : "
@@ -189,8 +192,10 @@ class CpuKernelsPass(TraceaPass):
     SUMMARY = ("replace gemm / fused_gemm / attention / softmax ops whose schedule has a simd lane_map by "
                "vectorized CPU kernels (scf.parallel over blocks): packed cache-blocked GEMM, flash-style "
                "attention, online softmax")
+    threads: int = option(0, "threads the kernels will run on (0: the host's cores)")
 
     def run(self, module: ir.Operation) -> None:
+        threads = self.threads or host_cpu().cores
         failed = False
         for index, op in enumerate(tracea_ops(module)):
             if op.name not in GEMM_OPS + ("tracea.attention", "tracea.softmax"):
@@ -219,6 +224,6 @@ class CpuKernelsPass(TraceaPass):
                 op.location.emit_error(f"'{op.name}' op {e}")
                 failed = True
                 continue
-            inline_kernel(op, gemm_kernel_text(f"__tracea_cpu_gemm_{index}", v, str(op.location)))
+            inline_kernel(op, gemm_kernel_text(f"__tracea_cpu_gemm_{index}", v, str(op.location), threads=threads))
         if failed:
             raise PassFailed()

@@ -6,6 +6,9 @@ tested), the C entry points it adds, and how the LLVM dialect becomes callable c
 from __future__ import annotations
 
 import ctypes
+import functools
+import importlib.metadata
+import os
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -85,18 +88,44 @@ class CpuAbiPass(TraceaPass):
             raise PassFailed()
 
 
-def llvm_lowering(threads: int) -> str:
-    """Bufferized IR to the LLVM dialect; scf.parallel runs on `threads` workers of MLIR's async
-    runtime, or as plain loops for one thread."""
-    parallel = ""
-    if threads > 1:
+def openmp_library() -> Path | None:
+    """LLVM's OpenMP runtime (the cmeel-libomp wheel), which threaded kernels use when it is
+    installed: its fork/join costs a few microseconds where MLIR's async runtime costs tens, and
+    its outlining compiles faster than the async lowering's coroutines.
+    TRACEA_PARALLEL_RUNTIME=async chooses the async runtime anyway."""
+    return None if os.environ.get("TRACEA_PARALLEL_RUNTIME", "").lower() == "async" else _installed_libomp()
+
+
+@functools.cache
+def _installed_libomp() -> Path | None:
+    try:
+        path = Path(importlib.metadata.distribution("cmeel-libomp").locate_file("cmeel.prefix/lib/libomp.so"))
+    except importlib.metadata.PackageNotFoundError:
+        return None
+    return path if path.exists() else None
+
+
+def llvm_lowering(threads: int, openmp: bool = False) -> str:
+    """Bufferized IR to the LLVM dialect; scf.parallel runs on `threads` OpenMP threads or
+    workers of MLIR's async runtime, or as plain loops for one thread."""
+    if threads > 1 and openmp:
+        # The memref lowering goes first: it removes the alloca scopes scf-to-openmp wraps loop
+        # bodies in, which cannot hold the many blocks scf-to-cf would make of them.
+        parallel = (f"convert-scf-to-openmp{{num-threads={threads}}}, expand-strided-metadata, lower-affine, "
+                    "finalize-memref-to-llvm, ")
+    elif threads > 1:
         parallel = (f"async-parallel-for{{num-workers={threads} min-task-size=1}}, async-to-async-runtime, "
                     "async-runtime-ref-counting, async-runtime-ref-counting-opt, convert-async-to-llvm, ")
+    else:
+        parallel = ""
     return ("convert-linalg-to-loops, lower-affine, " + parallel +
             "convert-scf-to-cf, expand-strided-metadata, lower-affine, "
             # math first: libm calls for vector math are made element by element with vector ops
             "arith-expand{include-bf16=true}, "  # bf16 conversions as integer ops: no compiler-rt builtin
             "convert-math-to-llvm, convert-math-to-libm, convert-vector-to-llvm, finalize-memref-to-llvm, "
+            # OpenMP regions last: their conversion lowers the arith ops inside them too, which
+            # must be expanded first (bf16)
+            + ("convert-openmp-to-llvm, " if threads > 1 and openmp else "") +
             "convert-func-to-llvm, convert-arith-to-llvm, convert-cf-to-llvm, convert-index-to-llvm, "
             "reconcile-unrealized-casts")
 
@@ -156,15 +185,20 @@ def _runtime_libraries() -> list[str]:
 
 
 MLIR_LIB = Path(__import__("mlir").__path__[0]) / "lib"  # a namespace package: no __file__
-_async_runtime = None
+_loaded_runtimes: dict[str, ctypes.CDLL] = {}
 
 
-def load_async_runtime() -> None:
-    """Load MLIR's async runtime once, globally. Passed to each ExecutionEngine instead, it would
-    be torn down by the first engine destroyed, crashing every other threaded kernel."""
-    global _async_runtime
-    if _async_runtime is None:
-        _async_runtime = ctypes.CDLL(str(MLIR_LIB / "libmlir_async_runtime.so"), mode=ctypes.RTLD_GLOBAL)
+def load_runtime(path: Path) -> None:
+    """Load a parallel runtime once, globally. Passed to each ExecutionEngine instead, the async
+    runtime would be torn down by the first engine destroyed, crashing every other threaded kernel."""
+    if str(path) in _loaded_runtimes:
+        return
+    library = _loaded_runtimes[str(path)] = ctypes.CDLL(str(path), mode=ctypes.RTLD_GLOBAL)
+    if path.name == "libomp.so" and "KMP_BLOCKTIME" not in os.environ:
+        # Idle OpenMP threads spin 1 ms (not 200) before sleeping: enough to bridge a kernel's
+        # consecutive parallel loops and back-to-back calls, short enough to leave the cores to
+        # the caller's other thread pools (torch, OpenBLAS) in between.
+        library.kmp_set_blocktime(1)
 
 
 @register_target
@@ -176,12 +210,12 @@ class CpuTarget(Target):
             raise ValueError(f"unknown CPU strategy '{strategy}'; available: {', '.join(STRATEGIES)}")
         first = (f"tracea-verify, tracea-widen-i1, tracea-raise-linalg, canonicalize, "
                  f"tracea-cpu-conv-to-gemm{{threads={threads}}}, "
-                 f"tracea-cpu-schedule{{threads={threads}}}, tracea-cpu-kernels, "
+                 f"tracea-cpu-schedule{{threads={threads}}}, tracea-cpu-kernels{{threads={threads}}}, "
                  "tracea-lower-to-linalg, canonicalize, cse") if strategy == "tiled" else "tracea-widen-i1, tracea-to-linalg"
         return [
             ("linalg", parse_pipeline(first)),
             ("bufferized", parse_pipeline("tracea-cpu-bufferize")),
-            ("llvm", parse_pipeline(llvm_lowering(threads))),
+            ("llvm", parse_pipeline(llvm_lowering(threads, openmp_library() is not None))),
         ]
 
     def load(self, llvm_dialect_text: str, entry: str) -> LoadedCode:
@@ -189,9 +223,17 @@ class CpuTarget(Target):
         from mlir.execution_engine import ExecutionEngine
 
         from ..dialects.context import DiagnosticLog, shared_context
-        threaded = "mlirAsyncRuntime" in llvm_dialect_text
-        if threaded:
-            load_async_runtime()
+        runtimes = []
+        if "mlirAsyncRuntime" in llvm_dialect_text:
+            runtimes.append(MLIR_LIB / "libmlir_async_runtime.so")
+        if "omp.parallel" in llvm_dialect_text:
+            library = openmp_library()
+            if library is None:
+                raise CompileError(f"@{entry} was lowered for OpenMP but its runtime (pip package cmeel-libomp) "
+                                   "is not installed")
+            runtimes.append(library)
+        for runtime in runtimes:
+            load_runtime(runtime)
         ctx = shared_context("host")
         log = DiagnosticLog("<llvm dialect>")
         with ctx, log.capture(ctx):
@@ -206,5 +248,4 @@ class CpuTarget(Target):
             address = engine.raw_lookup(symbol)
         if not address:
             raise CompileError(f"the JIT did not export the entry point of @{entry}")
-        return LoadedCode(address, (engine, module, ctx), symbol,
-                          [str(MLIR_LIB / "libmlir_async_runtime.so")] if threaded else [])
+        return LoadedCode(address, (engine, module, ctx), symbol, [str(r) for r in runtimes])
