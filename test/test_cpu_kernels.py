@@ -13,6 +13,7 @@ import tracea
 from tracea import dialects as td
 from tracea.passes.cpu_gemm import column_chunk
 from tracea.passes.cpu_kernels import default_gemm_schedule
+from tracea.targets.cpu import openmp_library
 from tracea.targets.host import host_cpu
 
 LANES = host_cpu().f32_lanes
@@ -34,6 +35,23 @@ def test_blocked_gemm(m, n, k, ta, tb, dtype, f32_out, threads):
         lambda x, y: td.gemm(x, y, transpose_a=ta, transpose_b=tb, out_dtype=out_dtype, schedule=tiny()))
     out = tracea.compile(fn, threads=threads)(a, b)
     ref.assert_close(out, ref.gemm(a, b, ta, tb), out_dtype, k)
+
+
+@pytest.mark.parametrize("runtime", ["openmp", "async"])
+@pytest.mark.parametrize("m", [7, 61])  # few M blocks (threads share column chunks too), many
+def test_parallel_runtimes(runtime, m, monkeypatch):
+    if runtime == "openmp" and openmp_library() is None:
+        pytest.skip("LLVM's OpenMP runtime (pip package cmeel-libomp) is not installed")
+    monkeypatch.setenv("TRACEA_PARALLEL_RUNTIME", runtime)
+    rng = np.random.default_rng(m)
+    n, k = 5 * LANES + 3, 2 * LANES + 1
+    a, b = ref.random(rng, (m, k)), ref.random(rng, (n, k))
+    fn = td.function(td.tensor(a.shape), td.tensor(b.shape))(
+        lambda x, y: td.gemm(x, y, transpose_b=True, schedule=tiny(nc_vectors=3, kc=2 * LANES)))
+    kernel = tracea.compile(fn, threads=2, keep_stages=True)
+    assert ("omp.parallel" in kernel.stages["llvm"]) == (runtime == "openmp")
+    assert ("mlirAsyncRuntime" in kernel.stages["llvm"]) == (runtime == "async")
+    ref.assert_close(kernel(a, b), ref.gemm(a, b, False, True), "f32", k)
 
 
 @given(batch=st.lists(st.integers(1, 3), min_size=1, max_size=2), m=st.integers(1, 20), n=st.integers(1, 2 * LANES + 3),

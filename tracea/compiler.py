@@ -85,7 +85,7 @@ def compile(program, example_inputs=None, *, target: str = "cpu", entry: str | N
     threads = threads or knobs.num_threads() or host_cpu().cores
     if threads < 1:
         raise ValueError(f"threads must be >= 1, got {threads}")
-    parts = [text, target, str(entry), strategy, str(threads), str(keep_stages)]
+    parts = [text, target, str(entry), strategy, str(threads), str(keep_stages), knobs.parallel_runtime()]
     key = hashlib.sha256("\0".join(parts).encode()).hexdigest()
     with _CACHE_LOCK:
         if key in _CACHE:

@@ -36,6 +36,15 @@ def num_threads() -> int | None:
     return int(value) if value else None
 
 
+def parallel_runtime() -> str:
+    """TRACEA_PARALLEL_RUNTIME: what threaded CPU kernels run on: "openmp" (the default, when the
+    cmeel-libomp package is installed) or "async" (MLIR's async runtime, always available)."""
+    value = os.environ.get("TRACEA_PARALLEL_RUNTIME", "openmp").strip().lower()
+    if value not in ("openmp", "async"):
+        raise ValueError(f"TRACEA_PARALLEL_RUNTIME must be 'openmp' or 'async', got {value!r}")
+    return value
+
+
 def cache_dir() -> Path | None:
     """TRACEA_CACHE_DIR: where compiled kernels persist across processes (default
     $XDG_CACHE_HOME/tracea/kernels or ~/.cache/tracea/kernels); TRACEA_DISK_CACHE=0 turns it off."""

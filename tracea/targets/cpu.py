@@ -14,6 +14,7 @@ from pathlib import Path
 
 import mlir.ir as ir
 
+from .. import knobs
 from ..dialects.ops import TensorSpec
 from ..errors import CompileError, OpError
 from ..passes.pipeline import Pipeline, parse_pipeline
@@ -92,8 +93,8 @@ def openmp_library() -> Path | None:
     """LLVM's OpenMP runtime (the cmeel-libomp wheel), which threaded kernels use when it is
     installed: its fork/join costs a few microseconds where MLIR's async runtime costs tens, and
     its outlining compiles faster than the async lowering's coroutines.
-    TRACEA_PARALLEL_RUNTIME=async chooses the async runtime anyway."""
-    return None if os.environ.get("TRACEA_PARALLEL_RUNTIME", "").lower() == "async" else _installed_libomp()
+    TRACEA_PARALLEL_RUNTIME=async chooses the async runtime anyway (tracea.knobs)."""
+    return _installed_libomp() if knobs.parallel_runtime() == "openmp" else None
 
 
 @functools.cache
