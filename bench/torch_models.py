@@ -40,6 +40,7 @@ def median_times(fns: dict, rounds: int, block: int = 5) -> dict:
     times = {name: [] for name in fns}
     for _ in range(rounds):
         for name, fn in fns.items():
+            time.sleep(0.3)  # let the previous block's thread pools go idle (see bench/cpu.py)
             start = time.perf_counter()
             for _ in range(block):
                 fn()

@@ -111,6 +111,45 @@ def test_schedule_is_visible_in_the_ir():
     assert "scf.parallel" in text and "vector.fma" in text
 
 
+@given(batch=st.lists(st.integers(1, 2), max_size=1), m=st.integers(1, 9), n=st.integers(1, 11),
+       k=st.integers(1, 3 * LANES + 2), dtype=st.sampled_from(["f32", "bf16", "f16"]),
+       use_bias=st.booleans(), use_residual=st.booleans(), threads=st.sampled_from([1, 2]))
+def test_inner_product_gemm(batch, m, n, k, dtype, use_bias, use_residual, threads):
+    """x @ W^T on the inner-product kernel: row and column edges (clamped loads), K blocks with a
+    masked remainder, batches, the epilogue, narrow inputs and results."""
+    rng = np.random.default_rng(m * 131 + n * 17 + k)
+    a, b = ref.random(rng, (*batch, m, k), dtype), ref.random(rng, (n, k), dtype)
+    bias, residual = ref.random(rng, (n,), dtype), ref.random(rng, (*batch, m, n), dtype)
+    schedule = td.Schedule(tile=(6, 3 * n, 2 * LANES), warp_tile=(3, 1, LANES), lane_map=td.LaneMap("simd", (LANES,)))
+
+    def body(x, y, bias_v, res_v):
+        steps = ([td.bias_add(bias_v)] if use_bias else []) + [td.relu()] + \
+                ([td.residual_add(res_v)] if use_residual else [])
+        return td.fused_gemm(x, y, steps, transpose_b=True, schedule=schedule)
+
+    fn = td.function(*[td.tensor(t.shape, dtype) for t in (a, b, bias, residual)])(body)
+    kernel = tracea.compile(fn, threads=threads, keep_stages=True)
+    assert "vector.reduction" in kernel.stages["linalg"]  # the inner-product kernel ran
+    expected = ref.epilogue(ref.gemm(a, b, False, True), [("bias_add", None)] * use_bias + [("relu", None)]
+                            + [("residual_add", None)] * use_residual, bias, residual)
+    ref.assert_close(kernel(a, b, bias, residual), expected, dtype, k)
+
+
+def test_default_schedules_choose_the_inner_product_kernel_for_few_rows():
+    def text(m):
+        fn = td.function(td.tensor((m, 1024)), td.tensor((256, 1024)))(lambda x, w: td.gemm(x, w, transpose_b=True))
+        return tracea.compile(fn, keep_stages=True).stages["linalg"]
+    assert "vector.reduction" in text(16) and "vector.reduction" not in text(200)
+
+
+def test_inner_product_tile_needs_transposed_b():
+    fn = td.function(td.tensor((8, 8)), td.tensor((8, 8)))(
+        lambda a, b: td.gemm(a, b, schedule=td.Schedule(tile=(4, 8, LANES), warp_tile=(4, 4, LANES),
+                                                          lane_map=td.LaneMap("simd", (LANES,)))))
+    with pytest.raises(tracea.CompileError, match="inner products along K.* needs transpose_b"):
+        tracea.compile(fn)
+
+
 def test_register_tile_too_large_is_an_error():
     fn = td.function(td.tensor((8, 8)), td.tensor((8, 8)))(
         lambda a, b: td.gemm(a, b, schedule=td.Schedule(tile=(32, 8 * LANES, 8), warp_tile=(32, 8 * LANES, 1),

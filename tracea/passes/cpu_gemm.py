@@ -350,6 +350,112 @@ def _pack_a_kernel_rows(t: _Text, g: ConvGather, p: GemmPlan, image: str, image_
     _close_image_row(t, Ap, Ap_t, base, kc, zero)
 
 
+class _Output:
+    """The result C of a GEMM kernel: the f32 partial sums kept between K blocks (in C, or in a
+    separate buffer when C is not f32), and the fused epilogue applied on the last K block before
+    the store. Tiles arrive in a small [MR, NR] buffer T."""
+
+    def __init__(self, t: _Text, p: GemmPlan, v: OpView, arg: dict[str, str]):
+        self.t, self.p = t, p
+        out = v.result
+        self.full = t.op(f"memref.alloc() {{alignment = 64 : i64}} : {_memref(out.shape, out.dtype)}", "m")
+        self.C, self.C_t = t.batched_view(self.full, out, p.batch)
+        if p.needs_accumulator:
+            self.Cacc_t = _memref((p.batch, p.m, p.n), "f32")
+            self.Cacc = t.op(f"memref.alloc() {{alignment = 64 : i64}} : {self.Cacc_t}", "m")
+        else:
+            self.Cacc, self.Cacc_t = self.C, self.C_t
+        self.bias = self.residual = None
+        if "bias" in v.operands:
+            spec = v.operands["bias"]
+            self.bias, self.bias_t = t.to_buffer(arg["bias"], spec), _memref(spec.shape, spec.dtype)
+        if "residual" in v.operands:
+            spec = v.operands["residual"]
+            self.residual, self.residual_t = t.batched_view(t.to_buffer(arg["residual"], spec), spec, p.batch)
+        self.single = p.k <= p.kc  # one K block: no partial sums in memory, no first/last tests
+
+    def k_block(self) -> None:
+        """Inside the loop over K blocks (%pc): the first/last-block tests of the stores."""
+        t, p = self.t, self.p
+        self.first = t.cmp("eq", "%pc", t.c(0))
+        self.last = t.cmp("sge", t.add("%pc", t.c(p.kc)), t.c(p.k))
+
+    def epilogue(self, value: str, lanes: int | None, row: str, col: str, tag: str) -> str:
+        """The fused epilogue on an f32 scalar or vector; loads its operands at (row, col)."""
+        t, p = self.t, self.p
+        names, dtypes = [value], ["f32"]
+        vec = lambda dt: f"vector<{lanes}x{dt}>" if lanes else dt  # noqa: E731
+        load = "vector.load" if lanes else "memref.load"
+        if self.bias is not None:
+            names.append(t.op(f"{load} {self.bias}[{col}] : {self.bias_t}"
+                              + (f", {vec(p.bias_dtype)}" if lanes else ""), "e"))
+            dtypes.append(p.bias_dtype)
+        if self.residual is not None:
+            names.append(t.op(f"{load} {self.residual}[%bb, {row}, {col}] : {self.residual_t}"
+                              + (f", {vec(p.residual_dtype)}" if lanes else ""), "e"))
+            dtypes.append(p.residual_dtype)
+        body = Body(names, dtypes, lanes, prefix=f"%ep{tag}_", location="")
+        x = value
+        for ep in p.epilogue:
+            operand = names[1 + (ep.kind == "residual_add" and self.bias is not None)] if ep.takes_operand else None
+            x = apply_epilogue(body, x, ep, operand)
+        x = body.cast(x, p.out_dtype)
+        for line in body.lines:
+            t.line(line)
+        return x
+
+    def _accumulate(self, value: str, vtype: str, load: str) -> str:
+        """value + the partial sum stored by earlier K blocks (none on the first)."""
+        t = self.t
+        summed = t.fresh("s")
+        t.open(f"{summed} = scf.if {self.first} -> ({vtype})")
+        t.line(f"scf.yield {value} : {vtype}")
+        t.else_()
+        old = t.op(load, "o")
+        t.line(f"scf.yield {t.op(f'arith.addf {old}, {value} : {vtype}', 's')} : {vtype}")
+        t.close()
+        return summed
+
+    def _store(self, value: str, lanes: int | None, row: str, col: str, tag: str) -> None:
+        """Last K block: epilogue, cast, store to C; earlier blocks: store the f32 partial sum."""
+        t, p = self.t, self.p
+        dialect = "vector" if lanes else "memref"
+
+        def access(verb: str, mem: str, mem_t: str, dtype: str) -> str:
+            return (f"{dialect}.{verb} {mem}[%bb, {row}, {col}] : {mem_t}"
+                    + (f", vector<{lanes}x{dtype}>" if lanes else ""))
+        if not self.single:
+            value = self._accumulate(value, f"vector<{lanes}xf32>" if lanes else "f32",
+                                     access("load", self.Cacc, self.Cacc_t, "f32"))
+            t.open(f"scf.if {self.last}")
+        y = self.epilogue(value, lanes, row, col, tag)
+        t.line(access("store", f"{y}, {self.C}", self.C_t, p.out_dtype))
+        if not self.single:
+            t.else_()
+            t.line(access("store", f"{value}, {self.Cacc}", self.Cacc_t, "f32"))
+            t.close()
+
+    def store_rows(self, T: str, T_t: str, row0: str, col0: str, rows: str, vectors: int) -> None:
+        """The tile's first `rows` rows, all NR columns inside C: a vector at a time."""
+        t, L = self.t, self.p.lanes
+        t.for_("%tr", t.c(0), rows, t.c(1))
+        row = t.add(row0, "%tr")
+        for j in range(vectors):
+            value = t.op(f"vector.load {T}[%tr, {t.c(j * L)}] : {T_t}, vector<{L}xf32>", "x")
+            self._store(value, L, row, t.add(col0, t.c(j * L)), f"v{j}")
+        t.close()
+
+    def store_elements(self, T: str, T_t: str, row0: str, col0: str, rows: str, cols: str) -> None:
+        """The tile's first `rows` x `cols` elements, one at a time."""
+        t = self.t
+        t.for_("%er", t.c(0), rows, t.c(1))
+        t.for_("%ec", t.c(0), cols, t.c(1))
+        x = t.op(f"memref.load {T}[%er, %ec] : {T_t}", "x")
+        self._store(x, None, t.add(row0, "%er"), t.add(col0, "%ec"), "edge")
+        t.close()
+        t.close()
+
+
 def gemm_kernel_text(name: str, v: OpView, location: str, gather: ConvGather | None = None,
                      threads: int = 1) -> str:
     """A private function on tensors (the op's operands in order) computing the op, its work
@@ -373,23 +479,7 @@ def gemm_kernel_text(name: str, v: OpView, location: str, gather: ConvGather | N
         A_t = _memref(gather.image.shape, gather.image.dtype)
         A = t.op(f"bufferization.to_buffer {arg['a']} read_only : {gather.image} to {A_t}", "m")
     B, B_t = t.batched_view(t.to_buffer(arg["b"], b), b, p.batch)
-    out_spec = v.result
-    C_full = t.op(f"memref.alloc() {{alignment = 64 : i64}} : {_memref(out_spec.shape, out_spec.dtype)}", "m")
-    C, C_t = t.batched_view(C_full, out_spec, p.batch)
-    if p.needs_accumulator:
-        Cacc_t = _memref((p.batch, p.m, p.n), "f32")
-        Cacc = t.op(f"memref.alloc() {{alignment = 64 : i64}} : {Cacc_t}", "m")
-    else:
-        Cacc, Cacc_t = C, C_t
-    bias = residual = None
-    if "bias" in v.operands:
-        bspec = v.operands["bias"]
-        bias = t.to_buffer(arg["bias"], bspec)
-        bias_t = _memref(bspec.shape, bspec.dtype)
-    if "residual" in v.operands:
-        residual_spec = v.operands["residual"]
-        residual, residual_t = t.batched_view(t.to_buffer(arg["residual"], residual_spec), residual_spec, p.batch)
-
+    out = _Output(t, p, v, arg)
     kc_max, nc_max = min(p.kc, p.k), min(p.nc, p.n)
     mc_max = min(p.mc, p.m)
     ncp = -(-nc_max // NR) * NR
@@ -423,8 +513,7 @@ def gemm_kernel_text(name: str, v: OpView, location: str, gather: ConvGather | N
     nc = t.min_(t.op(f"arith.subi {t.c(p.n)}, %jc : index", "i"), t.c(p.nc))
     t.for_("%pc", t.c(0), t.c(p.k), t.c(p.kc))
     kc = t.min_(t.op(f"arith.subi {t.c(p.k)}, %pc : index", "i"), t.c(p.kc))
-    first = t.cmp("eq", "%pc", t.c(0))
-    last = t.cmp("sge", t.add("%pc", t.c(p.kc)), t.c(p.k))
+    out.k_block()
 
     # --- pack B: Bp[jr * kc + k * NR + c] = B[pc + k, jc + jr + c] ------------------------------
     t.parallel("%jr", t.c(0), nc, t.c(NR))
@@ -592,88 +681,127 @@ def gemm_kernel_text(name: str, v: OpView, location: str, gather: ConvGather | N
     full = t.cmp('sle', t.add(col0, t.c(NR)), t.c(p.n))  # all NR columns inside the result
     rows = t.c(MR) if p.m % MR == 0 else t.min_(t.op(f"arith.subi {t.c(p.m)}, {row0} : index", "i"), t.c(MR))
 
-    def epilogue(value: str, lanes: int | None, row: str, col: str, tag: str) -> str:
-        """The fused epilogue on an f32 scalar or vector; loads its operands at (row, col)."""
-        names, dtypes = [value], ["f32"]
-        vec = lambda dt: f"vector<{lanes}x{dt}>" if lanes else dt  # noqa: E731
-        load = "vector.load" if lanes else "memref.load"
-        if bias is not None:
-            names.append(t.op(f"{load} {bias}[{col}] : {bias_t}" + (f", {vec(p.bias_dtype)}" if lanes else ""), "e"))
-            dtypes.append(p.bias_dtype)
-        if residual is not None:
-            names.append(t.op(f"{load} {residual}[%bb, {row}, {col}] : {residual_t}"
-                              + (f", {vec(p.residual_dtype)}" if lanes else ""), "e"))
-            dtypes.append(p.residual_dtype)
-        body = Body(names, dtypes, lanes, prefix=f"%ep{tag}_", location="")
-        x = value
-        for ep in p.epilogue:
-            operand = names[1 + (ep.kind == "residual_add" and bias is not None)] if ep.takes_operand else None
-            x = apply_epilogue(body, x, ep, operand)
-        x = body.cast(x, p.out_dtype)
-        for line in body.lines:
-            t.line(line)
-        return x
-
-    single = p.k <= p.kc  # one K block: no partial sums in memory, no first/last tests
-
-    def accumulate(value: str, vtype: str, load: str) -> str:
-        """value + the partial sum stored by earlier K blocks (none on the first)."""
-        summed = t.fresh("s")
-        t.open(f"{summed} = scf.if {first} -> ({vtype})")
-        t.line(f"scf.yield {value} : {vtype}")
-        t.else_()
-        old = t.op(load, "o")
-        t.line(f"scf.yield {t.op(f'arith.addf {old}, {value} : {vtype}', 's')} : {vtype}")
-        t.close()
-        return summed
-
-    def store(value: str, lanes: int | None, row: str, col: str, tag: str, final: str, partial: str) -> None:
-        """Final K block: epilogue, cast, store to C; earlier blocks: store the f32 partial sum."""
-        if not single:
-            t.open(f"scf.if {last}")
-        y = epilogue(value, lanes, row, col, tag)
-        t.line(final.format(y))
-        if not single:
-            t.else_()
-            t.line(partial.format(value))
-            t.close()
-
     # The tile goes to a small L1-resident buffer, so the epilogue is written once per vector
     # column inside a loop over rows, not once per register (MR x fewer ops to compile).
     for r in range(MR):
         for j in range(nv):
             t.line(f"vector.store {acc[r * nv + j]}, {T}[{t.c(r)}, {t.c(j * L)}] : {T_t}, {vf32}")
-    # tiles with all their columns: a vector at a time, over the rows inside the result
     t.open(f"scf.if {full}")
-    t.for_("%tr", t.c(0), rows, t.c(1))
-    row = t.add(row0, "%tr")
-    for j in range(nv):
-        col = t.add(col0, t.c(j * L))
-        value = t.op(f"vector.load {T}[%tr, {t.c(j * L)}] : {T_t}, {vf32}", "x")
-        if not single:
-            value = accumulate(value, vf32, f"vector.load {Cacc}[%bb, {row}, {col}] : {Cacc_t}, {vf32}")
-        store(value, L, row, col, f"v{j}",
-              f"vector.store {{}}, {C}[%bb, {row}, {col}] : {C_t}, vector<{L}x{p.out_dtype}>",
-              f"vector.store {{}}, {Cacc}[%bb, {row}, {col}] : {Cacc_t}, {vf32}")
+    out.store_rows(T, T_t, row0, col0, rows, nv)
+    t.else_()  # tiles at the right edge
+    out.store_elements(T, T_t, row0, col0, rows, t.min_(t.op(f"arith.subi {t.c(p.n)}, {col0} : index", "i"), t.c(NR)))
     t.close()
-    # tiles at the right edge: element by element, inside the result
-    t.else_()
-    cols = t.min_(t.op(f"arith.subi {t.c(p.n)}, {col0} : index", "i"), t.c(NR))
-    t.for_("%er", t.c(0), rows, t.c(1))
-    t.for_("%ec", t.c(0), cols, t.c(1))
-    row, col = t.add(row0, "%er"), t.add(col0, "%ec")
-    x = t.op(f"memref.load {T}[%er, %ec] : {T_t}", "x")
-    if not single:
-        x = accumulate(x, "f32", f"memref.load {Cacc}[%bb, {row}, {col}] : {Cacc_t}")
-    store(x, None, row, col, "edge", f"memref.store {{}}, {C}[%bb, {row}, {col}] : {C_t}",
-          f"memref.store {{}}, {Cacc}[%bb, {row}, {col}] : {Cacc_t}")
-    t.close()
-    t.close()
-    t.close()  # edge / full
     t.close()  # ir
     t.close()  # jr
     t.close_parallel()  # ic, jb
     t.close()  # pc
     t.close()  # jc
     t.close()  # bb
-    return t.function_text(name, params, C_full, out_spec, location)
+    return t.function_text(name, params, out.full, v.result, location)
+
+
+def gemm_dot_kernel_text(name: str, v: OpView, location: str, threads: int = 1) -> str:
+    """C = A B^T (B as nn.Linear stores weights, [N, K]) by inner products along K, for few rows:
+    nothing is packed. Packing B costs a write and a read of all of B, which only pays when many
+    row strips reuse it; with few rows the weights' one read from memory is the cost to beat.
+
+        for each batch; work items (M block, column chunk) in parallel:
+            for pc in K step KC:
+                for each NR columns, for each MR rows: MR x NR vector accumulators, one vector.fma
+                    per (row, column) per L k's (A rows and B rows both contiguous in k; the K
+                    remainder is one masked step); each reduced to a scalar, the sums stored
+                    with the epilogue on the last K block.
+
+    Rows and columns past the edges load the last row / column instead (their sums are dropped),
+    so edge tiles need no separate path. schedule: tile [MC, NC, KC], warp_tile [MR, NR, lanes]."""
+    p = GemmPlan.from_view(v, threads)
+    t = _Text()
+    L, MR, NR = p.lanes, p.mr, p.nr
+    vf32 = f"vector<{L}xf32>"
+    a, b = v.operands["a"], v.operands["b"]
+    params = ", ".join(f"%arg{i}: {spec}" for i, spec in enumerate(v.operands.values()))
+    arg = {n: f"%arg{i}" for i, n in enumerate(v.operands)}
+    A, A_t = t.batched_view(t.to_buffer(arg["a"], a), a, p.batch)
+    B, B_t = t.batched_view(t.to_buffer(arg["b"], b), b, p.batch)
+    out = _Output(t, p, v, arg)
+    NB = p.n_chunk
+    items = -(-p.m // p.mc) * -(-p.n // NB)
+    T_all_t = _memref((items, MR, NR), "f32")  # the sums of a tile, one buffer per work item
+    T_all = t.op(f"memref.alloc() {{alignment = 64 : i64}} : {T_all_t}", "m")
+    T_t = f"memref<{MR}x{NR}xf32, strided<[{NR}, 1], offset: ?>>"
+    zv = t.op(f"arith.constant dense<0.0> : {vf32}", "z")
+
+    def load(mem: str, mem_t: str, batch: str, row: str, k: str, dtype: str, mask: str | None) -> str:
+        vt = f"vector<{L}x{dtype}>"
+        if mask is None:
+            x = t.op(f"vector.load {mem}[{batch}, {row}, {k}] : {mem_t}, {vt}", "v")
+        else:
+            zero_in = zv if dtype == "f32" else t.op(f"arith.constant dense<0.0> : {vt}", "z")
+            x = t.op(f"vector.maskedload {mem}[{batch}, {row}, {k}], {mask}, {zero_in} : {mem_t}, "
+                     f"vector<{L}xi1>, {vt} into {vt}", "v")
+        return x if dtype == "f32" else t.op(f"arith.extf {x} : {vt} to {vf32}", "v")
+
+    def products(accs: list[str], k: str, mask: str | None) -> list[str]:
+        """accs + the products of the L k's at pc + k (masked: only the first `mask` of them)."""
+        kk = t.add("%pc", k)
+        av = [load(Ap, Ap_t, t.c(0), arow, kk, "f32", mask) for arow in a_rows]
+        new = list(accs)
+        for c in range(NR):
+            bv = load(B, B_t, b_batch, b_cols[c], kk, p.b_dtype, mask)
+            for r in range(MR):
+                new[r * NR + c] = t.op(f"vector.fma {av[r]}, {bv}, {new[r * NR + c]} : {vf32}", "f")
+        return new
+
+    # A's rows are copied A_PAD floats apart: rows a power of two apart would share L1 sets
+    # with each other and with B's rows, more of them than the cache has ways.
+    a_stride = -(-p.k // L) * L + A_PAD
+    Ap_t = _memref((1, p.m, a_stride), "f32")
+    Ap = t.op(f"memref.alloc() {{alignment = 64 : i64}} : {Ap_t}", "m")
+    k_vec = p.k // L * L
+
+    t.for_("%bb", t.c(0), t.c(p.batch), t.c(1))
+    b_batch = "%bb" if p.b_batched else t.c(0)
+    t.parallel("%ar", t.c(0), t.c(p.m), t.c(1))
+    t.for_("%k", t.c(0), t.c(k_vec), t.c(L))
+    t.line(f"vector.store {load(A, A_t, '%bb', '%ar', '%k', p.a_dtype, None)}, {Ap}[{t.c(0)}, %ar, %k] "
+           f": {Ap_t}, {vf32}")
+    t.close()
+    t.for_("%k", t.c(k_vec), t.c(p.k), t.c(1))
+    t.line(f"memref.store {t.load_f32(A, A_t, ['%bb', '%ar', '%k'], p.a_dtype)}, {Ap}[{t.c(0)}, %ar, %k] : {Ap_t}")
+    t.close()
+    t.close_parallel()
+    t.open(f"scf.parallel (%ic, %jb) = ({t.c(0)}, {t.c(0)}) to ({t.c(p.m)}, {t.c(p.n)}) "
+           f"step ({t.c(p.mc)}, {t.c(NB)})")
+    item = t.add(t.mul(t.op(f"arith.divui %ic, {t.c(p.mc)} : index", "i"), t.c(-(-p.n // NB))),
+                 t.op(f"arith.divui %jb, {t.c(NB)} : index", "i"))
+    T = t.op(f"memref.subview {T_all}[{item}, 0, 0] [1, {MR}, {NR}] [1, 1, 1] : {T_all_t} to {T_t}", "m")
+    t.for_("%pc", t.c(0), t.c(p.k), t.c(p.kc))
+    out.k_block()
+    kc = t.min_(t.op(f"arith.subi {t.c(p.k)}, %pc : index", "i"), t.c(p.kc))
+    kc_vec = t.mul(t.op(f"arith.divui {kc}, {t.c(L)} : index", "i"), t.c(L))
+    t.for_("%jr", "%jb", t.min_(t.add("%jb", t.c(NB)), t.c(p.n)), t.c(NR))
+    b_cols = [t.min_(t.add("%jr", t.c(c)), t.c(p.n - 1)) for c in range(NR)]
+    t.for_("%ir", "%ic", t.min_(t.add("%ic", t.c(p.mc)), t.c(p.m)), t.c(MR))
+    a_rows = [t.min_(t.add("%ir", t.c(r)), t.c(p.m - 1)) for r in range(MR)]
+    accs = [f"%acc{i}" for i in range(MR * NR)]
+    res = t.fresh("r")
+    t.open(f"{res}:{len(accs)} = scf.for %k = {t.c(0)} to {kc_vec} step {t.c(L)} "
+           f"iter_args({', '.join(f'{x} = {zv}' for x in accs)}) -> ({', '.join([vf32] * len(accs))})")
+    t.line(f"scf.yield {', '.join(products(accs, '%k', None))} : {', '.join([vf32] * len(accs))}")
+    t.close()
+    acc = [f"{res}#{i}" for i in range(len(accs))]
+    if p.k % L or p.kc % L:  # a K block can end in a partial vector of k's
+        mask = t.op(f"vector.create_mask {t.op(f'arith.subi {kc}, {kc_vec} : index', 'i')} : vector<{L}xi1>", "p")
+        acc = products(acc, kc_vec, mask)
+    for i, x in enumerate(acc):
+        total = t.op(f"vector.reduction <add>, {x} fastmath<reassoc> : {vf32} into f32", "s")
+        t.line(f"memref.store {total}, {T}[{t.c(i // NR)}, {t.c(i % NR)}] : {T_t}")
+    rows = t.min_(t.op(f"arith.subi {t.c(p.m)}, %ir : index", "i"), t.c(MR))
+    cols = t.min_(t.op(f"arith.subi {t.c(p.n)}, %jr : index", "i"), t.c(NR))
+    out.store_elements(T, T_t, "%ir", "%jr", rows, cols)
+    t.close()  # ir
+    t.close()  # jr
+    t.close()  # pc
+    t.close_parallel()  # ic, jb
+    t.close()  # bb
+    return t.function_text(name, params, out.full, v.result, location)
