@@ -92,3 +92,17 @@ def test_export_of_a_bf16_kernel(tmp_path):
     b = rng.integers(-40, 40, (8, 3)).astype(ml_dtypes.bfloat16)
     expected = (a.astype(np.float32) @ b.astype(np.float32)).astype(ml_dtypes.bfloat16)
     np.testing.assert_array_equal(load(tmp_path / "bf.so")(a, b), expected)
+
+
+def test_export_of_a_kernel_calling_the_runner_utilities(tmp_path):
+    """Strided copies (here the padded image of the reference convolution) call MLIR's
+    memrefCopy: the library links the runtime that provides it."""
+    from tracea.runtime.aot import load
+    fn = td.function(td.tensor((1, 3, 9, 9)), td.tensor((4, 3, 3, 3)), name="conv")(
+        lambda x, w: td.conv2d(x, w, stride=2, padding=1))
+    kernel = tracea.compile(fn, strategy="reference")
+    assert any("c_runner_utils" in lib for lib in kernel.runtime_libraries)
+    kernel.export(tmp_path / "conv.so")
+    rng = np.random.default_rng(0)
+    x, w = rng.standard_normal((1, 3, 9, 9)).astype(np.float32), rng.standard_normal((4, 3, 3, 3)).astype(np.float32)
+    np.testing.assert_allclose(load(tmp_path / "conv.so")(x, w), kernel(x, w), rtol=1e-6)

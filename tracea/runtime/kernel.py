@@ -14,11 +14,28 @@ from typing import Any, Sequence
 
 import numpy as np
 
+from .. import knobs
 from ..dialects.ops import TensorSpec
 from ..errors import ArgumentError
 from .dtypes import to_numpy
 
 _DESCRIPTOR_TYPES: dict[int, type] = {}
+_malloc_tuned = False
+
+
+def tune_malloc() -> None:
+    """Keep freed kernel buffers in the process (see tracea.knobs.tune_malloc); glibc only."""
+    global _malloc_tuned
+    if _malloc_tuned or not knobs.tune_malloc():
+        return
+    _malloc_tuned = True
+    try:
+        mallopt = ctypes.CDLL(None).mallopt
+    except AttributeError:  # not glibc
+        return
+    M_TRIM_THRESHOLD, M_MMAP_THRESHOLD = -1, -3
+    mallopt(M_TRIM_THRESHOLD, 128 << 20)
+    mallopt(M_MMAP_THRESHOLD, 32 << 20)
 
 
 def descriptor_type(rank: int) -> type:
@@ -95,6 +112,7 @@ class Kernel:
         self._in_dtypes = [to_numpy(s.dtype) for s in signature.inputs]
         self._out_dtypes = [to_numpy(s.dtype) for s in signature.outputs]
         self._frames = threading.local()  # one CallFrame per calling thread
+        tune_malloc()
 
     def export(self, path) -> "Path":
         """Write this kernel as a shared library with a C entry point (plus .h and .json beside

@@ -181,8 +181,8 @@ register_pipeline("tracea-cpu", "the whole CPU path, single-threaded: tracea ops
                   "tracea-cpu-tiled, tracea-cpu-bufferize, tracea-cpu-to-llvm")
 
 
-def _runtime_libraries() -> list[str]:
-    return [str(MLIR_LIB / "libmlir_c_runner_utils.so")]
+def _runtime_libraries() -> list[Path]:
+    return [MLIR_LIB / "libmlir_c_runner_utils.so"]
 
 
 MLIR_LIB = Path(__import__("mlir").__path__[0]) / "lib"  # a namespace package: no __file__
@@ -235,13 +235,15 @@ class CpuTarget(Target):
             runtimes.append(library)
         for runtime in runtimes:
             load_runtime(runtime)
+        if "memrefCopy" in llvm_dialect_text:  # strided copies call MLIR's C runner utilities
+            runtimes += _runtime_libraries()
         ctx = shared_context("host")
         log = DiagnosticLog("<llvm dialect>")
         with ctx, log.capture(ctx):
             module = ir.Module.parse(llvm_dialect_text)
             try:
                 # O1: the kernels arrive vectorized and unrolled; O2 measured no faster, and slower to compile
-                engine = ExecutionEngine(module, opt_level=1, shared_libs=_runtime_libraries(),
+                engine = ExecutionEngine(module, opt_level=1, shared_libs=[str(p) for p in _runtime_libraries()],
                                          enable_object_dump=True)
             except RuntimeError as e:
                 raise CompileError(f"the JIT could not compile @{entry}: {e}", log.diagnostics) from None
