@@ -226,7 +226,7 @@ def main() -> int:
     rows = []
     for threads in [int(t) for t in args.threads.split(",")]:
         # Passive waiting: a peer's idle OpenMP workers must not spin on the cores the next one uses.
-        # (Tracea's own OpenMP runtime spins 1 ms, see tracea.targets.cpu.load_runtime.)
+        # (Tracea's own OpenMP runtime spins 1 ms, see tracea.runtime.kernel.load_runtime_library.)
         env = {**os.environ, "OPENBLAS_NUM_THREADS": str(threads), "OMP_NUM_THREADS": str(threads),
                "MKL_NUM_THREADS": str(threads), "TRACEA_NUM_THREADS": str(threads),
                "OMP_WAIT_POLICY": "PASSIVE",

@@ -725,8 +725,8 @@ def gemm_dot_kernel_text(name: str, v: OpView, location: str, threads: int = 1) 
     B, B_t = t.batched_view(t.to_buffer(arg["b"], b), b, p.batch)
     out = _Output(t, p, v, arg)
     NB = p.n_chunk
-    items = -(-p.m // p.mc) * -(-p.n // NB)
-    T_all_t = _memref((items, MR, NR), "f32")  # the sums of a tile, one buffer per work item
+    chunks = -(-p.n // NB)
+    T_all_t = _memref((-(-p.m // p.mc) * chunks, MR, NR), "f32")  # the sums of a tile, one buffer per work item
     T_all = t.op(f"memref.alloc() {{alignment = 64 : i64}} : {T_all_t}", "m")
     T_t = f"memref<{MR}x{NR}xf32, strided<[{NR}, 1], offset: ?>>"
     zv = t.op(f"arith.constant dense<0.0> : {vf32}", "z")
@@ -772,7 +772,7 @@ def gemm_dot_kernel_text(name: str, v: OpView, location: str, threads: int = 1) 
     t.close_parallel()
     t.open(f"scf.parallel (%ic, %jb) = ({t.c(0)}, {t.c(0)}) to ({t.c(p.m)}, {t.c(p.n)}) "
            f"step ({t.c(p.mc)}, {t.c(NB)})")
-    item = t.add(t.mul(t.op(f"arith.divui %ic, {t.c(p.mc)} : index", "i"), t.c(-(-p.n // NB))),
+    item = t.add(t.mul(t.op(f"arith.divui %ic, {t.c(p.mc)} : index", "i"), t.c(chunks)),
                  t.op(f"arith.divui %jb, {t.c(NB)} : index", "i"))
     T = t.op(f"memref.subview {T_all}[{item}, 0, 0] [1, {MR}, {NR}] [1, 1, 1] : {T_all_t} to {T_t}", "m")
     t.for_("%pc", t.c(0), t.c(p.k), t.c(p.kc))

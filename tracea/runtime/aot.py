@@ -17,7 +17,7 @@ from pathlib import Path
 
 from ..dialects.ops import TensorSpec
 from ..errors import TraceaError
-from .kernel import Kernel, Signature
+from .kernel import Kernel, Signature, load_runtime_library
 
 FORMAT = "tracea-cpu-kernel-1"
 _C_TYPES = {"f32": "float", "f64": "double", "f16": "uint16_t /* f16 */", "bf16": "uint16_t /* bf16 */"}
@@ -89,7 +89,7 @@ def load(path: str | Path) -> Kernel:
     if meta.get("format") != FORMAT:
         raise TraceaError(f"{path}.json is not a Tracea CPU kernel description (format {meta.get('format')!r})")
     for lib in meta["runtime_libraries"]:
-        ctypes.CDLL(lib, mode=ctypes.RTLD_GLOBAL)
+        load_runtime_library(lib)
     library = ctypes.CDLL(str(path.resolve()))
     address = ctypes.cast(getattr(library, meta["packed_symbol"]), ctypes.c_void_p).value
     signature = Signature(meta["name"], [TensorSpec(tuple(s), d) for s, d in meta["inputs"]],

@@ -7,6 +7,7 @@ into caller-allocated arrays (destination passing), so no memory crosses the bou
 from __future__ import annotations
 
 import ctypes
+import os
 import threading
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -36,6 +37,25 @@ def tune_malloc() -> None:
     M_TRIM_THRESHOLD, M_MMAP_THRESHOLD = -1, -3
     mallopt(M_TRIM_THRESHOLD, 128 << 20)
     mallopt(M_MMAP_THRESHOLD, 32 << 20)
+
+
+_loaded_libraries: dict[str, ctypes.CDLL] = {}
+
+
+def load_runtime_library(path: str | Path) -> None:
+    """Load a library kernels call into (a parallel runtime, MLIR's runner utilities) once,
+    globally, for JIT and shared-library kernels alike. Passed to each ExecutionEngine instead,
+    the async runtime would be torn down by the first engine destroyed, crashing every other
+    threaded kernel."""
+    path = Path(path)
+    if str(path) in _loaded_libraries:
+        return
+    library = _loaded_libraries[str(path)] = ctypes.CDLL(str(path), mode=ctypes.RTLD_GLOBAL)
+    if path.name == "libomp.so" and "KMP_BLOCKTIME" not in os.environ:
+        # Idle OpenMP threads spin 1 ms (not 200) before sleeping: enough to bridge a kernel's
+        # consecutive parallel loops and back-to-back calls, short enough to leave the cores to
+        # the caller's other thread pools (torch, OpenBLAS) in between.
+        library.kmp_set_blocktime(1)
 
 
 def descriptor_type(rank: int) -> type:

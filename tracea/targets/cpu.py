@@ -5,10 +5,8 @@ tested), the C entry points it adds, and how the LLVM dialect becomes callable c
 """
 from __future__ import annotations
 
-import ctypes
 import functools
 import importlib.metadata
-import os
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -19,6 +17,7 @@ from ..dialects.ops import TensorSpec
 from ..errors import CompileError, OpError
 from ..passes.pipeline import Pipeline, parse_pipeline
 from ..passes.registry import PassFailed, TraceaPass, register, register_pipeline
+from ..runtime.kernel import load_runtime_library
 from .base import LoadedCode, Target, register_target
 
 ENTRY_PREFIX = "_tracea_entry_"
@@ -181,25 +180,9 @@ register_pipeline("tracea-cpu", "the whole CPU path, single-threaded: tracea ops
                   "tracea-cpu-tiled, tracea-cpu-bufferize, tracea-cpu-to-llvm")
 
 
-def _runtime_libraries() -> list[Path]:
-    return [MLIR_LIB / "libmlir_c_runner_utils.so"]
-
-
 MLIR_LIB = Path(__import__("mlir").__path__[0]) / "lib"  # a namespace package: no __file__
-_loaded_runtimes: dict[str, ctypes.CDLL] = {}
-
-
-def load_runtime(path: Path) -> None:
-    """Load a parallel runtime once, globally. Passed to each ExecutionEngine instead, the async
-    runtime would be torn down by the first engine destroyed, crashing every other threaded kernel."""
-    if str(path) in _loaded_runtimes:
-        return
-    library = _loaded_runtimes[str(path)] = ctypes.CDLL(str(path), mode=ctypes.RTLD_GLOBAL)
-    if path.name == "libomp.so" and "KMP_BLOCKTIME" not in os.environ:
-        # Idle OpenMP threads spin 1 ms (not 200) before sleeping: enough to bridge a kernel's
-        # consecutive parallel loops and back-to-back calls, short enough to leave the cores to
-        # the caller's other thread pools (torch, OpenBLAS) in between.
-        library.kmp_set_blocktime(1)
+ASYNC_RUNTIME = MLIR_LIB / "libmlir_async_runtime.so"
+RUNNER_UTILS = MLIR_LIB / "libmlir_c_runner_utils.so"  # memrefCopy, for strided copies
 
 
 @register_target
@@ -224,26 +207,26 @@ class CpuTarget(Target):
         from mlir.execution_engine import ExecutionEngine
 
         from ..dialects.context import DiagnosticLog, shared_context
-        runtimes = []
+        libraries = []  # what the code calls into, loaded globally and linked into exports
         if "mlirAsyncRuntime" in llvm_dialect_text:
-            runtimes.append(MLIR_LIB / "libmlir_async_runtime.so")
+            libraries.append(ASYNC_RUNTIME)
         if "omp.parallel" in llvm_dialect_text:
-            library = openmp_library()
-            if library is None:
+            libomp = _installed_libomp()
+            if libomp is None:
                 raise CompileError(f"@{entry} was lowered for OpenMP but its runtime (pip package cmeel-libomp) "
                                    "is not installed")
-            runtimes.append(library)
-        for runtime in runtimes:
-            load_runtime(runtime)
-        if "memrefCopy" in llvm_dialect_text:  # strided copies call MLIR's C runner utilities
-            runtimes += _runtime_libraries()
+            libraries.append(libomp)
+        if "memrefCopy" in llvm_dialect_text:
+            libraries.append(RUNNER_UTILS)
+        for library in libraries:
+            load_runtime_library(library)
         ctx = shared_context("host")
         log = DiagnosticLog("<llvm dialect>")
         with ctx, log.capture(ctx):
             module = ir.Module.parse(llvm_dialect_text)
             try:
                 # O1: the kernels arrive vectorized and unrolled; O2 measured no faster, and slower to compile
-                engine = ExecutionEngine(module, opt_level=1, shared_libs=[str(p) for p in _runtime_libraries()],
+                engine = ExecutionEngine(module, opt_level=1, shared_libs=[str(RUNNER_UTILS)],
                                          enable_object_dump=True)
             except RuntimeError as e:
                 raise CompileError(f"the JIT could not compile @{entry}: {e}", log.diagnostics) from None
@@ -251,4 +234,4 @@ class CpuTarget(Target):
             address = engine.raw_lookup(symbol)
         if not address:
             raise CompileError(f"the JIT did not export the entry point of @{entry}")
-        return LoadedCode(address, (engine, module, ctx), symbol, [str(r) for r in runtimes])
+        return LoadedCode(address, (engine, module, ctx), symbol, [str(lib) for lib in libraries])
