@@ -17,6 +17,9 @@ from tracea.targets.cpu import openmp_library
 from tracea.targets.host import host_cpu
 
 LANES = host_cpu().f32_lanes
+# The CPU kernels compute in buffers they allocate from the start; at the linalg stage, the
+# linalg ops (vectorized or not) are still on tensors.
+KERNEL_MARK = "memref.alloc"
 
 
 def tiny(mr=3, nr_vectors=1, mc=6, nc_vectors=2, kc=5):
@@ -182,13 +185,13 @@ def test_flash_attention(batch, sq, skv, d_vectors, dv_vectors, causal, dtype, t
     fn = td.function(td.tensor(q.shape, dtype), td.tensor(k.shape, dtype), td.tensor(v.shape, dtype))(
         lambda a, b, c: td.attention(a, b, c, causal=causal))
     kernel = tracea.compile(fn, threads=threads, keep_stages=True)
-    assert "vector.reduction <maximumf>" in kernel.stages["linalg"]  # the fused kernel ran
+    assert KERNEL_MARK in kernel.stages["linalg"]  # the fused kernel ran
     ref.assert_close(kernel(q, k, v), ref.attention(q, k, v, None, causal), dtype, max(d, skv))
 
 
 def test_attention_with_odd_head_dim_uses_the_reference():
     fn = td.function(*[td.tensor((2, 9, 5))] * 3)(lambda a, b, c: td.attention(a, b, c))
-    assert "vector.reduction" not in tracea.compile(fn, keep_stages=True).stages["linalg"]
+    assert KERNEL_MARK not in tracea.compile(fn, keep_stages=True).stages["linalg"]
 
 
 @given(shape=st.lists(st.integers(1, 40), min_size=1, max_size=3), dtype=st.sampled_from(["f32", "f16", "bf16"]),
@@ -197,7 +200,7 @@ def test_vectorized_softmax(shape, dtype, threads, scale):
     x = ref.random(np.random.default_rng(sum(shape)), shape, dtype, scale=scale)
     fn = td.function(td.tensor(x.shape, dtype))(lambda a: td.softmax(a))
     kernel = tracea.compile(fn, threads=threads, keep_stages=True)
-    assert "vector.reduction <maximumf>" in kernel.stages["linalg"]
+    assert KERNEL_MARK in kernel.stages["linalg"]
     ref.assert_close(kernel(x), ref.softmax(x), dtype)
 
 

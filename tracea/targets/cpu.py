@@ -118,7 +118,7 @@ def llvm_lowering(threads: int, openmp: bool = False) -> str:
                     "async-runtime-ref-counting, async-runtime-ref-counting-opt, convert-async-to-llvm, ")
     else:
         parallel = ""
-    return ("convert-linalg-to-loops, lower-affine, " + parallel +
+    return ("scf-forall-to-parallel, convert-linalg-to-loops, lower-affine, " + parallel +
             "convert-scf-to-cf, expand-strided-metadata, lower-affine, "
             # math first: libm calls for vector math are made element by element with vector ops
             "arith-expand{include-bf16=true}, "  # bf16 conversions as integer ops: no compiler-rt builtin
@@ -126,7 +126,7 @@ def llvm_lowering(threads: int, openmp: bool = False) -> str:
             # OpenMP regions last: their conversion lowers the arith ops inside them too, which
             # must be expanded first (bf16)
             + ("convert-openmp-to-llvm, " if threads > 1 and openmp else "") +
-            "convert-func-to-llvm, convert-arith-to-llvm, convert-cf-to-llvm, convert-index-to-llvm, "
+            "convert-func-to-llvm, convert-arith-to-llvm, convert-cf-to-llvm, convert-index-to-llvm, convert-ub-to-llvm, "
             "reconcile-unrealized-casts")
 
 
@@ -195,10 +195,13 @@ class CpuTarget(Target):
         first = (f"tracea-verify, tracea-widen-i1, tracea-raise-linalg, canonicalize, "
                  f"tracea-cpu-conv-to-gemm{{threads={threads}}}, "
                  f"tracea-cpu-schedule{{threads={threads}}}, tracea-cpu-kernels{{threads={threads}}}, "
-                 "tracea-lower-to-linalg, canonicalize, cse") if strategy == "tiled" else "tracea-widen-i1, tracea-to-linalg"
+                 "tracea-lower-to-linalg, canonicalize, cse, linalg-generalize-named-ops, "
+                 f"tracea-cpu-tile-linalg{{threads={threads}}}, canonicalize, cse") if strategy == "tiled" else "tracea-widen-i1, tracea-to-linalg"
         return [
             ("linalg", parse_pipeline(first)),
-            ("bufferized", parse_pipeline("tracea-cpu-bufferize")),
+            ("bufferized", parse_pipeline("tracea-cpu-bufferize" + (
+                f", tracea-cpu-copies-to-linalg, linalg-generalize-named-ops, tracea-cpu-tile-linalg{{threads={threads}}}, "
+                "canonicalize" if strategy == "tiled" else ""))),
             ("llvm", parse_pipeline(llvm_lowering(threads, openmp_library() is not None))),
         ]
 

@@ -1,0 +1,177 @@
+"""`tracea-cpu-tile-linalg`: the linalg ops no CPU kernel took (elementwise chains, layer-norm
+reductions, pooling, transposes, masks), run on every thread and vectorized where their body is
+plain arithmetic.
+
+Each op (named ops generalized first) gets a plan from its loop ranges and indexing maps; the
+plans become one transform-dialect script run by MLIR's transform interpreter:
+- enough work: `tile_using_forall` splits its outermost parallel loop that has a range of at
+  least the thread count among the threads (an scf.forall, an scf.parallel once bufferized);
+- a body of arith/math ops whose innermost loop is contiguous in every operand that uses it:
+  `tile_using_for` to one vector along that loop (1 elsewhere) and `vectorize` with masks for the
+  remainder. Strided reads (transposes) stay scalar loops; LLVM gathers would be no faster.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import mlir.ir as ir
+from mlir.dialects.transform import interpreter
+
+from ..targets.host import host_cpu
+from .registry import PassFailed, TraceaPass, option, register
+
+TAG = "tracea.tile_linalg"
+_VECTOR_BODY_DIALECTS = ("arith.", "math.")
+
+
+# After vectorizing: 1-D transfers with masks as operands and 1-D reductions, which the LLVM
+# lowering takes as they are.
+_FOLD_MASKS = """%funcs = transform.structured.match ops{["func.func"]} in %root : (!transform.any_op) -> !transform.any_op
+transform.apply_patterns to %funcs {
+  transform.apply_patterns.vector.lower_masked_transfers
+  transform.apply_patterns.vector.cast_away_vector_leading_one_dim
+  transform.apply_patterns.vector.lower_multi_reduction lowering_strategy = "innerreduction"
+  transform.apply_patterns.vector.lower_masks
+} : !transform.any_op"""
+
+
+@dataclass(frozen=True)
+class LinalgPlan:
+    ranges: tuple[int, ...]
+    split_dim: int | None  # loop split among threads
+    vector: int | None  # vector length along the innermost loop
+
+    def script(self, index: int, threads: int) -> str:
+        op = f"%op{index}"
+        lines = [f"{op} = transform.structured.match attributes{{{TAG} = {index} : i64}} in %root "
+                 ": (!transform.any_op) -> !transform.any_op"]
+        if self.split_dim is not None:
+            counts = [threads if d == self.split_dim else 0 for d in range(len(self.ranges))]
+            lines.append(f"%par{index}, %forall{index} = transform.structured.tile_using_forall {op} "
+                         f"num_threads {counts} : (!transform.any_op) -> (!transform.any_op, !transform.any_op)")
+            op = f"%par{index}"
+        if self.vector is not None:
+            sizes = [1 if r > 1 else 0 for r in self.ranges[:-1]] + [self.vector]
+            loops = sum(1 for s in sizes if s)
+            lines.append(f"%vec{index}, %loops{index}:{loops} = transform.structured.tile_using_for {op} "
+                         f"tile_sizes {sizes} : (!transform.any_op) -> ({', '.join(['!transform.any_op'] * (loops + 1))})")
+            vector_sizes = [s or r for s, r in zip(sizes, self.ranges)]
+            lines.append(f"transform.structured.vectorize %vec{index} vector_sizes {vector_sizes} : !transform.any_op")
+        return "\n".join(lines)
+
+
+def _loop_ranges(op: ir.Operation, maps: list[ir.AffineMap]) -> tuple[int, ...] | None:
+    """Static loop ranges from the operands' shapes (None when a shape is dynamic or a loop is
+    only reached through a compound index expression)."""
+    ranges: dict[int, int] = {}
+    for operand, amap in zip(op.operands, maps):
+        if not isinstance(operand.type, ir.ShapedType):
+            continue
+        for expr, size in zip(amap.results, operand.type.shape):
+            if isinstance(expr, ir.AffineDimExpr):
+                position = expr.position
+                if size < 0:
+                    return None
+                ranges.setdefault(position, size)
+    n_loops = maps[0].n_dims
+    if len(ranges) != n_loops:
+        return None
+    return tuple(ranges[d] for d in range(n_loops))
+
+
+def plan_for(op: ir.Operation, threads: int, lanes: int, min_work: int) -> LinalgPlan | None:
+    maps = [ir.AffineMapAttr(a).value for a in ir.ArrayAttr(op.attributes["indexing_maps"])]
+    iterators = ["parallel" in str(a) for a in ir.ArrayAttr(op.attributes["iterator_types"])]
+    ranges = _loop_ranges(op, maps)
+    if ranges is None:
+        return None
+    split_dim = None
+    if threads > 1 and math.prod(ranges) >= min_work:
+        split_dim = next((d for d, (r, par) in enumerate(zip(ranges, iterators)) if par and r >= threads), None)
+    vector = None
+    last = len(ranges) - 1
+    body = op.regions[0].blocks[0]
+    if ranges and ranges[-1] > 1 and all(m.is_projected_permutation for m in maps) \
+            and all(o.name.startswith(_VECTOR_BODY_DIALECTS) or o.name == "linalg.yield"
+                    for o in map(lambda o: o.operation, body.operations)) \
+            and all(_innermost_or_unused(m, last) for m in maps):
+        vector = min(lanes, 1 << (ranges[-1] - 1).bit_length())
+        if not all(iterators) and ranges[-1] % vector:
+            vector = None  # a masked reduction has no lowering here; masks stay on reads and writes
+    if split_dim is None and vector is None:
+        return None
+    return LinalgPlan(ranges, split_dim, vector)
+
+
+def _innermost_or_unused(amap: ir.AffineMap, dim: int) -> bool:
+    positions = [e.position for e in amap.results]  # a projected permutation: dims only
+    return dim not in positions or positions[-1] == dim
+
+
+@register
+@dataclass(frozen=True)
+class CpuTileLinalgPass(TraceaPass):
+    NAME = "tracea-cpu-tile-linalg"
+    SUMMARY = ("split each linalg.generic no kernel took among the threads (scf.forall over its outermost "
+               "parallel loop) and vectorize its innermost loop when the body is plain arithmetic "
+               "(run linalg-generalize-named-ops first)")
+    threads: int = option(0, "threads the code will run on (0: the host's cores)")
+    min_work: int = option(16384, "loop iterations below which an op stays on one thread")
+
+    def run(self, module: ir.Operation) -> None:
+        host = host_cpu()
+        threads = self.threads or host.cores
+        scripts = []
+        for func_op in module.regions[0].blocks[0].operations:
+            func_op = func_op.operation
+            if func_op.name != "func.func" or not func_op.regions[0].blocks:
+                continue
+            for op in func_op.regions[0].blocks[0].operations:
+                op = op.operation
+                if op.name != "linalg.generic":
+                    continue
+                plan = plan_for(op, threads, host.f32_lanes, self.min_work)
+                if plan is None:
+                    continue
+                op.attributes[TAG] = ir.IntegerAttr.get(ir.IntegerType.get_signless(64), len(scripts))
+                scripts.append(plan.script(len(scripts), threads))
+        if not scripts:
+            return
+        text = ("module attributes {transform.with_named_sequence} {\n"
+                "transform.named_sequence @__transform_main(%root: !transform.any_op {transform.readonly}) {\n"
+                + "\n".join(scripts) + "\n" + _FOLD_MASKS + "\ntransform.yield\n}\n}")
+        script = ir.Module.parse(text, module.context)
+        try:
+            interpreter.apply_named_sequence(module, script.body.operations[0], script)
+        except Exception as e:  # the interpreter reports through diagnostics and an exception
+            raise PassFailed(f"tiling the leftover linalg ops failed: {e}") from None
+
+        def untag(op):
+            if TAG in op.attributes:
+                del op.attributes[TAG]
+            return ir.WalkResult.ADVANCE
+
+        module.walk(untag)
+
+
+@register
+@dataclass(frozen=True)
+class CopiesToLinalgPass(TraceaPass):
+    NAME = "tracea-cpu-copies-to-linalg"
+    SUMMARY = ("after bufferization: each memref.copy of a function's body as linalg.copy, which "
+               "tracea-cpu-tile-linalg splits among the threads and vectorizes (the runtime's memrefCopy "
+               "copies a strided memref element by element)")
+
+    def run(self, module: ir.Operation) -> None:
+        from mlir.dialects import linalg
+        for func_op in module.regions[0].blocks[0].operations:
+            func_op = func_op.operation
+            if func_op.name != "func.func" or not func_op.regions[0].blocks:
+                continue
+            for op in list(func_op.regions[0].blocks[0].operations):
+                op = op.operation
+                if op.name == "memref.copy" and all(ir.ShapedType(v.type).has_static_shape for v in op.operands):
+                    with op.location, ir.InsertionPoint(op):
+                        linalg.copy(op.operands[0], outs=[op.operands[1]])
+                    op.erase()
