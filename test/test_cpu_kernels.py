@@ -258,3 +258,69 @@ def test_small_channel_conv_copies_kernel_rows(c, k, hw, stride, pad, dy, layout
     fn = td.function(td.tensor(x.shape), td.tensor(w.shape))(lambda a, f: td.conv2d(a, f, **opts))
     expected = ref.conv2d(x, w, None, (stride, stride), (pad, pad), (dy, 1), 1, layout)
     ref.assert_close(tracea.compile(fn, threads=2)(x, w), expected, "f32", c * k * k)
+
+
+LEFTOVER_LINALG = """
+#id = affine_map<(d0, d1) -> (d0, d1)>
+#row = affine_map<(d0, d1) -> (d1)>
+#sum = affine_map<(d0, d1) -> (d0)>
+func.func @leftover(%x: tensor<{m}x{n}xf32>, %b: tensor<{n}xf32>) -> (tensor<{m}x{n}xf32>, tensor<{m}xf32>,
+                                                                  tensor<{n}x{m}xf32>, tensor<{mp}x{np}xf32>) {{
+  %zero = arith.constant 0.0 : f32
+  %e = tensor.empty() : tensor<{m}x{n}xf32>
+  %relu = linalg.generic {{indexing_maps = [#id, #row, #id], iterator_types = ["parallel", "parallel"]}}
+      ins(%x, %b : tensor<{m}x{n}xf32>, tensor<{n}xf32>) outs(%e : tensor<{m}x{n}xf32>) {{
+  ^bb0(%a: f32, %c: f32, %o: f32):
+    %s = arith.addf %a, %c : f32
+    %r = arith.maximumf %s, %zero : f32
+    linalg.yield %r : f32
+  }} -> tensor<{m}x{n}xf32>
+  %e1 = tensor.empty() : tensor<{m}xf32>
+  %init = linalg.fill ins(%zero : f32) outs(%e1 : tensor<{m}xf32>) -> tensor<{m}xf32>
+  %sums = linalg.generic {{indexing_maps = [#id, #sum], iterator_types = ["parallel", "reduction"]}}
+      ins(%x : tensor<{m}x{n}xf32>) outs(%init : tensor<{m}xf32>) {{
+  ^bb0(%a: f32, %o: f32):
+    %s = arith.addf %a, %o : f32
+    linalg.yield %s : f32
+  }} -> tensor<{m}xf32>
+  %et = tensor.empty() : tensor<{n}x{m}xf32>
+  %t = linalg.transpose ins(%x : tensor<{m}x{n}xf32>) outs(%et : tensor<{n}x{m}xf32>) permutation = [1, 0]
+  %p = tensor.pad %x low[1, 2] high[0, 3] {{
+  ^bb0(%i: index, %j: index):
+    tensor.yield %zero : f32
+  }} : tensor<{m}x{n}xf32> to tensor<{mp}x{np}xf32>
+  return %relu, %sums, %t, %p : tensor<{m}x{n}xf32>, tensor<{m}xf32>, tensor<{n}x{m}xf32>, tensor<{mp}x{np}xf32>
+}}
+"""
+
+
+@given(m=st.integers(1, 70), n=st.integers(1, 70), threads=st.sampled_from([1, 2]))
+def test_leftover_linalg_split_and_vectorized(m, n, threads):
+    """Linalg ops no kernel takes (elementwise with a broadcast, a row reduction, a transpose,
+    a pad) are split among the threads and vectorized, with remainders, and stay exact."""
+    text = LEFTOVER_LINALG.format(m=m, n=n, mp=m + 1, np=n + 5)
+    kernel = tracea.compile(text, threads=threads, keep_stages=True)
+    x = np.random.default_rng(m * 71 + n).standard_normal((m, n)).astype(np.float32)
+    b = np.linspace(-1, 1, n, dtype=np.float32)
+    relu, sums, t, p = kernel(x, b)
+    np.testing.assert_array_equal(relu, np.maximum(x + b, 0))
+    np.testing.assert_allclose(sums, x.sum(axis=1, dtype=np.float64), rtol=1e-5, atol=1e-5)
+    np.testing.assert_array_equal(t, x.T)
+    np.testing.assert_array_equal(p, np.pad(x, ((1, 0), (2, 3))))
+    linalg, llvm = kernel.stages["linalg"], kernel.stages["llvm"]
+    if n > 1:
+        assert "vector.transfer_read" in linalg  # the elementwise body, at least
+    if threads > 1 and m * n >= 16384:
+        assert "scf.forall" in linalg
+    assert "memrefCopy" not in llvm  # the pad's strided copy is a loop of its own
+
+
+def test_large_leftover_linalg_runs_on_every_thread():
+    kernel = tracea.compile(LEFTOVER_LINALG.format(m=300, n=200, mp=301, np=205), threads=2, keep_stages=True)
+    assert kernel.stages["linalg"].count("scf.forall") >= 3  # elementwise, reduction, transpose
+    assert "omp.parallel" in kernel.stages["llvm"] or "mlirAsyncRuntime" in kernel.stages["llvm"]
+    x = np.random.default_rng(1).standard_normal((300, 200)).astype(np.float32)
+    b = np.ones(200, np.float32)
+    relu, sums, t, p = kernel(x, b)
+    np.testing.assert_array_equal(relu, np.maximum(x + 1, 0))
+    np.testing.assert_array_equal(p[1:, 2:-3], x)

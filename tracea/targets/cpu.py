@@ -164,11 +164,26 @@ class ForwardOutputsPass(TraceaPass):
 
 STRATEGIES = ("tiled", "reference")
 
+
+def tiled_lowering(threads: int = 0) -> str:
+    """Tracea ops to linalg on tensors: raised patterns, CPU kernels where one exists, the rest
+    split among the threads and vectorized (0 threads: the host's cores)."""
+    t = f"{{threads={threads}}}" if threads else ""
+    return (f"tracea-verify, tracea-widen-i1, tracea-raise-linalg, canonicalize, tracea-cpu-conv-to-gemm{t}, "
+            f"tracea-cpu-schedule{t}, tracea-cpu-kernels{t}, tracea-lower-to-linalg, canonicalize, cse, "
+            f"linalg-generalize-named-ops, tracea-cpu-tile-linalg{t}, canonicalize, cse")
+
+
+def tiled_copies(threads: int = 0) -> str:
+    """After bufferization: the copies it made, split and vectorized like other linalg ops."""
+    t = f"{{threads={threads}}}" if threads else ""
+    return f"tracea-cpu-copies-to-linalg, linalg-generalize-named-ops, tracea-cpu-tile-linalg{t}, canonicalize"
+
+
 register_pipeline("tracea-to-linalg", "verify and lower tracea ops to linalg on tensors, then simplify",
                   "tracea-verify, tracea-lower-to-linalg, canonicalize, cse")
-register_pipeline("tracea-cpu-tiled", "host-sized schedules, fast CPU kernels where one exists, linalg for the rest",
-                  "tracea-verify, tracea-cpu-conv-to-gemm, tracea-cpu-schedule, tracea-cpu-kernels, "
-                  "tracea-lower-to-linalg, canonicalize, cse")
+register_pipeline("tracea-cpu-tiled", "host-sized schedules, fast CPU kernels where one exists, the remaining "
+                  "linalg split among the host's cores and vectorized", tiled_lowering())
 register_pipeline("tracea-cpu-bufferize", "C entry points, inlining, one-shot bufferization, deallocation",
                   "tracea-cpu-abi, inline, symbol-dce, canonicalize, eliminate-empty-tensors, "
                   "one-shot-bufferize{bufferize-function-boundaries "
@@ -176,8 +191,8 @@ register_pipeline("tracea-cpu-bufferize", "C entry points, inlining, one-shot bu
                   "tracea-cpu-forward-outputs, buffer-deallocation-pipeline, canonicalize")
 register_pipeline("tracea-cpu-to-llvm", "lower bufferized IR to the LLVM dialect (parallel loops run serially)",
                   llvm_lowering(1))
-register_pipeline("tracea-cpu", "the whole CPU path, single-threaded: tracea ops to the LLVM dialect",
-                  "tracea-cpu-tiled, tracea-cpu-bufferize, tracea-cpu-to-llvm")
+register_pipeline("tracea-cpu", "the whole CPU path: tracea ops to the LLVM dialect (parallel loops run serially)",
+                  f"tracea-cpu-tiled, tracea-cpu-bufferize, {tiled_copies()}, tracea-cpu-to-llvm")
 
 
 MLIR_LIB = Path(__import__("mlir").__path__[0]) / "lib"  # a namespace package: no __file__
@@ -192,16 +207,10 @@ class CpuTarget(Target):
     def stages(self, strategy: str = "tiled", threads: int = 1) -> list[tuple[str, Pipeline]]:
         if strategy not in STRATEGIES:
             raise ValueError(f"unknown CPU strategy '{strategy}'; available: {', '.join(STRATEGIES)}")
-        first = (f"tracea-verify, tracea-widen-i1, tracea-raise-linalg, canonicalize, "
-                 f"tracea-cpu-conv-to-gemm{{threads={threads}}}, "
-                 f"tracea-cpu-schedule{{threads={threads}}}, tracea-cpu-kernels{{threads={threads}}}, "
-                 "tracea-lower-to-linalg, canonicalize, cse, linalg-generalize-named-ops, "
-                 f"tracea-cpu-tile-linalg{{threads={threads}}}, canonicalize, cse") if strategy == "tiled" else "tracea-widen-i1, tracea-to-linalg"
+        tiled = strategy == "tiled"
         return [
-            ("linalg", parse_pipeline(first)),
-            ("bufferized", parse_pipeline("tracea-cpu-bufferize" + (
-                f", tracea-cpu-copies-to-linalg, linalg-generalize-named-ops, tracea-cpu-tile-linalg{{threads={threads}}}, "
-                "canonicalize" if strategy == "tiled" else ""))),
+            ("linalg", parse_pipeline(tiled_lowering(threads) if tiled else "tracea-widen-i1, tracea-to-linalg")),
+            ("bufferized", parse_pipeline("tracea-cpu-bufferize" + (f", {tiled_copies(threads)}" if tiled else ""))),
             ("llvm", parse_pipeline(llvm_lowering(threads, openmp_library() is not None))),
         ]
 

@@ -2,12 +2,16 @@
 // CHECK: Tracea passes:
 // CHECK: tracea-cpu-abi: give each public tensor function a C entry point
 // CHECK: tracea-cpu-conv-to-gemm: run conv2d (groups = 1) on the CPU GEMM kernel, packing im2col rows straight from the image
+// CHECK: tracea-cpu-copies-to-linalg: after bufferization: each memref.copy
 // CHECK: tracea-cpu-kernels: replace gemm / fused_gemm / attention / softmax ops whose schedule has a simd lane_map
 // CHECK: tracea-cpu-schedule: attach a host-sized CPU schedule
 // CHECK-NEXT: threads=<int>  threads the kernels will run on (0: the host's cores) [default: 0]
+// CHECK: tracea-cpu-tile-linalg: split each linalg.generic no kernel took among the threads
+// CHECK-NEXT: threads=<int>
+// CHECK-NEXT: min-work=<int>
 // CHECK: tracea-lower-to-linalg: replace tracea ops by linalg/tensor/arith/math ops on tensors
 // CHECK-NEXT: strategy=<str>  how each op is written in linalg (one of: reference) [default: reference]
 // CHECK: tracea-verify:
 // CHECK: Tracea pipelines
-// CHECK: tracea-cpu: the whole CPU path, single-threaded
-// CHECK-NEXT: = tracea-cpu-tiled, tracea-cpu-bufferize, tracea-cpu-to-llvm
+// CHECK: tracea-cpu: the whole CPU path: tracea ops to the LLVM dialect (parallel loops run serially)
+// CHECK-NEXT: = tracea-cpu-tiled, tracea-cpu-bufferize, tracea-cpu-copies-to-linalg, linalg-generalize-named-ops, tracea-cpu-tile-linalg, canonicalize, tracea-cpu-to-llvm
