@@ -435,9 +435,11 @@ class _Output:
             t.line(access("store", f"{value}, {self.Cacc}", self.Cacc_t, "f32"))
             t.close()
 
-    def store_rows(self, T: str, T_t: str, row0: str, col0: str, rows: str, vectors: int) -> None:
-        """The tile's first `rows` rows, all NR columns inside C: a vector at a time."""
-        t, L = self.t, self.p.lanes
+    def store_rows(self, T: str, T_t: str, row0: str, col0: str, rows: str, vectors: int,
+                   width: int | None = None) -> None:
+        """The tile's first `rows` rows, all NR columns inside C: a vector (of `width` lanes, the
+        SIMD width by default) at a time."""
+        t, L = self.t, width or self.p.lanes
         t.for_("%tr", t.c(0), rows, t.c(1))
         row = t.add(row0, "%tr")
         for j in range(vectors):
@@ -797,8 +799,11 @@ def gemm_dot_kernel_text(name: str, v: OpView, location: str, threads: int = 1) 
         total = t.op(f"vector.reduction <add>, {x} fastmath<reassoc> : {vf32} into f32", "s")
         t.line(f"memref.store {total}, {T}[{t.c(i // NR)}, {t.c(i % NR)}] : {T_t}")
     rows = t.min_(t.op(f"arith.subi {t.c(p.m)}, %ir : index", "i"), t.c(MR))
-    cols = t.min_(t.op(f"arith.subi {t.c(p.n)}, %jr : index", "i"), t.c(NR))
-    out.store_elements(T, T_t, "%ir", "%jr", rows, cols)
+    if p.n % NR == 0:  # whole rows of NR columns: the epilogue on vectors
+        out.store_rows(T, T_t, "%ir", "%jr", rows, 1, width=NR)
+    else:
+        cols = t.min_(t.op(f"arith.subi {t.c(p.n)}, %jr : index", "i"), t.c(NR))
+        out.store_elements(T, T_t, "%ir", "%jr", rows, cols)
     t.close()  # ir
     t.close()  # jr
     t.close()  # pc
