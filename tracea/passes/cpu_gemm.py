@@ -350,6 +350,28 @@ def _pack_a_kernel_rows(t: _Text, g: ConvGather, p: GemmPlan, image: str, image_
     _close_image_row(t, Ap, Ap_t, base, kc, zero)
 
 
+def transpose_in_registers(t: _Text, rows: list[str]) -> list[str]:
+    """The transpose of an L x L f32 block held as L row vectors (L a power of two): log2(L)
+    rounds of 2-input shuffles, each swapping the off-diagonal s x s blocks of every 2s x 2s
+    block (s = L/2 .. 1) -- L * log2(L) shuffles that x86 does in one instruction each (LLVM's
+    own lowering of vector.transpose goes element by element and compiles slowly)."""
+    n = len(rows)
+    vtype = f"vector<{n}xf32>"
+    rows = list(rows)
+    s = n // 2
+    while s:
+        for i in range(n):
+            if i & s:
+                continue
+            j = i + s
+            top = [n + c - s if c & s else c for c in range(n)]  # row i keeps A, takes C from row j
+            bottom = [n + c if c & s else c + s for c in range(n)]  # row j takes B from row i, keeps D
+            rows[i], rows[j] = (t.op(f"vector.shuffle {rows[i]}, {rows[j]} {top} : {vtype}, {vtype}", "v"),
+                                t.op(f"vector.shuffle {rows[i]}, {rows[j]} {bottom} : {vtype}, {vtype}", "v"))
+        s //= 2
+    return rows
+
+
 class _Output:
     """The result C of a GEMM kernel: the f32 partial sums kept between K blocks (in C, or in a
     separate buffer when C is not f32), and the fused epilogue applied on the last K block before
@@ -528,18 +550,16 @@ def gemm_kernel_text(name: str, v: OpView, location: str, gather: ConvGather | N
         t.open(f"scf.if {full}")
         kc_vec = t.mul(t.op(f"arith.divui {kc}, {t.c(L)} : index", "i"), t.c(L))
         t.for_("%k", t.c(0), kc_vec, t.c(L))
-        vt_in, square = f"vector<{L}x{p.b_dtype}>", f"vector<{L}x{L}xf32>"
+        vt_in = f"vector<{L}x{p.b_dtype}>"
         for j in range(nv):
-            block = t.op(f"arith.constant dense<0.0> : {square}", "z")
+            rows = []
             for i in range(L):
                 x = t.op(f"vector.load {B}[{b_batch}, {t.add(col0, t.c(j * L + i))}, {t.add('%pc', '%k')}] "
                          f": {B_t}, {vt_in}", "v")
                 if p.b_dtype != "f32":
                     x = t.op(f"arith.extf {x} : {vt_in} to {vf32}", "v")
-                block = t.op(f"vector.insert {x}, {block} [{i}] : {vf32} into {square}", "v")
-            block = t.op(f"vector.transpose {block}, [1, 0] : {square} to {square}", "v")
-            for i in range(L):
-                row = t.op(f"vector.extract {block}[{i}] : {vf32} from {square}", "v")
+                rows.append(x)
+            for i, row in enumerate(transpose_in_registers(t, rows)):
                 dst = t.add(t.add(boff, t.mul(t.add("%k", t.c(i)), t.c(NR))), t.c(j * L))
                 t.line(f"vector.store {row}, {Bp}[{dst}] : {Bp_t}, {vf32}")
         t.close()
