@@ -7,6 +7,10 @@ from typing import Iterator
 
 import mlir.ir as ir
 from mlir.dialects import irdl
+# Loaded up front: the bindings import a dialect's Python module the first time one of its ops is
+# seen from Python, and linalg's (its OpDSL op definitions) takes ~0.15 s -- which every compile
+# would pay again in its forked pass run.
+from mlir.dialects import linalg  # noqa: F401
 
 from ..errors import Diagnostic
 from .ops import irdl_source
