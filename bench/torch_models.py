@@ -4,20 +4,21 @@
     .venv/bin/python bench/torch_models.py --markdown
 
 Each model is compiled with tracea.compile(model, example_inputs) and with torch.compile
-(inductor), checked against eager, then timed: calls cycle through the three implementations in
-blocks, after warm-up; medians are reported. Ratio = eager (or inductor) time / Tracea time
+(inductor), checked against eager, then timed as bench/cpu.py times kernels: calls cycle through
+the three implementations in blocks, each after a pause and an untimed warm-up call (the first
+call after idling pays for waking threads and vCPUs); per-call medians are reported. Ratio = eager (or inductor) time / Tracea time
 (> 1: Tracea is faster). Compile times are first compiles (Tracea's kernel cache is disabled).
 """
 from __future__ import annotations
 
 import argparse
 import os
-import statistics
 import sys
 import time
 
 os.environ.setdefault("TRACEA_DISK_CACHE", "0")  # time real compiles
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "test"))
+from cpu import median_times  # noqa: E402  (bench/cpu.py: blocks after a pause and a warm-up call)
 
 
 def models():
@@ -36,21 +37,9 @@ def models():
     }
 
 
-def median_times(fns: dict, rounds: int, block: int = 5) -> dict:
-    times = {name: [] for name in fns}
-    for _ in range(rounds):
-        for name, fn in fns.items():
-            time.sleep(0.3)  # let the previous block's thread pools go idle (see bench/cpu.py)
-            start = time.perf_counter()
-            for _ in range(block):
-                fn()
-            times[name].append((time.perf_counter() - start) / block)
-    return {name: statistics.median(t) for name, t in times.items()}
-
-
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--rounds", type=int, default=10)
+    parser.add_argument("--rounds", type=int, default=15, help="timed calls per implementation (median reported)")
     parser.add_argument("--markdown", action="store_true")
     args = parser.parse_args()
     import torch
