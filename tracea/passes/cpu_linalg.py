@@ -9,6 +9,8 @@ plans become one transform-dialect script run by MLIR's transform interpreter:
 - a body of arith/math ops whose innermost loop is contiguous in every operand that uses it:
   `tile_using_for` to one vector along that loop (1 elsewhere) and `vectorize` with masks for the
   remainder. Strided reads (transposes) stay scalar loops; LLVM gathers would be no faster.
+  Not vectorized either (only split): reductions whose innermost range needs a mask (no lowering
+  for masked reductions here) and maps with constant results (keepdim reductions).
 """
 from __future__ import annotations
 
