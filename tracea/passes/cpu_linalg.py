@@ -18,6 +18,7 @@ import math
 from dataclasses import dataclass
 
 import mlir.ir as ir
+from mlir.dialects import linalg  # loaded at import anyway (tracea.dialects.context)
 from mlir.dialects.transform import interpreter
 
 from ..targets.host import host_cpu
@@ -95,8 +96,7 @@ def plan_for(op: ir.Operation, threads: int, lanes: int, min_work: int) -> Linal
     last = len(ranges) - 1
     body = op.regions[0].blocks[0]
     if ranges and ranges[-1] > 1 and all(m.is_projected_permutation for m in maps) \
-            and all(o.name.startswith(_VECTOR_BODY_DIALECTS) or o.name == "linalg.yield"
-                    for o in map(lambda o: o.operation, body.operations)) \
+            and all(o.name.startswith(_VECTOR_BODY_DIALECTS) or o.name == "linalg.yield" for o in body.operations) \
             and all(_innermost_or_unused(m, last) for m in maps):
         vector = min(lanes, 1 << (ranges[-1] - 1).bit_length())
         if not all(iterators) and ranges[-1] % vector:
@@ -125,19 +125,14 @@ class CpuTileLinalgPass(TraceaPass):
         host = host_cpu()
         threads = self.threads or host.cores
         scripts = []
-        for func_op in module.regions[0].blocks[0].operations:
-            func_op = func_op.operation
-            if func_op.name != "func.func" or not func_op.regions[0].blocks:
+        for op in _function_body_ops(module):
+            if op.name != "linalg.generic":
                 continue
-            for op in func_op.regions[0].blocks[0].operations:
-                op = op.operation
-                if op.name != "linalg.generic":
-                    continue
-                plan = plan_for(op, threads, host.f32_lanes, self.min_work)
-                if plan is None:
-                    continue
-                op.attributes[TAG] = ir.IntegerAttr.get(ir.IntegerType.get_signless(64), len(scripts))
-                scripts.append(plan.script(len(scripts), threads))
+            plan = plan_for(op, threads, host.f32_lanes, self.min_work)
+            if plan is None:
+                continue
+            op.attributes[TAG] = ir.IntegerAttr.get(ir.IntegerType.get_signless(64), len(scripts))
+            scripts.append(plan.script(len(scripts), threads))
         if not scripts:
             return
         text = ("module attributes {transform.with_named_sequence} {\n"
@@ -166,24 +161,19 @@ class CopiesToLinalgPass(TraceaPass):
                "copies a strided memref element by element)")
 
     def run(self, module: ir.Operation) -> None:
-        for func_op in module.regions[0].blocks[0].operations:
-            func_op = func_op.operation
-            if func_op.name != "func.func" or not func_op.regions[0].blocks:
-                continue
-            for op in list(func_op.regions[0].blocks[0].operations):
-                op = op.operation
-                if op.name == "memref.copy" and all(ir.ShapedType(v.type).has_static_shape for v in op.operands):
-                    _linalg_copy(op)
-                    op.erase()
+        for op in _function_body_ops(module):
+            if op.name == "memref.copy" and all(ir.ShapedType(v.type).has_static_shape for v in op.operands):
+                with op.location, ir.InsertionPoint(op):
+                    linalg.copy(op.operands[0], outs=[op.operands[1]])
+                op.erase()
 
 
-def _linalg_copy(copy: ir.Operation) -> None:
-    """linalg.copy of memref.copy's operands, before it. (Built op by op: importing MLIR's
-    Python linalg module costs 0.1 s, in every forked pass run.)"""
-    source, target = copy.operands
-    element = ir.ShapedType(source.type).element_type
-    with copy.location:
-        op = ir.Operation.create("linalg.copy", operands=[source, target], regions=1, attributes={
-            "operandSegmentSizes": ir.DenseI32ArrayAttr.get([1, 1])}, ip=ir.InsertionPoint(copy))
-        block = op.regions[0].blocks.append(element, element)
-        ir.Operation.create("linalg.yield", operands=[block.arguments[0]], ip=ir.InsertionPoint(block))
+def _function_body_ops(module: ir.Operation) -> list[ir.Operation]:
+    """The ops directly in the bodies of the module's functions (not those nested in loops, such
+    as the kernels' own), listed up front so that callers may replace them."""
+    ops = []
+    for func_op in module.regions[0].blocks[0].operations:
+        func_op = func_op.operation
+        if func_op.name == "func.func" and func_op.regions[0].blocks:
+            ops += [op.operation for op in func_op.regions[0].blocks[0].operations]
+    return ops
