@@ -189,6 +189,20 @@ def test_flash_attention(batch, sq, skv, d_vectors, dv_vectors, causal, dtype, t
     ref.assert_close(kernel(q, k, v), ref.attention(q, k, v, None, causal), dtype, max(d, skv))
 
 
+@pytest.mark.parametrize("tile", [(3, LANES), (16, 3 * LANES), (5, 8 * LANES)],
+                         ids=["one-key-vector", "odd-key-vectors", "wide-key-block"])
+@pytest.mark.parametrize("causal", [False, True])
+def test_flash_attention_block_shapes(tile, causal):
+    """Register tiles of every shape the schedule's block allows: one or two key vectors per QK
+    tile, query rows that do not divide into 8; key blocks wider than the sequence's tail."""
+    rng = np.random.default_rng(7)
+    q, k, v = ref.random(rng, (2, 37, 2 * LANES)), ref.random(rng, (2, 45, 2 * LANES)), ref.random(rng, (2, 45, LANES))
+    schedule = td.Schedule(tile=tile, lane_map=td.LaneMap("simd", (LANES,)))
+    fn = td.function(td.tensor(q.shape), td.tensor(k.shape), td.tensor(v.shape))(
+        lambda a, b, c: td.attention(a, b, c, causal=causal, schedule=schedule))
+    ref.assert_close(tracea.compile(fn, threads=2)(q, k, v), ref.attention(q, k, v, None, causal), "f32", 45)
+
+
 def test_attention_with_odd_head_dim_uses_the_reference():
     fn = td.function(*[td.tensor((2, 9, 5))] * 3)(lambda a, b, c: td.attention(a, b, c))
     assert KERNEL_MARK not in tracea.compile(fn, keep_stages=True).stages["linalg"]

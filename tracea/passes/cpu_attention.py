@@ -1,25 +1,60 @@
 """The CPU attention kernel: flash-style, the S x S score matrix never exists.
 
-    K^T (and V, in f32) are first copied per head, padded with zeros to whole key blocks.
+    K^T is first copied per head in f32 (L x L blocks transposed in registers), zero-padded to whole
+    key blocks; V is read in place.
     for each (batch-head, block of BR queries), in parallel:
-        m = -inf, l = 0, O = 0                        (per query row)
-        for each block of BC keys (causal: only blocks at or before the diagonal):
-            S = scale * Q K^T  on BR x BC/lanes vector registers, masked to -inf outside
-            m' = max(m, rowmax S);  P = exp(S - m');  l = l * exp(m - m') + rowsum P
-            O = O * exp(m - m') + P V
+        Qs = scale * Q[block] in f32;  m = -inf, l = 0, O = 0          (per query row)
+        for each block of up to BC keys (causal: only keys up to the block's last query):
+            S = Qs K^T               register tiles of QR rows x QV vectors of keys
+            per row: S masked to -inf outside the sequence (and above the diagonal);
+                     m' = max(m, rowmax S);  P = exp(S - m');  l = l exp(m - m') + rowsum P
+            O = O exp(m - m') + P V  register tiles of PR rows x up to 8 vectors of O
         out = O / l
 
-Exponentials use `vector_exp` (kernel_text.py), a polynomial in arith ops, so they stay vectors.
+A block's width is rounded up to whole QK tiles, not to BC: the causal diagonal and a short
+last block compute only the keys they need. Exponentials use `vector_exp` (kernel_text.py), a
+polynomial in arith ops, so they stay vectors; row maxima and sums reduce across lanes once per
+row and block.
 """
 from __future__ import annotations
 
 from ..dialects.ops import AttentionDef, OpView
-from .cpu_gemm import _memref, _Text
+from .cpu_gemm import _memref, _Text, transpose_in_registers
 from .kernel_text import vector_exp
+
+MAX_ACCUMULATORS = 16  # vector registers a register tile keeps accumulating in (AVX-512 has 32)
+NNAN = "fastmath<nnan>"  # max without NaN handling: a single vmaxps
+
 
 def supports(v: OpView, lanes: int) -> bool:
     q, val = v.operands["query"], v.operands["value"]
     return q.shape[-1] % lanes == 0 and val.shape[-1] % lanes == 0
+
+
+def qk_tile(rows: int, keys: int, lanes: int) -> tuple[int, int]:
+    """(query rows, key vectors) of the QK^T register tile for a block of `rows` x `keys`."""
+    vectors = 2 if keys % (2 * lanes) == 0 else 1
+    tile_rows = max(r for r in range(1, rows + 1) if rows % r == 0 and r * vectors <= MAX_ACCUMULATORS)
+    return tile_rows, vectors
+
+
+def _column_groups(n_vectors: int) -> list[tuple[int, int]]:
+    """The head dim's vectors in groups of at most 8: (first vector, count)."""
+    return [(g, min(8, n_vectors - g)) for g in range(0, n_vectors, 8)]
+
+
+def _for_iter(t: _Text, iv: str, lo: str, hi: str, step: str, inits: list[str], vt: str) -> tuple[str, list[str]]:
+    """Open an scf.for carrying `inits`; returns (result name, the carried values' names)."""
+    res = t.fresh("a")
+    names = [t.fresh("acc") for _ in inits]
+    t.open(f"{res}:{len(inits)} = scf.for {iv} = {lo} to {hi} step {step} "
+           f"iter_args({', '.join(f'{n} = {i}' for n, i in zip(names, inits))}) -> ({', '.join([vt] * len(inits))})")
+    return res, names
+
+
+def _yield(t: _Text, values: list[str], vt: str) -> None:
+    t.line(f"scf.yield {', '.join(values)} : {', '.join([vt] * len(values))}")
+    t.close()
 
 
 def attention_kernel_text(name: str, v: OpView, location: str) -> str:
@@ -28,47 +63,56 @@ def attention_kernel_text(name: str, v: OpView, location: str) -> str:
     s = v.attrs["schedule"]
     L = s.lane_map.shape[-1]
     BR, BC = s.tile[:2]  # queries per block, keys per block
-    nv_s = BC // L
+    QR, QV = qk_tile(BR, BC, L)
+    sub = QV * L  # keys per QK register tile
     batch = 1
-    for d in q.shape[:-2]:
-        batch *= d
+    for dim in q.shape[:-2]:
+        batch *= dim
     sq, d = q.shape[-2:]
     skv, dv = val.shape[-2:]
     skv_pad = -(-skv // BC) * BC
-    nv_o = dv // L
     scale = AttentionDef.scale(v.attrs, d)
     causal = v.attrs["causal"]
     vt, it = f"vector<{L}xf32>", f"vector<{L}xi32>"
     t = _Text()
 
+    def alloc(shape, dtype="f32"):
+        return t.op(f"memref.alloc() {{alignment = 64 : i64}} : {_memref(shape, dtype)}", "m"), _memref(shape, dtype)
+
+    def const(text: str, hint: str = "k") -> str:
+        return t.op(f"arith.constant {text}", hint)
+
     Q, Q_t = t.batched_view(t.to_buffer("%arg0", q), q, batch)
     K, K_t = t.batched_view(t.to_buffer("%arg1", k), k, batch)
     V, V_t = t.batched_view(t.to_buffer("%arg2", val), val, batch)
-    O_full_t = _memref(out.shape, out.dtype)
-    O_full = t.op(f"memref.alloc() {{alignment = 64 : i64}} : {O_full_t}", "m")
+    O_full, _ = alloc(out.shape, out.dtype)
     O, O_t = t.batched_view(O_full, out, batch)
+    zero = const("0.0 : f32", "z")
+    zv = const(f"dense<0.0> : {vt}", "z")
+    ninf_v = const(f"dense<0xFF800000> : {vt}")
 
-    # --- K^T and V in f32, zero-padded to whole key blocks ----------------------------------
-    KT_t, Vf_t = _memref((batch, d, skv_pad), "f32"), _memref((batch, skv_pad, dv), "f32")
-    KT = t.op(f"memref.alloc() {{alignment = 64 : i64}} : {KT_t}", "m")
-    Vf = t.op(f"memref.alloc() {{alignment = 64 : i64}} : {Vf_t}", "m")
-    zero = t.op("arith.constant 0.0 : f32", "z")
-    t.parallel("%b", t.c(0), t.c(batch), t.c(1))
-    t.for_("%j", t.c(0), t.c(skv_pad), t.c(1))
-    inside = t.cmp("ult", "%j", t.c(skv))
-    t.open(f"scf.if {inside}")
+    # --- K^T in f32, zero-padded to whole key blocks: L x L blocks transposed in registers ------
+    KT, KT_t = alloc((batch, d, skv_pad))
+    n_groups = skv_pad // L
+    t.parallel("%bg", t.c(0), t.c(batch * n_groups), t.c(1))
+    t.line(f"%b = arith.divui %bg, {t.c(n_groups)} : index")
+    j = t.mul(t.op(f"arith.remui %bg, {t.c(n_groups)} : index", "i"), t.c(L))
+    t.open(f"scf.if {t.cmp('sle', t.add(j, t.c(L)), t.c(skv))}")
+    t.for_("%dd", t.c(0), t.c(d), t.c(L))
+    rows = [_load_vector(t, K, K_t, ["%b", t.add(j, t.c(i)), "%dd"], k.dtype, L) for i in range(L)]
+    for i, row in enumerate(transpose_in_registers(t, rows)):
+        t.line(f"vector.store {row}, {KT}[%b, {t.add('%dd', t.c(i))}, {j}] : {KT_t}, {vt}")
+    t.close()
+    t.else_()  # the last keys, and the padding
+    t.for_("%jj", j, t.add(j, t.c(L)), t.c(1))
+    inside = t.cmp("ult", "%jj", t.c(skv))
     t.for_("%dd", t.c(0), t.c(d), t.c(1))
-    t.line(f"memref.store {t.load_f32(K, K_t, ['%b', '%j', '%dd'], k.dtype)}, {KT}[%b, %dd, %j] : {KT_t}")
-    t.close()
-    t.for_("%dd", t.c(0), t.c(dv), t.c(1))
-    t.line(f"memref.store {t.load_f32(V, V_t, ['%b', '%j', '%dd'], val.dtype)}, {Vf}[%b, %j, %dd] : {Vf_t}")
-    t.close()
+    t.open(f"%x = scf.if {inside} -> (f32)")
+    t.line(f"scf.yield {t.load_f32(K, K_t, ['%b', '%jj', '%dd'], k.dtype)} : f32")
     t.else_()
-    t.for_("%dd", t.c(0), t.c(d), t.c(1))
-    t.line(f"memref.store {zero}, {KT}[%b, %dd, %j] : {KT_t}")
+    t.line(f"scf.yield {zero} : f32")
     t.close()
-    t.for_("%dd", t.c(0), t.c(dv), t.c(1))
-    t.line(f"memref.store {zero}, {Vf}[%b, %j, %dd] : {Vf_t}")
+    t.line(f"memref.store %x, {KT}[%b, %dd, %jj] : {KT_t}")
     t.close()
     t.close()
     t.close()
@@ -81,109 +125,138 @@ def attention_kernel_text(name: str, v: OpView, location: str) -> str:
     t.line(f"%b = arith.divui %bq, {t.c(n_qblocks)} : index")
     t.line(f"%qb = arith.remui %bq, {t.c(n_qblocks)} : index")
     i0 = t.mul("%qb", t.c(BR))
-    P_t, Oacc_t = _memref((BR, BC), "f32"), _memref((BR, dv), "f32")
-    P = t.op(f"memref.alloc() {{alignment = 64 : i64}} : {P_t}", "m")
-    Oacc = t.op(f"memref.alloc() {{alignment = 64 : i64}} : {Oacc_t}", "m")
-    zv = t.op(f"arith.constant dense<0.0> : {vt}", "z")
-    for r in range(BR):
-        for j in range(nv_o):
-            t.line(f"vector.store {zv}, {Oacc}[{t.c(r)}, {t.c(j * L)}] : {Oacc_t}, {vt}")
-    # query rows past the end compute on the last row and are not stored
-    rows = [t.min_(t.add(i0, t.c(r)), t.c(sq - 1)) for r in range(BR)]
-    if causal:  # keys up to the block's last query
-        kv_end = t.min_(t.add(i0, t.c(BR)), t.c(skv))
-    else:
-        kv_end = t.c(skv)
-    neg_inf = t.op("arith.constant 0xFF800000 : f32", "z")
-    one = t.op("arith.constant 1.0 : f32", "z")
-    # running max and sum per query row, in a small buffer so the softmax can loop over rows
-    ML_t = _memref((2, BR), "f32")
-    ML = t.op(f"memref.alloc() {{alignment = 64 : i64}} : {ML_t}", "m")
-    for r in range(BR):
-        t.line(f"memref.store {neg_inf}, {ML}[{t.c(0)}, {t.c(r)}] : {ML_t}")
-        t.line(f"memref.store {zero}, {ML}[{t.c(1)}, {t.c(r)}] : {ML_t}")
-    t.for_("%j0", t.c(0), kv_end, t.c(BC))
-    # S = Q K^T
-    accs = [f"%s{r}_{j}" for r in range(BR) for j in range(nv_s)]
-    res = t.fresh("S")
-    t.open(f"{res}:{len(accs)} = scf.for %dd = {t.c(0)} to {t.c(d)} step {t.c(1)} "
-           f"iter_args({', '.join(f'{x} = {zv}' for x in accs)}) -> ({', '.join([vt] * len(accs))})")
-    kvec = [t.op(f"vector.load {KT}[%b, %dd, {t.add('%j0', t.c(j * L))}] : {KT_t}, {vt}", "k") for j in range(nv_s)]
-    new = []
-    for r in range(BR):
-        qs = t.op(f"vector.broadcast {t.load_f32(Q, Q_t, ['%b', rows[r], '%dd'], q.dtype)} : f32 to {vt}", "q")
-        for j in range(nv_s):
-            new.append(t.op(f"vector.fma {qs}, {kvec[j]}, {accs[r * nv_s + j]} : {vt}", "f"))
-    t.line(f"scf.yield {', '.join(new)} : {', '.join([vt] * len(new))}")
-    t.close()
-    # the score tile to the scratch, then the online softmax row by row (one copy of its code)
-    for r in range(BR):
-        for j in range(nv_s):
-            t.line(f"vector.store {res}#{r * nv_s + j}, {P}[{t.c(r)}, {t.c(j * L)}] : {P_t}, {vt}")
-    iota = t.op(f"arith.constant dense<[{', '.join(str(i) for i in range(L))}]> : {it}", "k")
-    scale_v = t.op(f"arith.constant dense<{scale!r}> : {vt}", "k")
-    ninf_v = t.op(f"arith.constant dense<0xFF800000> : {vt}", "k")
-    j0_i32 = t.op("arith.index_cast %j0 : index to i32", "i")
-    limit_kv = t.op(f"vector.broadcast {t.op(f'arith.constant {skv} : i32', 'i')} : i32 to {it}", "k")
+    (Qs, Qs_t), (P, P_t), (Oacc, Oacc_t), (ML, ML_t) = alloc((BR, d)), alloc((BR, BC)), alloc((BR, dv)), alloc((3, BR))
+    scale_v = const(f"dense<{scale!r}> : {vt}")
+    # Qs = scale * Q (rows past the end repeat the last row and are not stored); O = 0, m = -inf, l = 0
     t.for_("%r", t.c(0), t.c(BR), t.c(1))
-    row_i32 = t.op(f"arith.index_cast {t.add(i0, '%r')} : index to i32", "i")
-    ps = []
-    for j in range(nv_s):
-        sc = t.op(f"arith.mulf {t.op(f'vector.load {P}[%r, {t.c(j * L)}] : {P_t}, {vt}', 's')}, {scale_v} : {vt}", "s")
-        base = t.op(f"arith.addi {j0_i32}, {t.op(f'arith.constant {j * L} : i32', 'i')} : i32", "i")
-        cols = t.op(f"arith.addi {t.op(f'vector.broadcast {base} : i32 to {it}', 'i')}, {iota} : {it}", "i")
-        masked = t.op(f"arith.cmpi sge, {cols}, {limit_kv} : {it}", "p")
-        if causal:  # key j is visible to query i when j <= i
-            later = t.op(f"arith.cmpi sgt, {cols}, {t.op(f'vector.broadcast {row_i32} : i32 to {it}', 'i')} : {it}", "p")
-            masked = t.op(f"arith.ori {masked}, {later} : vector<{L}xi1>", "p")
-        ps.append(t.op(f"arith.select {masked}, {ninf_v}, {sc} : vector<{L}xi1>, {vt}", "s"))
-    row_max = t.op(f"vector.reduction <maximumf>, {ps[0]} : {vt} into f32", "r")
-    for p_ in ps[1:]:
-        row_max = t.op(f"arith.maximumf {row_max}, {t.op(f'vector.reduction <maximumf>, {p_} : {vt} into f32', 'r')} : f32", "r")
+    row = t.min_(t.add(i0, "%r"), t.c(sq - 1))
+    t.for_("%dd", t.c(0), t.c(d), t.c(L))
+    qv = _load_vector(t, Q, Q_t, ["%b", row, "%dd"], q.dtype, L)
+    t.line(f"vector.store {t.op(f'arith.mulf {qv}, {scale_v} : {vt}', 'q')}, {Qs}[%r, %dd] : {Qs_t}, {vt}")
+    t.close()
+    t.for_("%dd", t.c(0), t.c(dv), t.c(L))
+    t.line(f"vector.store {zv}, {Oacc}[%r, %dd] : {Oacc_t}, {vt}")
+    t.close()
+    t.line(f"memref.store {const('0xFF800000 : f32', 'z')}, {ML}[{t.c(0)}, %r] : {ML_t}")
+    t.line(f"memref.store {zero}, {ML}[{t.c(1)}, %r] : {ML_t}")
+    t.close()
+    kv_end = t.min_(t.add(i0, t.c(BR)), t.c(skv)) if causal else t.c(skv)
+    t.for_("%j0", t.c(0), kv_end, t.c(BC))
+    # this block's width: the keys left, rounded up to whole QK tiles, at most BC
+    left = t.op(f"arith.subi {kv_end}, %j0 : index", "i")
+    width = t.min_(t.mul(t.op(f"arith.ceildivui {left}, {t.c(sub)} : index", "i"), t.c(sub)), t.c(BC))
+
+    # S = Qs K^T, tile by tile, into the scratch P
+    t.for_("%r0", t.c(0), t.c(BR), t.c(QR))
+    t.for_("%c", t.c(0), width, t.c(sub))
+    key = t.add("%j0", "%c")
+    res, accs = _for_iter(t, "%dd", t.c(0), t.c(d), t.c(1), [zv] * (QR * QV), vt)
+    kvec = [t.op(f"vector.load {KT}[%b, %dd, {t.add(key, t.c(j * L))}] : {KT_t}, {vt}", "k") for j in range(QV)]
+    new = []
+    for r in range(QR):
+        qs = t.op(f"memref.load {Qs}[{t.add('%r0', t.c(r))}, %dd] : {Qs_t}", "q")
+        qb = t.op(f"vector.broadcast {qs} : f32 to {vt}", "q")
+        new += [t.op(f"vector.fma {qb}, {kvec[j]}, {accs[r * QV + j]} : {vt}", "f") for j in range(QV)]
+    _yield(t, new, vt)
+    for r in range(QR):
+        for j in range(QV):
+            t.line(f"vector.store {res}#{r * QV + j}, {P}[{t.add('%r0', t.c(r))}, {t.add('%c', t.c(j * L))}] "
+                   f": {P_t}, {vt}")
+    t.close()
+    t.close()
+
+    # the online softmax, row by row
+    iota = const(f"dense<[{', '.join(str(i) for i in range(L))}]> : {it}")
+    # only blocks that reach past the sequence's end (or, causal, past a query row) need the mask
+    first_limit = t.min_(t.add(i0, t.c(1)), t.c(skv)) if causal else t.c(skv)
+    needs_mask = t.cmp("sgt", t.add("%j0", width), first_limit)
+    t.for_("%r", t.c(0), t.c(BR), t.c(1))
+    # keys at or past `limit` are masked: the sequence's end, and for causal the keys after the query
+    limit = t.min_(t.add(t.add(i0, "%r"), t.c(1)), t.c(skv)) if causal else t.c(skv)
+    limit = t.op(f"arith.index_cast {t.op(f'arith.subi {limit}, %j0 : index', 'i')} : index to i32", "i")
+    limit_v = t.op(f"vector.broadcast {limit} : i32 to {it}", "i")
+    t.open(f"%vmax = scf.if {needs_mask} -> ({vt})")
+    res, (vmax,) = _for_iter(t, "%c", t.c(0), width, t.c(L), [ninf_v], vt)
+    c32 = t.op("arith.index_cast %c : index to i32", "i")
+    cols = t.op(f"arith.addi {t.op(f'vector.broadcast {c32} : i32 to {it}', 'i')}, {iota} : {it}", "i")
+    keep = t.op(f"arith.cmpi slt, {cols}, {limit_v} : {it}", "p")
+    sv = t.op(f"arith.select {keep}, {t.op(f'vector.load {P}[%r, %c] : {P_t}, {vt}', 's')}, {ninf_v} "
+              f": vector<{L}xi1>, {vt}", "s")
+    t.line(f"vector.store {sv}, {P}[%r, %c] : {P_t}, {vt}")
+    _yield(t, [t.op(f"arith.maxnumf {vmax}, {sv} {NNAN} : {vt}", "s")], vt)
+    t.line(f"scf.yield {res}#0 : {vt}")
+    t.else_()
+    res, (vmax,) = _for_iter(t, "%c", t.c(0), width, t.c(L), [ninf_v], vt)
+    sv = t.op(f"vector.load {P}[%r, %c] : {P_t}, {vt}", "s")
+    _yield(t, [t.op(f"arith.maxnumf {vmax}, {sv} {NNAN} : {vt}", "s")], vt)
+    t.line(f"scf.yield {res}#0 : {vt}")
+    t.close()
+    row_max = t.op(f"vector.reduction <maxnumf>, %vmax {NNAN} : {vt} into f32", "r")
     m_old = t.op(f"memref.load {ML}[{t.c(0)}, %r] : {ML_t}", "r")
-    m_new = t.op(f"arith.maximumf {m_old}, {row_max} : f32", "r")
-    # alpha = exp(m_old - m_new); m_old = -inf on the first block gives 0
-    diff = t.op(f"vector.broadcast {t.op(f'arith.subf {m_old}, {m_new} : f32', 'r')} : f32 to {vt}", "r")
+    m_new = t.op(f"arith.maxnumf {m_old}, {row_max} {NNAN} : f32", "r")
+    # a row with every key masked so far subtracts 0 instead of -inf (whose difference is NaN)
+    is_ninf = t.op(f"arith.cmpf oeq, {m_new}, {const('0xFF800000 : f32', 'z')} : f32", "p")
+    m_use = t.op(f"arith.select {is_ninf}, {zero}, {m_new} : f32", "r")
+    diff = t.op(f"vector.broadcast {t.op(f'arith.subf {m_old}, {m_use} : f32', 'r')} : f32 to {vt}", "r")
     alpha = t.op(f"vector.extract {vector_exp(t, diff, vt, it)}[0] : f32 from {vt}", "r")
-    mb = t.op(f"vector.broadcast {m_new} : f32 to {vt}", "r")
-    total = zero
-    for j, p_ in enumerate(ps):
-        e = vector_exp(t, t.op(f"arith.subf {p_}, {mb} : {vt}", "s"), vt, it)
-        t.line(f"vector.store {e}, {P}[%r, {t.c(j * L)}] : {P_t}, {vt}")
-        total = t.op(f"arith.addf {total}, {t.op(f'vector.reduction <add>, {e} : {vt} into f32', 'r')} : f32", "r")
+    mb = t.op(f"vector.broadcast {m_use} : f32 to {vt}", "r")
+    res, (vsum,) = _for_iter(t, "%c", t.c(0), width, t.c(L), [zv], vt)
+    e = vector_exp(t, t.op(f"arith.subf {t.op(f'vector.load {P}[%r, %c] : {P_t}, {vt}', 's')}, {mb} : {vt}", "s"),
+                   vt, it, at_most_zero=True)
+    t.line(f"vector.store {e}, {P}[%r, %c] : {P_t}, {vt}")
+    _yield(t, [t.op(f"arith.addf {vsum}, {e} : {vt}", "s")], vt)
+    total = t.op(f"vector.reduction <add>, {res}#0 fastmath<reassoc> : {vt} into f32", "r")
     l_old = t.op(f"memref.load {ML}[{t.c(1)}, %r] : {ML_t}", "r")
     t.line(f"memref.store {t.op(f'math.fma {l_old}, {alpha}, {total} : f32', 'r')}, {ML}[{t.c(1)}, %r] : {ML_t}")
     t.line(f"memref.store {m_new}, {ML}[{t.c(0)}, %r] : {ML_t}")
-    # O[r] = O[r] * alpha + P[r] V
-    ab = t.op(f"vector.broadcast {alpha} : f32 to {vt}", "r")
-    o_init = [t.op(f"arith.mulf {t.op(f'vector.load {Oacc}[%r, {t.c(j * L)}] : {Oacc_t}, {vt}', 'o')}, {ab} : {vt}", "o")
-              for j in range(nv_o)]
-    o_names = [f"%o{j}" for j in range(nv_o)]
-    o_res = t.fresh("O")
-    t.open(f"{o_res}:{nv_o} = scf.for %jj = {t.c(0)} to {t.c(BC)} step {t.c(1)} "
-           f"iter_args({', '.join(f'{n} = {i}' for n, i in zip(o_names, o_init))}) -> ({', '.join([vt] * nv_o)})")
-    pb = t.op(f"vector.broadcast {t.op(f'memref.load {P}[%r, %jj] : {P_t}', 'p')} : f32 to {vt}", "p")
-    vrow = t.add("%j0", "%jj")
-    upd = [t.op(f"vector.fma {pb}, {t.op(f'vector.load {Vf}[%b, {vrow}, {t.c(j * L)}] : {Vf_t}, {vt}', 'v')}, "
-                f"{o_names[j]} : {vt}", "o") for j in range(nv_o)]
-    t.line(f"scf.yield {', '.join(upd)} : {', '.join([vt] * nv_o)}")
+    t.line(f"memref.store {alpha}, {ML}[{t.c(2)}, %r] : {ML_t}")
     t.close()
-    for j in range(nv_o):
-        t.line(f"vector.store {o_res}#{j}, {Oacc}[%r, {t.c(j * L)}] : {Oacc_t}, {vt}")
-    t.close()  # rows
+
+    # O = O * alpha + P V, tiles of PR rows x a group of O's vectors; P is 0 past the keys that exist
+    keys_here = t.min_(left, width)
+    for g0, gs in _column_groups(dv // L):
+        PR = max(r for r in range(1, BR + 1) if BR % r == 0 and r * gs <= MAX_ACCUMULATORS)
+        t.for_("%r0", t.c(0), t.c(BR), t.c(PR))
+        rows = [t.add("%r0", t.c(r)) for r in range(PR)]
+        inits = []
+        for r in range(PR):
+            ab = t.op(f"vector.broadcast {t.op(f'memref.load {ML}[{t.c(2)}, {rows[r]}] : {ML_t}', 'o')} "
+                      f": f32 to {vt}", "o")
+            inits += [t.op(f"arith.mulf {t.op(f'vector.load {Oacc}[{rows[r]}, {t.c((g0 + j) * L)}] : {Oacc_t}, {vt}', 'o')}"
+                           f", {ab} : {vt}", "o") for j in range(gs)]
+        res, accs = _for_iter(t, "%jj", t.c(0), keys_here, t.c(1), inits, vt)
+        key = t.add("%j0", "%jj")
+        vrow = [_load_vector(t, V, V_t, ["%b", key, t.c((g0 + j) * L)], val.dtype, L) for j in range(gs)]
+        new = []
+        for r in range(PR):
+            pb = t.op(f"vector.broadcast {t.op(f'memref.load {P}[{rows[r]}, %jj] : {P_t}', 'p')} : f32 to {vt}", "p")
+            new += [t.op(f"vector.fma {pb}, {vrow[j]}, {accs[r * gs + j]} : {vt}", "o") for j in range(gs)]
+        _yield(t, new, vt)
+        for r in range(PR):
+            for j in range(gs):
+                t.line(f"vector.store {res}#{r * gs + j}, {Oacc}[{rows[r]}, {t.c((g0 + j) * L)}] : {Oacc_t}, {vt}")
+        t.close()
     t.close()  # key blocks
+
     # out = O / l, rows inside the sequence only
     ovt = f"vector<{L}x{out.dtype}>"
     rows_here = t.min_(t.op(f"arith.subi {t.c(sq)}, {i0} : index", "i"), t.c(BR))
     t.for_("%r", t.c(0), rows_here, t.c(1))
     l_final = t.op(f"memref.load {ML}[{t.c(1)}, %r] : {ML_t}", "r")
+    one = const("1.0 : f32", "z")
     inv = t.op(f"vector.broadcast {t.op(f'arith.divf {one}, {l_final} : f32', 'r')} : f32 to {vt}", "r")
-    for j in range(nv_o):
-        o = t.op(f"arith.mulf {t.op(f'vector.load {Oacc}[%r, {t.c(j * L)}] : {Oacc_t}, {vt}', 'o')}, {inv} : {vt}", "o")
-        if out.dtype != "f32":
-            o = t.op(f"arith.truncf {o} : {vt} to {ovt}", "o")
-        t.line(f"vector.store {o}, {O}[%b, {t.add(i0, '%r')}, {t.c(j * L)}] : {O_t}, {ovt}")
+    t.for_("%dd", t.c(0), t.c(dv), t.c(L))
+    o = t.op(f"arith.mulf {t.op(f'vector.load {Oacc}[%r, %dd] : {Oacc_t}, {vt}', 'o')}, {inv} : {vt}", "o")
+    if out.dtype != "f32":
+        o = t.op(f"arith.truncf {o} : {vt} to {ovt}", "o")
+    t.line(f"vector.store {o}, {O}[%b, {t.add(i0, '%r')}, %dd] : {O_t}, {ovt}")
+    t.close()
     t.close()
     t.close_parallel()
     params = ", ".join(f"%arg{i}: {spec}" for i, spec in enumerate((q, k, val)))
     return t.function_text(name, params, O_full, out, location)
+
+
+def _load_vector(t: _Text, mem: str, mem_t: str, idx: list[str], dtype: str, lanes: int) -> str:
+    x = t.op(f"vector.load {mem}[{', '.join(idx)}] : {mem_t}, vector<{lanes}x{dtype}>", "x")
+    return x if dtype == "f32" else t.op(f"arith.extf {x} : vector<{lanes}x{dtype}> to vector<{lanes}xf32>", "x")

@@ -202,8 +202,8 @@ class CpuSchedulePass(TraceaPass):
                 continue
             if op.name == "tracea.attention":
                 if supports_attention(v, host.f32_lanes):
-                    with op.context:  # 8 query rows x 2 vectors of keys: 16 score registers
-                        op.attributes["schedule"] = Schedule(tile=(8, 2 * host.f32_lanes),
+                    with op.context:  # blocks of 16 queries x 4 vectors of keys (AVX-512: 64 keys)
+                        op.attributes["schedule"] = Schedule(tile=(16, 4 * host.f32_lanes),
                                                              lane_map=LaneMap("simd", (host.f32_lanes,))).to_attr()
                 continue
             m, n = v.result.shape[-2:]

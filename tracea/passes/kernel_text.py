@@ -129,14 +129,16 @@ class Body:
         return self._new("f32", f"arith.select {cond}, {x}, {y} : f32")
 
 
-def vector_exp(t, x: str, vt: str, it: str) -> str:
+def vector_exp(t, x: str, vt: str, it: str, at_most_zero: bool = False) -> str:
     """exp(x) on an f32 vector (Cephes expf: x = n ln2 + r, exp(r) by a degree-6 polynomial,
     2^n from exponent bits); exp(-inf) and anything below -88 give exactly 0. `t` is any writer
-    with op(text, hint) -> SSA name."""
+    with op(text, hint) -> SSA name. at_most_zero: the caller knows x <= 0 (a softmax's x - max),
+    which saves the clamp at the top of the range."""
     def const(value: float) -> str:
         return t.op(f"arith.constant dense<{value!r}> : {vt}", "k")
 
-    x = t.op(f"arith.minimumf {x}, {const(88.0)} : {vt}", "e")
+    if not at_most_zero:
+        x = t.op(f"arith.minimumf {x}, {const(88.0)} : {vt}", "e")
     x = t.op(f"arith.maximumf {x}, {const(-88.0)} : {vt}", "e")
     n = t.op(f"math.floor {t.op(f'math.fma {x}, {const(1.4426950408889634)}, {const(0.5)} : {vt}', 'e')} : {vt}", "e")
     r = t.op(f"math.fma {n}, {const(-0.693359375)}, {x} : {vt}", "e")
