@@ -17,6 +17,8 @@ The buffers are freed by the bufferization's deallocation pipeline, which places
 """
 from __future__ import annotations
 
+import math
+
 from dataclasses import dataclass
 
 from ..dialects.ops import ACCUMULATOR_DTYPE, Epilogue, OpView, TensorSpec
@@ -52,11 +54,13 @@ class ConvGather:
 
 
 def conv_k_block(c: int, k: int, kc: int) -> int:
-    """A K block size near `kc` that holds whole runs of `c` (or divides one)."""
+    """A K block size near `kc` that holds whole runs of `c` (or divides one); the runs are
+    shared out evenly among the blocks (K a multiple of `c` here)."""
     if k <= kc:
         return k
     if c <= kc:
-        return kc // c * c
+        runs, blocks = k // c, max(1, round(k / kc))
+        return math.ceil(runs / blocks) * c
     divisors = [d for d in range(kc // 2, kc + 1) if c % d == 0]
     return max(divisors) if divisors else c
 
@@ -350,13 +354,13 @@ def _pack_a_kernel_rows(t: _Text, g: ConvGather, p: GemmPlan, image: str, image_
     _close_image_row(t, Ap, Ap_t, base, kc, zero)
 
 
-def transpose_in_registers(t: _Text, rows: list[str]) -> list[str]:
-    """The transpose of an L x L f32 block held as L row vectors (L a power of two): log2(L)
+def transpose_in_registers(t: _Text, rows: list[str], dtype: str = "f32") -> list[str]:
+    """The transpose of an L x L block held as L row vectors (L a power of two): log2(L)
     rounds of 2-input shuffles, each swapping the off-diagonal s x s blocks of every 2s x 2s
     block (s = L/2 .. 1) -- L * log2(L) shuffles that x86 does in one instruction each (LLVM's
     own lowering of vector.transpose goes element by element and compiles slowly)."""
     n = len(rows)
-    vtype = f"vector<{n}xf32>"
+    vtype = f"vector<{n}x{dtype}>"
     rows = list(rows)
     s = n // 2
     while s:

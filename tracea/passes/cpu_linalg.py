@@ -8,7 +8,8 @@ plans become one transform-dialect script run by MLIR's transform interpreter:
   least the thread count among the threads (an scf.forall, an scf.parallel once bufferized);
 - a body of arith/math ops whose innermost loop is contiguous in every operand that uses it:
   `tile_using_for` to one vector along that loop (1 elsewhere) and `vectorize` with masks for the
-  remainder. Strided reads (transposes) stay scalar loops; LLVM gathers would be no faster.
+  remainder. Other strided reads stay scalar loops (LLVM gathers would be no faster), except
+  transposing copies, which become a kernel of register-transposed blocks (cpu_transpose.py).
   Not vectorized either (only split): reductions whose innermost range needs a mask (no lowering
   for masked reductions here) and maps with constant results (keepdim reductions).
 """
@@ -22,6 +23,8 @@ from mlir.dialects import linalg  # loaded at import anyway (tracea.dialects.con
 from mlir.dialects.transform import interpreter
 
 from ..targets.host import host_cpu
+from .cpu_transpose import transpose_kernel_text, transposed_dims
+from .lower_to_linalg import inline_kernel
 from .registry import PassFailed, TraceaPass, option, register
 
 TAG = "tracea.tile_linalg"
@@ -127,6 +130,11 @@ class CpuTileLinalgPass(TraceaPass):
         scripts = []
         for op in _function_body_ops(module):
             if op.name != "linalg.generic":
+                continue
+            if transposed_dims(op) is not None:
+                parallel = threads > 1 and math.prod(ir.ShapedType(op.results[0].type).shape) >= self.min_work
+                inline_kernel(op, transpose_kernel_text(f"__tracea_transpose_{len(scripts)}", op, host.f32_lanes,
+                                                        parallel, str(op.location)))
                 continue
             plan = plan_for(op, threads, host.f32_lanes, self.min_work)
             if plan is None:

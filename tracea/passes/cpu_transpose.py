@@ -1,0 +1,92 @@
+"""Transposing copies (a linalg.generic that only moves elements, its innermost output loop not
+the input's innermost): L x L blocks read as vectors along the input's contiguous dim, transposed
+in registers, written as vectors along the output's. Element-wise, each element costs a strided
+scalar access (LLVM turns the inner loop into gathers or scatters, no faster); in blocks, two
+vector accesses per L elements. Edge blocks use masked loads and stores, so every block takes
+the vector path.
+"""
+from __future__ import annotations
+
+import math
+
+import mlir.ir as ir
+
+from ..dialects.ops import TensorSpec
+from .cpu_gemm import _memref, _Text, transpose_in_registers
+
+ELEMENT_BITS = {"f32": 32, "i32": 32}  # element types the register transpose handles
+
+
+def transposed_dims(op: ir.Operation) -> tuple[list[int], int] | None:
+    """For a transposing copy: (the input map's dims, the output dim that is the input's innermost);
+    None for any other op."""
+    if op.name != "linalg.generic" or len(op.operands) != 2 or len(op.results) != 1:
+        return None
+    maps = [ir.AffineMapAttr(a).value for a in ir.ArrayAttr(op.attributes["indexing_maps"])]
+    if not all(m.is_permutation for m in maps) or not all("parallel" in str(a)
+                                                        for a in ir.ArrayAttr(op.attributes["iterator_types"])):
+        return None
+    body = list(op.regions[0].blocks[0].operations)
+    if len(body) != 1 or body[0].operands[0] != op.regions[0].blocks[0].arguments[0]:
+        return None  # not a plain copy
+    types = [v.type if isinstance(v.type, ir.RankedTensorType) else None for v in op.operands]
+    if None in types or not all(t.has_static_shape for t in types) or types[0].element_type != types[1].element_type:
+        return None
+    in_dims, out_dims = ([e.position for e in m.results] for m in maps)
+    if out_dims != list(range(len(out_dims))) or str(types[0].element_type) not in ELEMENT_BITS:
+        return None
+    inner = in_dims[-1]
+    shape = types[1].shape
+    if inner == len(shape) - 1 or shape[inner] < 4 or shape[-1] < 4:
+        return None  # no transpose, or too thin for blocks
+    return in_dims, inner
+
+
+def transpose_kernel_text(name: str, op: ir.Operation, lanes: int, parallel: bool, location: str) -> str:
+    """The kernel function (on tensors) for a transposing copy; `parallel`: its blocks are split
+    among the threads."""
+    in_dims, inner = transposed_dims(op)
+    src, dst = (TensorSpec.from_type(v.type, "transpose operand") for v in op.operands)
+    dtype, L = dst.dtype, lanes
+    shape = dst.shape
+    last = len(shape) - 1
+    others = [d for d in range(len(shape)) if d not in (inner, last)]
+    n_blocks = -(-shape[inner] // L)
+    vt = f"vector<{L}x{dtype}>"
+    t = _Text()
+    src_t, dst_t = _memref(src.shape, dtype), _memref(shape, dtype)
+    source = t.to_buffer("%arg0", src)
+    out = t.op(f"memref.alloc() {{alignment = 64 : i64}} : {dst_t}", "m")
+    zero = t.op(f"arith.constant dense<0{'.0' if dtype.startswith('f') else ''}> : {vt}", "z")
+    # one parallel loop over (the other dims, blocks of the input's innermost dim)
+    (t.parallel if parallel else t.for_)("%task", t.c(0), t.c(math.prod(shape[d] for d in others) * n_blocks), t.c(1))
+    rest = t.op(f"arith.divui %task, {t.c(n_blocks)} : index", "i")
+    a0 = t.mul(t.op(f"arith.remui %task, {t.c(n_blocks)} : index", "i"), t.c(L))
+    index = {}
+    for d in reversed(others):
+        index[d] = t.op(f"arith.remui {rest}, {t.c(shape[d])} : index", "i")
+        rest = t.op(f"arith.divui {rest}, {t.c(shape[d])} : index", "i")
+    na = t.min_(t.op(f"arith.subi {t.c(shape[inner])}, {a0} : index", "i"), t.c(L))
+    mask_a = t.op(f"vector.create_mask {na} : vector<{L}xi1>", "p")
+    t.for_("%j0", t.c(0), t.c(shape[last]), t.c(L))
+    nj = t.min_(t.op(f"arith.subi {t.c(shape[last])}, %j0 : index", "i"), t.c(L))
+    mask_j = t.op(f"vector.create_mask {nj} : vector<{L}xi1>", "p")
+    rows = []
+    for i in range(L):  # rows past the edge repeat the last one; their lanes are not stored
+        index[last] = t.min_(t.add("%j0", t.c(i)), t.c(shape[last] - 1))
+        index[inner] = a0
+        at = ", ".join(index[d] for d in in_dims)
+        rows.append(t.op(f"vector.maskedload {source}[{at}], {mask_a}, {zero} : {src_t}, vector<{L}xi1>, {vt} "
+                         f"into {vt}", "v"))
+    for r, row in enumerate(transpose_in_registers(t, rows, dtype)):
+        index[inner] = t.min_(t.add(a0, t.c(r)), t.c(shape[inner] - 1))
+        index[last] = "%j0"
+        mask = mask_j
+        if r:  # row r exists when r < na
+            inside = t.op(f"vector.broadcast {t.cmp('ult', t.c(r), na)} : i1 to vector<{L}xi1>", "p")
+            mask = t.op(f"arith.andi {mask_j}, {inside} : vector<{L}xi1>", "p")
+        at = ", ".join(index[d] for d in range(len(shape)))
+        t.line(f"vector.maskedstore {out}[{at}], {mask}, {row} : {dst_t}, vector<{L}xi1>, {vt}")
+    t.close()
+    t.close_parallel() if parallel else t.close()
+    return t.function_text(name, f"%arg0: {src}", out, dst, location)
