@@ -103,8 +103,10 @@ def compile(program, example_inputs=None, *, target: str = "cpu", entry: str | N
             with _CACHE_LOCK:
                 _CACHE[key] = kernel
             return kernel
+    # Tracea's own pipelines verify once per stage, not after every pass (the input is verified
+    # when parsed); tracea-opt keeps MLIR's per-pass verification
     result = compile_or_raise(text, backend.stages(strategy, threads), source_name=source_name,
-                              keep_stages=keep_stages or dump is not None)
+                              keep_stages=keep_stages or dump is not None, verify_each=False)
     signature = _signature(text, entry, source_name)
     if isinstance(program, Function):
         signature.arg_names = program.arg_names

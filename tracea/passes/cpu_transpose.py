@@ -66,27 +66,38 @@ def transpose_kernel_text(name: str, op: ir.Operation, lanes: int, parallel: boo
     for d in reversed(others):
         index[d] = t.op(f"arith.remui {rest}, {t.c(shape[d])} : index", "i")
         rest = t.op(f"arith.divui {rest}, {t.c(shape[d])} : index", "i")
-    na = t.min_(t.op(f"arith.subi {t.c(shape[inner])}, {a0} : index", "i"), t.c(L))
-    mask_a = t.op(f"vector.create_mask {na} : vector<{L}xi1>", "p")
+    inner_tail, last_tail = shape[inner] % L, shape[last] % L
+
+    def row(base: str, r: int, size: int, tail: int) -> str:
+        """base + r, clamped into the dim: only the last block has rows past its end, and only
+        rows at or after the dim's tail."""
+        return t.add(base, t.c(r)) if not tail or r < tail else t.min_(t.add(base, t.c(r)), t.c(size - 1))
+
+    # masks only for dims that are not whole blocks
+    na = t.min_(t.op(f"arith.subi {t.c(shape[inner])}, {a0} : index", "i"), t.c(L)) if inner_tail else None
+    mask_a = t.op(f"vector.create_mask {na} : vector<{L}xi1>", "p") if inner_tail else None
     t.for_("%j0", t.c(0), t.c(shape[last]), t.c(L))
-    nj = t.min_(t.op(f"arith.subi {t.c(shape[last])}, %j0 : index", "i"), t.c(L))
-    mask_j = t.op(f"vector.create_mask {nj} : vector<{L}xi1>", "p")
+    mask_j = None
+    if last_tail:
+        nj = t.min_(t.op(f"arith.subi {t.c(shape[last])}, %j0 : index", "i"), t.c(L))
+        mask_j = t.op(f"vector.create_mask {nj} : vector<{L}xi1>", "p")
     rows = []
     for i in range(L):  # rows past the edge repeat the last one; their lanes are not stored
-        index[last] = t.min_(t.add("%j0", t.c(i)), t.c(shape[last] - 1))
+        index[last] = row("%j0", i, shape[last], last_tail)
         index[inner] = a0
-        at = ", ".join(index[d] for d in in_dims)
-        rows.append(t.op(f"vector.maskedload {source}[{at}], {mask_a}, {zero} : {src_t}, vector<{L}xi1>, {vt} "
-                         f"into {vt}", "v"))
-    for r, row in enumerate(transpose_in_registers(t, rows, dtype)):
-        index[inner] = t.min_(t.add(a0, t.c(r)), t.c(shape[inner] - 1))
+        at = f"{source}[{', '.join(index[d] for d in in_dims)}]"
+        rows.append(t.op(f"vector.maskedload {at}, {mask_a}, {zero} : {src_t}, vector<{L}xi1>, {vt} into {vt}"
+                         if mask_a else f"vector.load {at} : {src_t}, {vt}", "v"))
+    for r, value in enumerate(transpose_in_registers(t, rows, dtype)):
+        index[inner] = row(a0, r, shape[inner], inner_tail)
         index[last] = "%j0"
         mask = mask_j
-        if r:  # row r exists when r < na
+        if inner_tail and r >= inner_tail:  # row r exists when r < na
             inside = t.op(f"vector.broadcast {t.cmp('ult', t.c(r), na)} : i1 to vector<{L}xi1>", "p")
-            mask = t.op(f"arith.andi {mask_j}, {inside} : vector<{L}xi1>", "p")
-        at = ", ".join(index[d] for d in range(len(shape)))
-        t.line(f"vector.maskedstore {out}[{at}], {mask}, {row} : {dst_t}, vector<{L}xi1>, {vt}")
+            mask = t.op(f"arith.andi {mask_j}, {inside} : vector<{L}xi1>", "p") if mask_j else inside
+        at = f"{out}[{', '.join(index[d] for d in range(len(shape)))}]"
+        t.line(f"vector.maskedstore {at}, {mask}, {value} : {dst_t}, vector<{L}xi1>, {vt}"
+               if mask else f"vector.store {value}, {at} : {dst_t}, {vt}")
     t.close()
     t.close_parallel() if parallel else t.close()
     return t.function_text(name, f"%arg0: {src}", out, dst, location)

@@ -91,9 +91,11 @@ def parse_pipeline(text: str, _seen: tuple[str, ...] = ()) -> Pipeline:
     return Pipeline(tuple(elements))
 
 
-def build_pass_manager(pipeline: Pipeline, print_ir_after_all: bool = False) -> PassManager:
-    """Needs an active context. Consecutive upstream elements are parsed by MLIR together."""
+def build_pass_manager(pipeline: Pipeline, print_ir_after_all: bool = False, verify_each: bool = True) -> PassManager:
+    """Needs an active context. Consecutive upstream elements are parsed by MLIR together.
+    verify_each=False skips MLIR's verifier after every pass (nearly half of a kernel's pass time)."""
     pm = PassManager("builtin.module")
+    pm.enable_verifier(verify_each)
     pending: list[str] = []
 
     def flush():
@@ -126,7 +128,7 @@ class PipelineResult:
 
 
 def _run_in_process(source: str, stages: list[tuple[str, Pipeline]], source_name: str,
-                    print_ir_after_all: bool, keep_stages: bool, asm: dict) -> PipelineResult:
+                    print_ir_after_all: bool, keep_stages: bool, asm: dict, verify_each: bool) -> PipelineResult:
     ctx = shared_context("pipeline")
     log = DiagnosticLog(source_name)
     kept: dict[str, str] = {}
@@ -140,8 +142,10 @@ def _run_in_process(source: str, stages: list[tuple[str, Pipeline]], source_name
             return PipelineResult(False, None, log.diagnostics)
         for stage_name, pipeline in stages:
             try:
-                pm = build_pass_manager(pipeline, print_ir_after_all)
+                pm = build_pass_manager(pipeline, print_ir_after_all, verify_each)
                 pm.run(module.operation)
+                if not verify_each:  # still verified once per stage
+                    module.operation.verify()
             except ir.MLIRError as e:
                 log.absorb(e)
                 if not log.errors:
@@ -158,13 +162,14 @@ def _run_in_process(source: str, stages: list[tuple[str, Pipeline]], source_name
 
 def run_pipeline(source: str, stages: list[tuple[str, Pipeline]] | Pipeline, *, source_name: str = "<input>",
                  print_ir_after_all: bool = False, keep_stages: bool = False, asm: dict | None = None,
-                 isolate: bool | None = None) -> PipelineResult:
+                 isolate: bool | None = None, verify_each: bool = True) -> PipelineResult:
     """Parse `source`, verify its tracea ops, run the pipeline stages; never raises for bad input
     (the result carries the diagnostics). Raises InternalCompilerError if the compiler aborts.
-    `asm` holds Operation.get_asm options for the output (e.g. print_generic_op_form=True)."""
+    `asm` holds Operation.get_asm options for the output (e.g. print_generic_op_form=True).
+    verify_each=False verifies the IR after each stage instead of after each pass."""
     if isinstance(stages, Pipeline):
         stages = [("output", stages)]
-    args = (source, stages, source_name, print_ir_after_all, keep_stages, asm or {})
+    args = (source, stages, source_name, print_ir_after_all, keep_stages, asm or {}, verify_each)
     if not (knobs.isolate_compiler() if isolate is None else isolate):
         with pipeline_lock:
             return _run_in_process(*args)
