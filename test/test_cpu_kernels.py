@@ -203,6 +203,20 @@ def test_flash_attention_block_shapes(tile, causal):
     ref.assert_close(tracea.compile(fn, threads=2)(q, k, v), ref.attention(q, k, v, None, causal), "f32", 45)
 
 
+@pytest.mark.parametrize("strategy", ["tiled", "reference"])
+def test_attention_rows_of_minus_infinity_give_zero(strategy):
+    """A query whose scores are all -inf gets 0, as torch's safe softmax gives (not 0/0)."""
+    rng = np.random.default_rng(3)
+    q, k, v = np.zeros((5, LANES), np.float32), rng.random((7, LANES)).astype(np.float32) + 0.5, \
+        rng.standard_normal((7, LANES)).astype(np.float32)
+    q[1:] = rng.standard_normal((4, LANES))
+    q[0, 0] = -np.inf  # row 0: -inf * (positive key) + 0 = -inf for every key
+    fn = td.function(*(td.tensor(a.shape) for a in (q, k, v)))(lambda a, b, c: td.attention(a, b, c))
+    out = tracea.compile(fn, strategy=strategy)(q, k, v)
+    np.testing.assert_array_equal(out[0], 0)
+    ref.assert_close(out[1:], ref.attention(q[1:], k, v), "f32", LANES)
+
+
 def test_attention_with_odd_head_dim_uses_the_reference():
     fn = td.function(*[td.tensor((2, 9, 5))] * 3)(lambda a, b, c: td.attention(a, b, c))
     assert KERNEL_MARK not in tracea.compile(fn, keep_stages=True).stages["linalg"]

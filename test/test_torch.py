@@ -83,8 +83,31 @@ def test_patterns_are_raised_into_tracea_ops():
     text = _raised_ops(cnn(), torch.randn(1, 3, 32, 32))
     assert text.count('"tracea.conv2d"') == 3 and "linalg.conv_2d" not in text
     text = _raised_ops(encoder(), torch.randn(2, 16, 64))
-    assert '"tracea.softmax"' in text and text.count('"tracea.fused_gemm"') >= 4
+    # the attention's Q K^T, safe softmax and P V are one fused op; its four linear layers fused GEMMs
+    assert '"tracea.attention"' in text and '"tracea.softmax"' not in text and '"tracea.gemm"' not in text
+    assert text.count('"tracea.fused_gemm"') >= 4
     assert "i1>" not in text  # boolean masks stored as bytes
+
+
+class Attention(nn.Module):
+    def __init__(self, scale=None):
+        super().__init__()
+        self.scale = scale
+
+    def forward(self, q, k, v):
+        return nn.functional.scaled_dot_product_attention(q, k, v, scale=self.scale)
+
+
+@pytest.mark.parametrize("scale", [None, 0.3])
+def test_scaled_dot_product_attention_is_raised_and_exact(scale):
+    torch.manual_seed(0)
+    q, k, v = torch.randn(2, 3, 20, 32), torch.randn(2, 3, 24, 32), torch.randn(2, 3, 24, 16)
+    from tracea.passes.pipeline import parse_pipeline, run_pipeline
+    graph = import_module(Attention(scale).eval(), (q, k, v))
+    raised = run_pipeline(graph.text, parse_pipeline("tracea-widen-i1, tracea-raise-linalg, canonicalize"))
+    assert raised.text.count('"tracea.attention"') == 1 and '"tracea.softmax"' not in raised.text
+    compiled = tracea.compile(Attention(scale).eval(), (q, k, v))
+    torch.testing.assert_close(compiled(q, k, v), Attention(scale)(q, k, v), rtol=1e-4, atol=1e-4)
 
 
 class Unsupported(nn.Module):

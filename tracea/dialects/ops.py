@@ -378,7 +378,8 @@ class Conv2dDef(OpDef):
 class AttentionDef(OpDef):
     name = "tracea.attention"
     summary = ("softmax(scale * Q K^T [causal mask]) V over [..., S, D] operands; scale defaults "
-               "to 1/sqrt(D); causal masks key j > query i (top-left aligned, as torch SDPA)")
+               "to 1/sqrt(D); causal masks key j > query i (top-left aligned, as torch SDPA); a query "
+               "whose scores are all -inf gets 0 (torch's safe softmax)")
     operands = (("query", "single"), ("key", "single"), ("value", "single"))
     attrs = {"scale": FLOAT(None), "causal": BOOL(), "schedule": SCHEDULE}
 

@@ -9,7 +9,7 @@
             per row: S masked to -inf outside the sequence (and above the diagonal);
                      m' = max(m, rowmax S);  P = exp(S - m');  l = l exp(m - m') + rowsum P
             O = O exp(m - m') + P V  register tiles of PR rows x up to 8 vectors of O
-        out = O / l
+        out = O / l                                     (0 where l = 0: scores all -inf)
 
 A block's width is rounded up to whole QK tiles, not to BC: the causal diagonal and a short
 last block compute only the keys they need. Exponentials use `vector_exp` (kernel_text.py), a
@@ -244,7 +244,10 @@ def attention_kernel_text(name: str, v: OpView, location: str) -> str:
     t.for_("%r", t.c(0), rows_here, t.c(1))
     l_final = t.op(f"memref.load {ML}[{t.c(1)}, %r] : {ML_t}", "r")
     one = const("1.0 : f32", "z")
-    inv = t.op(f"vector.broadcast {t.op(f'arith.divf {one}, {l_final} : f32', 'r')} : f32 to {vt}", "r")
+    # l = 0: every score of the row was -inf; its output is 0 (torch's safe softmax), not 0/0
+    inv = t.op(f"arith.select {t.op(f'arith.cmpf ogt, {l_final}, {zero} : f32', 'p')}, "
+               f"{t.op(f'arith.divf {one}, {l_final} : f32', 'r')}, {zero} : f32", "r")
+    inv = t.op(f"vector.broadcast {inv} : f32 to {vt}", "r")
     t.for_("%dd", t.c(0), t.c(dv), t.c(L))
     o = t.op(f"arith.mulf {t.op(f'vector.load {Oacc}[%r, %dd] : {Oacc_t}, {vt}', 'o')}, {inv} : {vt}", "o")
     if out.dtype != "f32":

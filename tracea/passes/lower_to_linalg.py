@@ -84,8 +84,9 @@ def gemm_reference(w: KernelWriter, v: OpView) -> str:
 
 
 # --- softmax ---------------------------------------------------------------------------------------
-def softmax(w: KernelWriter, x: str, axis: int, dtype: str) -> str:
-    """Numerically stable softmax of tensor `x` along `axis` (three passes: max, sum, normalize)."""
+def softmax(w: KernelWriter, x: str, axis: int, dtype: str, safe: bool = False) -> str:
+    """Numerically stable softmax of tensor `x` along `axis` (three passes: max, sum, normalize).
+    safe: a row of -inf gives 0, not NaN (attention's rows with every key masked, as torch)."""
     spec = w.types[x]
     dims = _dims(spec.rank)
     reduced = [d for i, d in enumerate(dims) if i != axis]
@@ -97,8 +98,14 @@ def softmax(w: KernelWriter, x: str, axis: int, dtype: str) -> str:
     total = w.generic([(x, dims), (mx, reduced)], (total, reduced), spec.rank, (axis,),
                       lambda b: b.add(b.args[2], b.unary("exp", b.sub(b.to_f32(b.args[0]), b.args[1]))))
     out = w.empty(spec.shape, dtype)
-    return w.generic([(x, dims), (mx, reduced), (total, reduced)], (out, dims), spec.rank, (),
-                     lambda b: b.div(b.unary("exp", b.sub(b.to_f32(b.args[0]), b.args[1])), b.args[2]))
+
+    def normalize(b: Body) -> str:
+        p = b.div(b.unary("exp", b.sub(b.to_f32(b.args[0]), b.args[1])), b.args[2])
+        if safe:  # the sum of a row of -inf is NaN (exp(-inf - -inf)), of anything else >= 1
+            p = b.select(b.op(f"arith.cmpf ogt, {b.args[2]}, {b.const(0.0)} : f32"), p, b.const(0.0))
+        return p
+
+    return w.generic([(x, dims), (mx, reduced), (total, reduced)], (out, dims), spec.rank, (), normalize)
 
 
 @lowering("tracea.softmax")
@@ -131,7 +138,7 @@ def attention_reference(w: KernelWriter, v: OpView) -> str:
 
     logits = w.generic([(scores, batch + [i, j])], (w.empty(q.shape[:-2] + (sq, skv), ACCUMULATOR_DTYPE),
                                                      batch + [i, j]), nb + 2, (), scale_and_mask)
-    probs = softmax(w, logits, nb + 1, ACCUMULATOR_DTYPE)
+    probs = softmax(w, logits, nb + 1, ACCUMULATOR_DTYPE, safe=True)
     e = f"d{nb + 1}"
     jj = f"d{nb + 2}"
     out = w.filled(v.result.shape, 0.0)

@@ -7,6 +7,9 @@ Patterns raised (anything else stays linalg and takes the generic lowering):
   is an epilogue step (bias add, residual add, scale, relu, gelu, sigmoid, silu) -> `tracea.fused_gemm`.
 - `linalg.conv_2d_nchw_fchw` on a zero `tensor.pad` into a zero fill or a broadcast bias -> `tracea.conv2d`.
 - max-subtract / exp / sum / divide along one axis -> `tracea.softmax`.
+- then, on the raised ops: gemm(Q, K^T) -> softmax over the keys (torch's "safe" softmax too,
+  which gives 0 for rows of -inf) -> gemm with V -> `tracea.attention`, taking a constant scale
+  applied to K^T along; whatever scaled Q stays an elementwise op before it.
 
 Elementwise bodies are recognized by what they compute, not by how they are spelled: the part of
 the body that depends on one value only is evaluated on sample points and compared with each
@@ -19,6 +22,8 @@ from dataclasses import dataclass
 
 import mlir.ir as ir
 import numpy as np
+
+from mlir.dialects import tensor
 
 from ..dialects import builder as td
 from ..dialects.ops import Epilogue
@@ -395,6 +400,128 @@ def _raise_softmax(op: ir.Operation) -> bool:
     return True
 
 
+def _through_reshapes(value: ir.Value) -> ir.Value:
+    op = _producer(value)
+    while op is not None and op.name in ("tensor.expand_shape", "tensor.collapse_shape"):
+        value = op.operands[0]
+        op = _producer(value)
+    return value
+
+
+def _flag(op: ir.Operation, name: str) -> bool:
+    return name in op.attributes and ir.BoolAttr(op.attributes[name]).value
+
+
+def _plain_gemm(op: ir.Operation | None, transpose_b: bool) -> bool:
+    return op is not None and op.name == "tracea.gemm" and not _flag(op, "transpose_a") \
+        and _flag(op, "transpose_b") == transpose_b
+
+
+def _key_of_scores(b: ir.Value) -> tuple[ir.Value, float] | None:
+    """For the right operand of Q K^T, [..., D, Skv]: (K as [..., Skv, D], the constant scale
+    applied to it) when it is a last-two-dims transpose, maybe scaled, maybe with its batch dims
+    collapsed."""
+    collapse = _producer(b)
+    value = collapse.operands[0] if collapse is not None and collapse.name == "tensor.collapse_shape" else b
+    if value == b:
+        collapse = None
+    scale = 1.0
+    op = _producer(value)
+    if op is not None and op.name == "linalg.generic" and len(_ins(op)) == 1 and _all_parallel(op) \
+            and all(str(m) == _identity(len(value.type.shape)) for m in _maps(op)):
+        step = _identify(_yielded(op)[0], _body(op).arguments[0])
+        if step is None or step.kind != "scale":
+            return None
+        scale, value = step.value, _ins(op)[0]
+    transpose = _producer(value)
+    if not _is_last_two_transpose(transpose):
+        return None
+    key = transpose.operands[0]
+    if collapse is not None:
+        groups = [[int(i) for i in g] for g in collapse.attributes["reassociation"]]
+        if groups[-2:] != [[len(key.type.shape) - 2], [len(key.type.shape) - 1]]:
+            return None  # the collapse merges a transposed dim
+        shape = list(b.type.shape[:-2]) + [b.type.shape[-1], b.type.shape[-2]]
+        key = tensor.collapse_shape(ir.RankedTensorType.get(shape, key.type.element_type), key,
+                                    collapse.attributes["reassociation"])
+    return key, scale
+
+
+def _is_all_ninf_rows(flag: ir.Value, scores: ir.Value) -> bool:
+    """Whether `flag` is torch's "row of `scores` is all -inf": an and-reduction over the last
+    axis of (scores == -inf)."""
+    reduce_op = _producer(flag)
+    if reduce_op is None or reduce_op.name != "linalg.generic" or len(_ins(reduce_op)) != 1 \
+            or [("reduction" in str(a)) for a in reduce_op.attributes["iterator_types"]][-1] is not True:
+        return False
+    compare = _producer(_ins(reduce_op)[0])
+    if compare is None or compare.name != "linalg.generic" or _ins(compare) != [scores]:
+        return False
+    body = [o.operation for o in _body(compare).operations]
+    return any(o.name == "arith.cmpf" and any(_float_constant(v) == float("-inf") or _float_constant(
+        _producer(v).operands[0] if _producer(v) is not None and _producer(v).name == "arith.extf" else v
+    ) == float("-inf") for v in o.operands) for o in body) and any(
+        o.name in ("arith.andi", "arith.minui", "arith.minsi") for o in [x.operation for x in _body(reduce_op).operations])
+
+
+def _softmax_over_keys(p: ir.Value) -> ir.Operation | None:
+    """The tracea.softmax over the last axis that P (the left operand of P V) is, through
+    reshapes and torch's safe-softmax select (0 for rows of -inf scores)."""
+    value = _through_reshapes(p)
+    op = _producer(value)
+    if op is not None and op.name == "linalg.generic" and len(_ins(op)) == 3 and _all_parallel(op):
+        flag, zeros, value = _ins(op)
+        select = _producer(_yielded(op)[0])
+        constant = _producer(zeros)
+        softmax = _producer(value)
+        args = list(_body(op).arguments)
+        if select is None or select.name != "arith.select" or list(select.operands)[1:] != args[1:3] \
+                or constant is None or constant.name != "arith.constant" or softmax is None \
+                or softmax.name != "tracea.softmax" or not _is_all_ninf_rows(flag, softmax.operands[0]):
+            return None
+        attr = constant.attributes["value"]
+        if not (isinstance(attr, ir.DenseElementsAttr) and attr.is_splat and float(attr.get_splat_value().value) == 0.0):
+            return None
+    softmax = _producer(value)
+    if softmax is None or softmax.name != "tracea.softmax":
+        return None
+    rank = len(value.type.shape)
+    return softmax if ir.IntegerAttr(softmax.attributes["axis"]).value % rank == rank - 1 else None
+
+
+def _raise_attention(op: ir.Operation) -> bool:
+    """op: tracea.gemm(P, V) where P = softmax(Q K^T [* scale])."""
+    if not _plain_gemm(op, transpose_b=False):
+        return False
+    softmax = _softmax_over_keys(op.operands[0])
+    if softmax is None:
+        return False
+    scores = _producer(_through_reshapes(softmax.operands[0]))
+    if not _plain_gemm(scores, transpose_b=False):
+        return False
+    query, value = scores.operands[0], op.operands[1]
+    with op.location, td.located(op.location), ir.InsertionPoint(op):
+        found = _key_of_scores(scores.operands[1])
+        if found is None:
+            return False
+        key, scale = found
+        if not (query.type.shape[:-2] == key.type.shape[:-2] == value.type.shape[:-2]):
+            return False
+        new = td.attention(query, key, value, scale=scale)
+    op.results[0].replace_all_uses_with(new)
+    return True
+
+
+def _erase_dead_ops(block: ir.Block) -> None:
+    """What a raise left unused, users before producers. Tracea ops declare no side effects to
+    MLIR, so canonicalize would keep them (and the linalg ops feeding them)."""
+    for op in reversed(list(block.operations)):
+        op = op.operation
+        if op.name.startswith(("tracea.", "linalg.", "tensor.", "arith.")) and len(op.results) \
+                and all(not list(r.uses) for r in op.results):
+            op.erase()
+
+
 @register
 @dataclass(frozen=True)
 class RaiseLinalgPass(TraceaPass):
@@ -415,3 +542,9 @@ class RaiseLinalgPass(TraceaPass):
                     _raise_conv(op)
                 elif op.name == "linalg.generic":
                     _raise_softmax(op)
+            raised = False
+            for op in list(block.operations):
+                if op.operation.name == "tracea.gemm":
+                    raised |= _raise_attention(op.operation)
+            if raised:
+                _erase_dead_ops(block)
