@@ -73,6 +73,14 @@ def test_call_from_c(library, tmp_path):
     assert float(out) == pytest.approx(np.maximum(x @ w + 1.0, 0).sum(), rel=1e-5)
 
 
+def test_a_loaded_kernel_exports_again(library, tmp_path):
+    """A kernel from a library (aot.load, or the disk cache) exports by copying that library."""
+    from tracea.runtime.aot import load
+    again = load(library).export(tmp_path / "again.so")
+    x, w, b = (np.ones(s, np.float32) for s in ((37, 29), (29, 45), (45,)))
+    np.testing.assert_array_equal(load(again)(x, w, b), load(library)(x, w, b))
+
+
 def test_load_reports_a_missing_description(tmp_path):
     from tracea.runtime.aot import load
     with pytest.raises(tracea.TraceaError, match="its description .*json is missing"):

@@ -47,6 +47,11 @@ def header(signature: Signature, symbol: str) -> str:
 def export(kernel: Kernel, path: str | Path) -> Path:
     """Write `path` (a .so), plus `path.h` and `path.json` beside it."""
     path = Path(path)
+    if isinstance(kernel._keep_alive, ctypes.CDLL):  # loaded from a library (load, the disk cache): copy it
+        source = kernel._keep_alive._name
+        for suffix in ("", ".h", ".json"):
+            shutil.copyfile(source + suffix, str(path) + suffix)
+        return path
     engine = kernel._keep_alive[0]
     entry = kernel.entry_symbol
     symbol = f"tracea_{kernel.signature.name}"
