@@ -171,25 +171,29 @@ def attention_kernel_text(name: str, v: OpView, location: str) -> str:
     first_limit = t.min_(t.add(i0, t.c(1)), t.c(skv)) if causal else t.c(skv)
     needs_mask = t.cmp("sgt", t.add("%j0", width), first_limit)
     t.for_("%r", t.c(0), t.c(BR), t.c(1))
-    # keys at or past `limit` are masked: the sequence's end, and for causal the keys after the query
-    limit = t.min_(t.add(t.add(i0, "%r"), t.c(1)), t.c(skv)) if causal else t.c(skv)
-    limit = t.op(f"arith.index_cast {t.op(f'arith.subi {limit}, %j0 : index', 'i')} : index to i32", "i")
-    limit_v = t.op(f"vector.broadcast {limit} : i32 to {it}", "i")
+
+    def max_of_row(masked: bool) -> None:
+        """Yield the lane-wise max of the row's scores; `masked`: keys at or past the limit (the
+        sequence's end, and for causal the keys after the query) become -inf in P first."""
+        if masked:
+            limit = t.min_(t.add(t.add(i0, "%r"), t.c(1)), t.c(skv)) if causal else t.c(skv)
+            limit = t.op(f"arith.index_cast {t.op(f'arith.subi {limit}, %j0 : index', 'i')} : index to i32", "i")
+            limit_v = t.op(f"vector.broadcast {limit} : i32 to {it}", "i")
+        res, (vmax,) = _for_iter(t, "%c", t.c(0), width, t.c(L), [ninf_v], vt)
+        sv = t.op(f"vector.load {P}[%r, %c] : {P_t}, {vt}", "s")
+        if masked:
+            c32 = t.op("arith.index_cast %c : index to i32", "i")
+            cols = t.op(f"arith.addi {t.op(f'vector.broadcast {c32} : i32 to {it}', 'i')}, {iota} : {it}", "i")
+            keep = t.op(f"arith.cmpi slt, {cols}, {limit_v} : {it}", "p")
+            sv = t.op(f"arith.select {keep}, {sv}, {ninf_v} : vector<{L}xi1>, {vt}", "s")
+            t.line(f"vector.store {sv}, {P}[%r, %c] : {P_t}, {vt}")
+        _yield(t, [t.op(f"arith.maxnumf {vmax}, {sv} {NNAN} : {vt}", "s")], vt)
+        t.line(f"scf.yield {res}#0 : {vt}")
+
     t.open(f"%vmax = scf.if {needs_mask} -> ({vt})")
-    res, (vmax,) = _for_iter(t, "%c", t.c(0), width, t.c(L), [ninf_v], vt)
-    c32 = t.op("arith.index_cast %c : index to i32", "i")
-    cols = t.op(f"arith.addi {t.op(f'vector.broadcast {c32} : i32 to {it}', 'i')}, {iota} : {it}", "i")
-    keep = t.op(f"arith.cmpi slt, {cols}, {limit_v} : {it}", "p")
-    sv = t.op(f"arith.select {keep}, {t.op(f'vector.load {P}[%r, %c] : {P_t}, {vt}', 's')}, {ninf_v} "
-              f": vector<{L}xi1>, {vt}", "s")
-    t.line(f"vector.store {sv}, {P}[%r, %c] : {P_t}, {vt}")
-    _yield(t, [t.op(f"arith.maxnumf {vmax}, {sv} {NNAN} : {vt}", "s")], vt)
-    t.line(f"scf.yield {res}#0 : {vt}")
+    max_of_row(masked=True)
     t.else_()
-    res, (vmax,) = _for_iter(t, "%c", t.c(0), width, t.c(L), [ninf_v], vt)
-    sv = t.op(f"vector.load {P}[%r, %c] : {P_t}, {vt}", "s")
-    _yield(t, [t.op(f"arith.maxnumf {vmax}, {sv} {NNAN} : {vt}", "s")], vt)
-    t.line(f"scf.yield {res}#0 : {vt}")
+    max_of_row(masked=False)
     t.close()
     row_max = t.op(f"vector.reduction <maxnumf>, %vmax {NNAN} : {vt} into f32", "r")
     m_old = t.op(f"memref.load {ML}[{t.c(0)}, %r] : {ML_t}", "r")

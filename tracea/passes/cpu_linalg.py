@@ -131,10 +131,11 @@ class CpuTileLinalgPass(TraceaPass):
         for op in _function_body_ops(module):
             if op.name != "linalg.generic":
                 continue
-            if transposed_dims(op) is not None:
+            dims = transposed_dims(op)
+            if dims is not None:
                 parallel = threads > 1 and math.prod(ir.ShapedType(op.results[0].type).shape) >= self.min_work
-                inline_kernel(op, transpose_kernel_text(f"__tracea_transpose_{len(scripts)}", op, host.f32_lanes,
-                                                        parallel, str(op.location)))
+                inline_kernel(op, transpose_kernel_text(f"__tracea_transpose_{len(scripts)}", op, dims,
+                                                        host.f32_lanes, parallel, str(op.location)))
                 continue
             plan = plan_for(op, threads, host.f32_lanes, self.min_work)
             if plan is None:

@@ -14,7 +14,7 @@ import mlir.ir as ir
 from ..dialects.ops import TensorSpec
 from .cpu_gemm import _memref, _Text, transpose_in_registers
 
-ELEMENT_BITS = {"f32": 32, "i32": 32}  # element types the register transpose handles
+ELEMENT_TYPES = ("f32", "i32")  # 32-bit elements: as many per vector as the host has f32 lanes
 
 
 def transposed_dims(op: ir.Operation) -> tuple[list[int], int] | None:
@@ -33,7 +33,7 @@ def transposed_dims(op: ir.Operation) -> tuple[list[int], int] | None:
     if None in types or not all(t.has_static_shape for t in types) or types[0].element_type != types[1].element_type:
         return None
     in_dims, out_dims = ([e.position for e in m.results] for m in maps)
-    if out_dims != list(range(len(out_dims))) or str(types[0].element_type) not in ELEMENT_BITS:
+    if out_dims != list(range(len(out_dims))) or str(types[0].element_type) not in ELEMENT_TYPES:
         return None
     inner = in_dims[-1]
     shape = types[1].shape
@@ -42,10 +42,11 @@ def transposed_dims(op: ir.Operation) -> tuple[list[int], int] | None:
     return in_dims, inner
 
 
-def transpose_kernel_text(name: str, op: ir.Operation, lanes: int, parallel: bool, location: str) -> str:
-    """The kernel function (on tensors) for a transposing copy; `parallel`: its blocks are split
-    among the threads."""
-    in_dims, inner = transposed_dims(op)
+def transpose_kernel_text(name: str, op: ir.Operation, dims: tuple[list[int], int], lanes: int, parallel: bool,
+                          location: str) -> str:
+    """The kernel function (on tensors) for a transposing copy whose `transposed_dims` are `dims`;
+    `parallel`: its blocks are split among the threads."""
+    in_dims, inner = dims
     src, dst = (TensorSpec.from_type(v.type, "transpose operand") for v in op.operands)
     dtype, L = dst.dtype, lanes
     shape = dst.shape

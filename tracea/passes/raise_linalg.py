@@ -422,9 +422,9 @@ def _key_of_scores(b: ir.Value) -> tuple[ir.Value, float] | None:
     applied to it) when it is a last-two-dims transpose, maybe scaled, maybe with its batch dims
     collapsed."""
     collapse = _producer(b)
-    value = collapse.operands[0] if collapse is not None and collapse.name == "tensor.collapse_shape" else b
-    if value == b:
+    if collapse is None or collapse.name != "tensor.collapse_shape":
         collapse = None
+    value = b if collapse is None else collapse.operands[0]
     scale = 1.0
     op = _producer(value)
     if op is not None and op.name == "linalg.generic" and len(_ins(op)) == 1 and _all_parallel(op) \
@@ -447,21 +447,36 @@ def _key_of_scores(b: ir.Value) -> tuple[ir.Value, float] | None:
     return key, scale
 
 
+def _is_ninf(value: ir.Value) -> bool:
+    """A -inf constant (maybe widened by arith.extf)."""
+    op = _producer(value)
+    if op is not None and op.name == "arith.extf":
+        value = op.operands[0]
+    return _float_constant(value) == float("-inf")
+
+
 def _is_all_ninf_rows(flag: ir.Value, scores: ir.Value) -> bool:
     """Whether `flag` is torch's "row of `scores` is all -inf": an and-reduction over the last
     axis of (scores == -inf)."""
     reduce_op = _producer(flag)
     if reduce_op is None or reduce_op.name != "linalg.generic" or len(_ins(reduce_op)) != 1 \
-            or [("reduction" in str(a)) for a in reduce_op.attributes["iterator_types"]][-1] is not True:
+            or "reduction" not in str(list(reduce_op.attributes["iterator_types"])[-1]):
         return False
     compare = _producer(_ins(reduce_op)[0])
     if compare is None or compare.name != "linalg.generic" or _ins(compare) != [scores]:
         return False
-    body = [o.operation for o in _body(compare).operations]
-    return any(o.name == "arith.cmpf" and any(_float_constant(v) == float("-inf") or _float_constant(
-        _producer(v).operands[0] if _producer(v) is not None and _producer(v).name == "arith.extf" else v
-    ) == float("-inf") for v in o.operands) for o in body) and any(
-        o.name in ("arith.andi", "arith.minui", "arith.minsi") for o in [x.operation for x in _body(reduce_op).operations])
+    compares_to_ninf = any(o.operation.name == "arith.cmpf" and any(_is_ninf(v) for v in o.operands)
+                           for o in _body(compare).operations)
+    ands = any(o.operation.name in ("arith.andi", "arith.minui", "arith.minsi") for o in _body(reduce_op).operations)
+    return compares_to_ninf and ands
+
+
+def _is_zeros(value: ir.Value) -> bool:
+    op = _producer(value)
+    if op is None or op.name != "arith.constant":
+        return False
+    attr = op.attributes["value"]
+    return isinstance(attr, ir.DenseElementsAttr) and attr.is_splat and float(attr.get_splat_value().value) == 0.0
 
 
 def _softmax_over_keys(p: ir.Value) -> ir.Operation | None:
@@ -469,21 +484,16 @@ def _softmax_over_keys(p: ir.Value) -> ir.Operation | None:
     reshapes and torch's safe-softmax select (0 for rows of -inf scores)."""
     value = _through_reshapes(p)
     op = _producer(value)
+    flag = None  # of the safe-softmax select, when there is one
     if op is not None and op.name == "linalg.generic" and len(_ins(op)) == 3 and _all_parallel(op):
         flag, zeros, value = _ins(op)
         select = _producer(_yielded(op)[0])
-        constant = _producer(zeros)
-        softmax = _producer(value)
-        args = list(_body(op).arguments)
-        if select is None or select.name != "arith.select" or list(select.operands)[1:] != args[1:3] \
-                or constant is None or constant.name != "arith.constant" or softmax is None \
-                or softmax.name != "tracea.softmax" or not _is_all_ninf_rows(flag, softmax.operands[0]):
-            return None
-        attr = constant.attributes["value"]
-        if not (isinstance(attr, ir.DenseElementsAttr) and attr.is_splat and float(attr.get_splat_value().value) == 0.0):
+        if select is None or select.name != "arith.select" \
+                or list(select.operands)[1:] != list(_body(op).arguments)[1:3] or not _is_zeros(zeros):
             return None
     softmax = _producer(value)
-    if softmax is None or softmax.name != "tracea.softmax":
+    if softmax is None or softmax.name != "tracea.softmax" \
+            or (flag is not None and not _is_all_ninf_rows(flag, softmax.operands[0])):
         return None
     rank = len(value.type.shape)
     return softmax if ir.IntegerAttr(softmax.attributes["axis"]).value % rank == rank - 1 else None
