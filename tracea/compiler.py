@@ -105,19 +105,21 @@ def compile(program, example_inputs=None, *, target: str = "cpu", entry: str | N
             return kernel
     # Tracea's own pipelines verify once per stage, not after every pass (the input is verified
     # when parsed); tracea-opt keeps MLIR's per-pass verification
+    backend.prepare()
     result = compile_or_raise(text, backend.stages(strategy, threads), source_name=source_name,
-                              keep_stages=keep_stages or dump is not None, verify_each=False)
+                              keep_stages=keep_stages or dump is not None, verify_each=False,
+                              finish=backend.codegen)
     signature = _signature(text, entry, source_name)
     if isinstance(program, Function):
         signature.arg_names = program.arg_names
-    code = backend.load(result.text, signature.name)
+    code = backend.load(result.artifact, signature.name)
     if dump is not None:
         dump.mkdir(parents=True, exist_ok=True)
         (dump / f"{signature.name}.0-input.mlir").write_text(text)
         for i, (stage, stage_text) in enumerate(result.stages.items(), 1):
             (dump / f"{signature.name}.{i}-{stage}.mlir").write_text(stage_text)
     kernel = Kernel(signature, code.address, code.owner, target, result.stages if keep_stages else None,
-                    time.perf_counter() - start, code.entry_symbol, code.runtime_libraries)
+                    time.perf_counter() - start, code.entry_symbol, code.runtime_libraries, code.object_code)
     if persistent:
         disk_cache.store(disk_key, kernel)
     with _CACHE_LOCK:

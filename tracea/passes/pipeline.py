@@ -3,9 +3,10 @@ running them so that an LLVM abort inside a pass cannot take the caller down.
 
 `parse_pipeline("builtin.module(tracea-lower-to-linalg, canonicalize, func.func(cse))")` gives a
 `Pipeline`; `run_pipeline(text, pipeline)` parses the IR, verifies it, runs the passes and
-returns the resulting IR text with every diagnostic. By default it runs in a forked child: an
-assertion in the MLIR build kills only the child, and the caller gets an InternalCompilerError
-with the input saved for a bug report.
+returns the resulting IR text with every diagnostic; a `finish` step (a target's code generator)
+may turn the final module into bytes in the same process. By default it runs in a forked child:
+an assertion in the MLIR or LLVM build kills only the child, and the caller gets an
+InternalCompilerError with the input saved for a bug report.
 """
 from __future__ import annotations
 
@@ -18,6 +19,7 @@ import tempfile
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Callable
 
 import mlir.ir as ir
 from mlir.passmanager import PassManager
@@ -121,14 +123,16 @@ def build_pass_manager(pipeline: Pipeline, print_ir_after_all: bool = False, ver
 @dataclass
 class PipelineResult:
     ok: bool
-    text: str | None  # the resulting IR (None on failure)
+    text: str | None  # the resulting IR (None on failure, and after a `finish` step unless kept)
     diagnostics: list[Diagnostic] = field(default_factory=list)
     stages: dict[str, str] = field(default_factory=dict)  # stage name -> IR text, when asked
     log: str = ""  # what the compiler printed on stderr (e.g. --mlir-print-ir-after-all)
+    artifact: bytes | None = None  # what the `finish` step made of the final module
 
 
 def _run_in_process(source: str, stages: list[tuple[str, Pipeline]], source_name: str,
-                    print_ir_after_all: bool, keep_stages: bool, asm: dict, verify_each: bool) -> PipelineResult:
+                    print_ir_after_all: bool, keep_stages: bool, asm: dict, verify_each: bool,
+                    finish: Callable[[ir.Operation], bytes] | None) -> PipelineResult:
     ctx = shared_context("pipeline")
     log = DiagnosticLog(source_name)
     kept: dict[str, str] = {}
@@ -156,20 +160,30 @@ def _run_in_process(source: str, stages: list[tuple[str, Pipeline]], source_name
                 return PipelineResult(False, None, log.diagnostics)
             if keep_stages:
                 kept[stage_name] = module.operation.get_asm(**asm)
-        text = module.operation.get_asm(**asm)
-    return PipelineResult(True, text, log.diagnostics, kept)
+        if finish is None:
+            return PipelineResult(True, module.operation.get_asm(**asm), log.diagnostics, kept)
+        try:
+            artifact = finish(module.operation)
+        except TraceaError as e:
+            log.diagnostics.append(Diagnostic("error", str(e)))
+            return PipelineResult(False, None, log.diagnostics)
+    return PipelineResult(True, kept[stages[-1][0]] if keep_stages and stages else None, log.diagnostics, kept,
+                          artifact=artifact)
 
 
 def run_pipeline(source: str, stages: list[tuple[str, Pipeline]] | Pipeline, *, source_name: str = "<input>",
                  print_ir_after_all: bool = False, keep_stages: bool = False, asm: dict | None = None,
-                 isolate: bool | None = None, verify_each: bool = True) -> PipelineResult:
+                 isolate: bool | None = None, verify_each: bool = True,
+                 finish: Callable[[ir.Operation], bytes] | None = None) -> PipelineResult:
     """Parse `source`, verify its tracea ops, run the pipeline stages; never raises for bad input
     (the result carries the diagnostics). Raises InternalCompilerError if the compiler aborts.
     `asm` holds Operation.get_asm options for the output (e.g. print_generic_op_form=True).
-    verify_each=False verifies the IR after each stage instead of after each pass."""
+    verify_each=False verifies the IR after each stage instead of after each pass.
+    finish(final module) runs last, in the same process; its bytes become `result.artifact`
+    (and the final IR is not printed, unless the stages are kept)."""
     if isinstance(stages, Pipeline):
         stages = [("output", stages)]
-    args = (source, stages, source_name, print_ir_after_all, keep_stages, asm or {}, verify_each)
+    args = (source, stages, source_name, print_ir_after_all, keep_stages, asm or {}, verify_each, finish)
     if not (knobs.isolate_compiler() if isolate is None else isolate):
         with pipeline_lock:
             return _run_in_process(*args)
@@ -210,11 +224,12 @@ def _run_forked(args) -> PipelineResult:
         result = pickle.loads(payload)
         result.log = log
         return result
-    source, stages = args[0], args[1]
-    raise _internal_error(wait_status, log, source, stages, args[2])
+    source, stages, finish = args[0], args[1], args[-1]
+    raise _internal_error(wait_status, log, source, stages, args[2], finish is not None)
 
 
-def _internal_error(wait_status: int, log: str, source: str, stages, source_name: str) -> InternalCompilerError:
+def _internal_error(wait_status: int, log: str, source: str, stages, source_name: str,
+                    with_codegen: bool = False) -> InternalCompilerError:
     if os.WIFSIGNALED(wait_status):
         sig = os.WTERMSIG(wait_status)
         how = f"was killed by signal {sig} ({signal.Signals(sig).name})"
@@ -226,7 +241,8 @@ def _internal_error(wait_status: int, log: str, source: str, stages, source_name
     reason = next((line for line in lines if "Assertion" in line or "LLVM ERROR" in line), "")
     if not reason and lines:  # a Python error in the compiler: its traceback's last line
         reason = lines[-1]
-    message = (f"internal compiler error: the MLIR pass pipeline {how}"
+    what = "the MLIR pass pipeline (or LLVM's code generation after it)" if with_codegen else "the MLIR pass pipeline"
+    message = (f"internal compiler error: {what} {how}"
                + (f"\n  {reason.strip()}" if reason else "")
                + f"\n  the input was saved to {reproducer}"
                + f"\n  reproduce with: tracea-opt {reproducer} --pass-pipeline='builtin.module({pipeline_text})'"

@@ -47,19 +47,18 @@ def header(signature: Signature, symbol: str) -> str:
 def export(kernel: Kernel, path: str | Path) -> Path:
     """Write `path` (a .so), plus `path.h` and `path.json` beside it."""
     path = Path(path)
-    if isinstance(kernel._keep_alive, ctypes.CDLL):  # loaded from a library (load, the disk cache): copy it
+    if kernel.object_code is None:  # loaded from a library (load, the disk cache): copy it
+        if not isinstance(kernel._keep_alive, ctypes.CDLL):
+            raise TraceaError(f"{kernel.signature.name} kept no object code to export; recompile it")
         source = kernel._keep_alive._name
         for suffix in ("", ".h", ".json"):
             shutil.copyfile(source + suffix, str(path) + suffix)
         return path
-    engine = kernel._keep_alive[0]
     entry = kernel.entry_symbol
     symbol = f"tracea_{kernel.signature.name}"
     with tempfile.TemporaryDirectory() as tmp:
         obj = Path(tmp) / "kernel.o"
-        engine.dump_to_object_file(str(obj))
-        if not obj.exists():
-            raise TraceaError(f"the JIT kept no object code for {kernel.signature.name}; recompile it")
+        obj.write_bytes(kernel.object_code)
         # --no-undefined: a symbol the JIT supplied but this toolchain lacks must fail here, not
         # when the library is loaded somewhere else.
         command = [_linker(), "-shared", "-o", str(path), str(obj), f"-Wl,--defsym={symbol}={entry}",

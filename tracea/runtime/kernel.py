@@ -44,9 +44,8 @@ _loaded_libraries: dict[str, ctypes.CDLL] = {}
 
 def load_runtime_library(path: str | Path) -> None:
     """Load a library kernels call into (a parallel runtime, MLIR's runner utilities) once,
-    globally, for JIT and shared-library kernels alike. Passed to each ExecutionEngine instead,
-    the async runtime would be torn down by the first engine destroyed, crashing every other
-    threaded kernel."""
+    globally, for JIT and shared-library kernels alike (loaded per kernel, the async runtime
+    would be torn down with the first kernel freed, crashing every other threaded kernel)."""
     path = Path(path)
     if str(path) in _loaded_libraries:
         return
@@ -119,7 +118,7 @@ class Kernel:
 
     def __init__(self, signature: Signature, entry_address: int, keep_alive: Any, target: str,
                  stages: dict[str, str] | None = None, compile_seconds: float = 0.0, entry_symbol: str = "",
-                 runtime_libraries: Sequence[str] = ()):
+                 runtime_libraries: Sequence[str] = (), object_code: bytes | None = None):
         self.signature = signature
         self.target = target
         self.entry_symbol = entry_symbol  # the C-ABI function (pointers to memref descriptors)
@@ -127,7 +126,8 @@ class Kernel:
         self.runtime_libraries = list(runtime_libraries)  # shared libraries the code calls into
         self.stages = stages or {}  # stage name -> IR text, when compiled with keep_stages
         self.compile_seconds = compile_seconds
-        self._keep_alive = keep_alive  # the execution engine owning the code
+        self.object_code = object_code  # the compiled code, when kept (what export links)
+        self._keep_alive = keep_alive  # what owns the code: a JIT library, a shared library
         self._entry = ctypes.CFUNCTYPE(None, ctypes.c_void_p)(entry_address)
         self._in_dtypes = [to_numpy(s.dtype) for s in signature.inputs]
         self._out_dtypes = [to_numpy(s.dtype) for s in signature.outputs]

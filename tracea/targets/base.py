@@ -13,9 +13,10 @@ TARGETS: dict[str, "Target"] = {}
 @dataclass
 class LoadedCode:
     address: int  # the packed entry point (one void** argument array)
-    owner: Any  # keeps the code alive (an execution engine, a library)
+    owner: Any  # keeps the code alive (a JIT library, a shared library)
     entry_symbol: str  # the C-ABI entry point's symbol
     runtime_libraries: list[str] = field(default_factory=list)
+    object_code: bytes | None = None  # what Kernel.export links, when the target keeps it
 
 
 class Target(ABC):
@@ -25,9 +26,17 @@ class Target(ABC):
     def stages(self, strategy: str, threads: int) -> list[tuple[str, Pipeline]]:
         """Ordered (stage name, pipeline) pairs from tracea ops to the target's final IR."""
 
+    def prepare(self) -> None:
+        """Set up, once per process, what every compile of this target would otherwise redo."""
+
     @abstractmethod
-    def load(self, final_ir: str, entry: str) -> LoadedCode:
-        """Make the final IR callable."""
+    def codegen(self, module) -> bytes:
+        """The final module (an MLIR operation) as code. Runs where the passes ran (the compiler's
+        child process), so an abort in the code generator is reported like one in a pass."""
+
+    @abstractmethod
+    def load(self, code: bytes, entry: str) -> LoadedCode:
+        """Make the generated code callable."""
 
 
 def register_target(cls: type[Target]) -> type[Target]:

@@ -1,4 +1,4 @@
-"""The CPU target: tracea -> linalg -> bufferized memrefs -> LLVM dialect -> JIT (ExecutionEngine).
+"""The CPU target: tracea -> linalg -> bufferized memrefs -> LLVM dialect -> object code (native.py).
 
 All of the CPU's knowledge lives here: its stages (each a pipeline whose output can be dumped and
 tested), the C entry points it adds, and how the LLVM dialect becomes callable code.
@@ -18,6 +18,7 @@ from ..errors import CompileError, OpError
 from ..passes.pipeline import Pipeline, parse_pipeline
 from ..passes.registry import PassFailed, TraceaPass, register, register_pipeline
 from ..runtime.kernel import load_runtime_library
+from . import native
 from .base import LoadedCode, Target, register_target
 
 ENTRY_PREFIX = "_tracea_entry_"
@@ -214,36 +215,33 @@ class CpuTarget(Target):
             ("llvm", parse_pipeline(llvm_lowering(threads, openmp_library() is not None))),
         ]
 
-    def load(self, llvm_dialect_text: str, entry: str) -> LoadedCode:
-        """JIT the LLVM-dialect module (keeping its object code for Kernel.export)."""
-        from mlir.execution_engine import ExecutionEngine
+    def prepare(self) -> None:
+        native.warm_up()
 
-        from ..dialects.context import DiagnosticLog, shared_context
-        libraries = []  # what the code calls into, loaded globally and linked into exports
-        if "mlirAsyncRuntime" in llvm_dialect_text:
+    def codegen(self, module: ir.Operation) -> bytes:
+        """Object code for the LLVM-dialect module, with a packed entry beside each C entry point."""
+        prefix = f"_mlir_ciface_{ENTRY_PREFIX}"
+        entries = [name for op in module.regions[0].blocks[0].operations
+                   if op.operation.name == "llvm.func"
+                   and (name := ir.StringAttr(op.operation.attributes["sym_name"]).value).startswith(prefix)]
+        return native.object_code(module, entries)
+
+    def load(self, code: bytes, entry: str) -> LoadedCode:
+        """Link the object code into this process, after the runtime libraries it calls into."""
+        libraries = []  # loaded globally, and linked into exported libraries
+        if b"mlirAsyncRuntime" in code:
             libraries.append(ASYNC_RUNTIME)
-        if "omp.parallel" in llvm_dialect_text:
+        if b"__kmpc_fork_call" in code:
             libomp = _installed_libomp()
             if libomp is None:
                 raise CompileError(f"@{entry} was lowered for OpenMP but its runtime (pip package cmeel-libomp) "
                                    "is not installed")
             libraries.append(libomp)
-        if "memrefCopy" in llvm_dialect_text:
+        if b"memrefCopy" in code:
             libraries.append(RUNNER_UTILS)
         for library in libraries:
             load_runtime_library(library)
-        ctx = shared_context("host")
-        log = DiagnosticLog("<llvm dialect>")
-        with ctx, log.capture(ctx):
-            module = ir.Module.parse(llvm_dialect_text)
-            try:
-                # O1: the kernels arrive vectorized and unrolled; O2 measured no faster, and slower to compile
-                engine = ExecutionEngine(module, opt_level=1, shared_libs=[str(RUNNER_UTILS)],
-                                         enable_object_dump=True)
-            except RuntimeError as e:
-                raise CompileError(f"the JIT could not compile @{entry}: {e}", log.diagnostics) from None
-            symbol = f"_mlir_ciface_{ENTRY_PREFIX}{entry}"
-            address = engine.raw_lookup(symbol)
-        if not address:
-            raise CompileError(f"the JIT did not export the entry point of @{entry}")
-        return LoadedCode(address, (engine, module, ctx), symbol, [str(lib) for lib in libraries])
+        symbol = f"_mlir_ciface_{ENTRY_PREFIX}{entry}"
+        packed = native.PACKED_PREFIX + symbol
+        library = native.JitLibrary(code, [packed])
+        return LoadedCode(library.addresses[packed], library, symbol, [str(lib) for lib in libraries], code)

@@ -1,0 +1,154 @@
+"""Host machine code from the LLVM dialect, through llvmlite's LLVM (22, the major version of the
+MLIR bindings, so the translated IR text is understood as is).
+
+Why not MLIR's ExecutionEngine: it always runs LLVM's -O pipeline, loop vectorizer included, on
+kernels that arrive tiled, vectorized and unrolled; that was 40-60 % of a kernel's compile time
+and made no measured difference to the GEMM and conv kernels. Here a kernel gets the clean-up
+its lowering needs (folding the memref descriptors, simplifying the control flow) and the full
+code generator, and the object code is kept: it is what `Kernel.export` links.
+"""
+from __future__ import annotations
+
+import functools
+import re
+
+import mlir.ir as ir
+
+from ..errors import CompileError
+
+PACKED_PREFIX = "_mlir_"  # the packed entry of `f` (one void** argument array) is `_mlir_f`
+
+
+# f32 -> bf16 (round to nearest even, NaN stays a quiet NaN). LLVM calls it for fptrunc where
+# the CPU has no bf16 conversion; defined here so neither the JIT nor an exported library needs
+# a compiler runtime that has it (libgcc has it from GCC 13 only).
+TRUNCATE_TO_BF16 = """
+define weak hidden bfloat @__truncsfbf2(float %x) {
+  %bits = bitcast float %x to i32
+  %magnitude = and i32 %bits, 2147483647
+  %is_nan = icmp ugt i32 %magnitude, 2139095040
+  %high = lshr i32 %bits, 16
+  %odd = and i32 %high, 1
+  %bias = add i32 %odd, 32767
+  %rounded = add i32 %bits, %bias
+  %nearest = lshr i32 %rounded, 16
+  %quiet_nan = or i32 %high, 64
+  %result = select i1 %is_nan, i32 %quiet_nan, i32 %nearest
+  %half = trunc i32 %result to i16
+  %value = bitcast i16 %half to bfloat
+  ret bfloat %value
+}
+"""
+
+
+@functools.cache
+def _llvm():
+    try:
+        import llvmlite.binding as llvm
+    except ImportError:
+        raise CompileError("generating CPU code needs llvmlite (pip install llvmlite==0.50.0)") from None
+    llvm.initialize_native_target()
+    llvm.initialize_native_asmprinter()
+    return llvm
+
+
+@functools.cache
+def host_machine():
+    """The host's target machine: its CPU and features as LLVM detects them (never assumed);
+    position-independent code, so an object links into a shared library as is."""
+    llvm = _llvm()
+    return llvm.Target.from_default_triple().create_target_machine(
+        cpu=llvm.get_host_cpu_name(), features=llvm.get_host_cpu_features().flatten(), opt=2, reloc="pic")
+
+
+@functools.cache
+def warm_up() -> None:
+    """Compile a tiny module once in this process: LLVM's first code generation sets up tables
+    worth ~0.1 s, which every forked compiler child then inherits instead of redoing."""
+    from ..dialects.context import shared_context
+
+    with shared_context("pipeline"):
+        module = ir.Module.parse("llvm.func @tracea_warm_up(%x: vector<4xf32>, %p: !llvm.ptr) {\n"
+                                 "  %y = llvm.fmul %x, %x : vector<4xf32>\n"
+                                 "  llvm.store %y, %p : vector<4xf32>, !llvm.ptr\n  llvm.return\n}")
+        object_code(module, [])
+
+
+def packed_entry(llvm_ir: str, function: str) -> str:
+    """A `void _mlir_<function>(void **args)` wrapper: args[i] points to the i-th argument, which
+    is a pointer (to a memref descriptor). Kernels are called through it with one ctypes array."""
+    match = re.search(rf"^define void @{re.escape(function)}\(([^)]*)\)", llvm_ir, re.MULTILINE)
+    if match is None:
+        raise CompileError(f"the translated module has no function @{function} returning void")
+    params = [p.strip() for p in match.group(1).split(",") if p.strip()]
+    if any(not p.startswith("ptr") for p in params):
+        raise CompileError(f"@{function} takes non-pointer arguments ({match.group(1)}); its packed entry "
+                           "expects memref descriptors passed by pointer")
+    lines = [f"define void @{PACKED_PREFIX}{function}(ptr %args) {{"]
+    for i in range(len(params)):
+        lines += [f"  %slot{i} = getelementptr ptr, ptr %args, i64 {i}",
+                  f"  %ref{i} = load ptr, ptr %slot{i}",
+                  f"  %arg{i} = load ptr, ptr %ref{i}"]
+    lines += [f"  call void @{function}({', '.join(f'ptr %arg{i}' for i in range(len(params)))})",
+              "  ret void", "}", ""]
+    return llvm_ir + "\n" + "\n".join(lines)
+
+
+def object_code(module, entries: list[str]) -> bytes:
+    """Compile an LLVM-dialect module (an ir.Module or its operation) to a host object file with
+    a packed entry for each function named in `entries`."""
+    from mlir.dialects.llvm import translate_module_to_llvmir
+
+    llvm = _llvm()
+    operation = getattr(module, "operation", module)
+    try:
+        llvm_ir = str(translate_module_to_llvmir(operation))
+    except RuntimeError as e:  # noqa: PERF203 - one call
+        raise CompileError(f"translating the LLVM dialect to LLVM IR failed: {e}") from None
+    for entry in entries:
+        llvm_ir = packed_entry(llvm_ir, entry)
+    if "bfloat" in llvm_ir:
+        llvm_ir += TRUNCATE_TO_BF16
+    machine = host_machine()
+    try:
+        parsed = llvm.parse_assembly(llvm_ir)
+        parsed.triple = machine.triple
+        parsed.data_layout = str(machine.target_data)
+        parsed.verify()
+    except RuntimeError as e:
+        raise CompileError(f"LLVM rejected the translated module: {e}") from None
+    builder = llvm.create_pass_builder(machine, llvm.create_pipeline_tuning_options(speed_level=2))
+    passes = llvm.create_new_module_pass_manager()
+    # what the MLIR lowering leaves behind: descriptor structs built and taken apart (sroa,
+    # instcombine), constant branches and empty blocks (simplifycfg), dead address arithmetic
+    passes.add_sroa_pass()
+    passes.add_instruction_combine_pass()
+    passes.add_simplify_cfg_pass()
+    passes.add_dead_code_elimination_pass()
+    passes.run(parsed, builder)
+    if "@llvm.coro." in llvm_ir:  # MLIR's async runtime: coroutines need LLVM's coroutine lowering,
+        # which llvmlite offers only inside a default pipeline (its -O0 one: nothing else)
+        options = llvm.create_pipeline_tuning_options(speed_level=0)
+        coroutines = llvm.create_pass_builder(machine, options)
+        coroutines.getModulePassManager().run(parsed, coroutines)
+    return machine.emit_object(parsed)
+
+
+class JitLibrary:
+    """Object code linked into this process (LLVM's ORC JIT), its symbols resolved against the
+    process, where the runtime libraries kernels call into were loaded globally."""
+
+    _count = 0
+
+    def __init__(self, obj: bytes, exported: list[str]):
+        llvm = _llvm()
+        JitLibrary._count += 1
+        self._jit = llvm.create_lljit_compiler()
+        builder = llvm.JITLibraryBuilder().add_object_img(obj).add_current_process()
+        for name in exported:
+            builder.export_symbol(name)
+        try:
+            self._tracker = builder.link(self._jit, f"tracea_kernel_{JitLibrary._count}")
+        except RuntimeError as e:
+            raise CompileError(f"linking the kernel's object code failed: {e}") from None
+        self.addresses = {name: self._tracker[name] for name in exported}
