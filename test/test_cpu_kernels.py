@@ -162,7 +162,7 @@ def test_register_tile_too_large_is_an_error():
 
 
 @pytest.mark.parametrize("layout", ["nchw", "nhwc"])
-def test_conv_runs_on_the_gemm_kernel(layout, rng):
+def test_conv_runs_on_a_vector_kernel(layout, rng):
     x = ref.random(rng, (2, 5, 11, 9) if layout == "nchw" else (2, 11, 9, 5))
     w = ref.random(rng, (7, 5, 3, 2) if layout == "nchw" else (3, 2, 5, 7))
     b = ref.random(rng, (7,))
@@ -170,6 +170,8 @@ def test_conv_runs_on_the_gemm_kernel(layout, rng):
         lambda a, f, c: td.conv2d(a, f, c, stride=(2, 1), padding=(1, 0, 2, 1), dilation=(1, 2), layout=layout))
     kernel = tracea.compile(fn, keep_stages=True)
     assert "vector.fma" in kernel.stages["linalg"]
+    # NCHW runs directly (phase planes); NHWC on the GEMM kernel, with no transposes either
+    assert "linalg.transpose" not in kernel.stages["linalg"] and "vector.shuffle" not in kernel.stages["linalg"]
     expected = ref.conv2d(x, w, b, (2, 1), (1, 0, 2, 1), (1, 2), 1, layout)
     ref.assert_close(kernel(x, w, b), expected, "f32", 30)
 
@@ -286,6 +288,25 @@ def test_small_channel_conv_copies_kernel_rows(c, k, hw, stride, pad, dy, layout
     fn = td.function(td.tensor(x.shape), td.tensor(w.shape))(lambda a, f: td.conv2d(a, f, **opts))
     expected = ref.conv2d(x, w, None, (stride, stride), (pad, pad), (dy, 1), 1, layout)
     ref.assert_close(tracea.compile(fn, threads=2)(x, w), expected, "f32", c * k * k)
+
+
+@given(n=st.integers(1, 2), c=st.integers(1, 40), k=st.integers(1, 20), kh=st.integers(1, 4), kw=st.integers(1, 4),
+       hw=st.tuples(st.integers(1, 20), st.integers(1, 40)), stride=st.tuples(st.integers(1, 3), st.integers(1, 3)),
+       dilation=st.tuples(st.integers(1, 2), st.integers(1, 2)), pads=st.tuples(*[st.integers(0, 2)] * 4),
+       bias=st.booleans(), threads=st.sampled_from([1, 2]))
+def test_direct_nchw_conv(n, c, k, kh, kw, hw, stride, dilation, pads, bias, threads):
+    """NCHW f32 conv through phase planes: every stride, dilation, asymmetric padding, filter
+    counts off the register tile, rows shorter and longer than a vector."""
+    h, w = hw
+    if h + pads[0] + pads[1] < dilation[0] * (kh - 1) + 1 or w + pads[2] + pads[3] < dilation[1] * (kw - 1) + 1:
+        return
+    rng = np.random.default_rng(n + c * 10 + k * 1000 + h * 7 + w)
+    x, f, b = ref.random(rng, (n, c, h, w)), ref.random(rng, (k, c, kh, kw)), ref.random(rng, (k,))
+    opts = dict(stride=stride, padding=pads, dilation=dilation)
+    args = [td.tensor(x.shape), td.tensor(f.shape)] + ([td.tensor(b.shape)] if bias else [])
+    fn = td.function(*args)(lambda *a: td.conv2d(*a, **opts))
+    out = tracea.compile(fn, threads=threads)(x, f, *([b] if bias else []))
+    ref.assert_close(out, ref.conv2d(x, f, b if bias else None, stride, pads, dilation, 1, "nchw"), "f32", c * kh * kw)
 
 
 LEFTOVER_LINALG = """

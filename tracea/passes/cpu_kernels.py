@@ -20,6 +20,8 @@ from ..errors import OpError
 from ..targets.host import HostCPU, host_cpu
 from .cpu_attention import attention_kernel_text
 from .cpu_attention import supports as supports_attention
+from .cpu_conv import conv_nchw_kernel_text
+from .cpu_conv import supports as supports_direct_conv
 from .cpu_gemm import ConvGather, conv_k_block, gemm_dot_kernel_text, gemm_kernel_text
 from .cpu_softmax import softmax_kernel_text
 from .kernel_text import KernelWriter
@@ -155,7 +157,8 @@ def conv_as_gemm(w: KernelWriter, v: OpView, name: str, threads: int) -> tuple[s
 @dataclass(frozen=True)
 class ConvToGemmPass(TraceaPass):
     NAME = "tracea-cpu-conv-to-gemm"
-    SUMMARY = "run conv2d (groups = 1) on the CPU GEMM kernel, packing im2col rows straight from the image"
+    SUMMARY = ("run conv2d (groups = 1) on CPU kernels: NCHW f32 directly (phase planes, no transposes), "
+               "the others on the GEMM kernel, packing im2col rows straight from the image")
     threads: int = option(0, "threads the kernels will run on (0: the host's cores)")
 
     def run(self, module: ir.Operation) -> None:
@@ -166,6 +169,11 @@ class ConvToGemmPass(TraceaPass):
             v = view(op)
             if v.attrs["groups"] != 1:
                 continue  # grouped and depthwise convolutions stay on the reference lowering
+            if supports_direct_conv(v):
+                host = host_cpu()
+                inline_kernel(op, conv_nchw_kernel_text(f"__tracea_conv_{index}", v, str(op.location),
+                                                        host.f32_lanes, host.vector_registers - 8, threads))
+                continue
             writer = KernelWriter(f"__tracea_conv_{index}", v.operands, v.result)
             gemm, result = conv_as_gemm(writer, v, f"__tracea_conv_gemm_{index}", threads)
             # The GEMM kernel stays a function of the module; the inliner dissolves it later.

@@ -1,0 +1,196 @@
+"""The CPU's direct NCHW convolution: no im2col, no transposes.
+
+Each input channel is copied once, zero-padded, into `stride_h x stride_w` phase planes (plane
+(ph, pw) holds the padded pixels whose row is ph and column pw modulo the stride), each plane
+laid out with a row pitch of Ws = ceil(padded width / stride_w). Output pixel (oh, ow) becomes
+the flat position q = oh * Ws + ow, and its tap (kh, kw) reads plane ((dh kh) % sh, (dw kw) % sw)
+at q + ((dh kh) // sh) * Ws + (dw kw) // sw: for every stride and dilation, consecutive output
+positions read consecutive plane elements. The kernel is then a GEMM-like register tile:
+
+    for each (image, block of MR filters, run of position segments), in parallel:
+        for each segment of NV vectors of positions:
+            acc[MR][NV] = 0
+            for c, kh:  for kw (unrolled):  x[v] = plane[q0 + offset + v L]  (NV vector loads)
+                                             acc[r][v] += w[r, c, kh, kw] * x[v]  (broadcast)
+            (+ bias) -> a position-major scratch output
+    copy the valid positions (ow < OW of each row) to the NCHW output
+
+The Ws - OW positions per row that wrap into the next row are computed and dropped (for a 3x3
+conv on 56 x 56: 2 of 58). The filter is packed per call as [K / MR][C][KH][KW][MR], zero rows
+past K.
+"""
+from __future__ import annotations
+
+from ..dialects.ops import Conv2dDef, OpView
+from .cpu_gemm import _memref, _Text
+
+
+def supports(v: OpView) -> bool:
+    specs = [v.operands["input"], v.operands["filter"], v.result]
+    if v.operands.get("bias") is not None:
+        specs.append(v.operands["bias"])
+    return v.attrs["layout"] == "nchw" and v.attrs["groups"] == 1 and all(s.dtype == "f32" for s in specs)
+
+
+def register_tile(filters: int, accumulators: int) -> tuple[int, int]:
+    """(MR filters, NV position vectors) for at most `accumulators` accumulator registers: few
+    padded filter rows, and few loads per FMA: NV / (MR NV) vector loads, unaligned (often split
+    across two cache lines, so counted twice), and MR / (MR NV) broadcasts. On the 3x3 C64 conv
+    8 x 3 ran 175 GFLOP/s on 2 threads, 6 x 4 the same, 4 x 6 131, 12 x 2 139, 3 x 8 108."""
+    tiles = [(mr, nv) for mr in range(1, 13) for nv in range(1, 9)
+             if accumulators * 2 // 3 <= mr * nv <= accumulators]
+    return min(tiles, key=lambda t: (-(-filters // t[0]) * t[0] * (1 + 2 / t[0] + 1 / t[1]), -t[1]))
+
+
+def conv_nchw_kernel_text(name: str, v: OpView, location: str, lanes: int, accumulators: int,
+                          threads: int) -> str:
+    x, f, out = v.operands["input"], v.operands["filter"], v.result
+    bias = v.operands.get("bias")
+    n, c, h, w = x.shape
+    k, _, kh_n, kw_n = f.shape
+    _, _, oh_n, ow_n = out.shape
+    sh, sw = v.attrs["stride"]
+    dh, dw = v.attrs["dilation"]
+    top, bottom, left, right = Conv2dDef.pads(v.attrs)
+    L = lanes
+    MR, NV = register_tile(k, accumulators)
+    seg = NV * L
+    kb_n = -(-k // MR)
+    hs, ws = -(-(h + top + bottom) // sh), -(-(w + left + right) // sw)  # a phase plane's rows, pitch
+    q_n = oh_n * ws
+    qpad = -(-q_n // seg) * seg
+    last_read = qpad - 1 + ((kh_n - 1) * dh // sh) * ws + (kw_n - 1) * dw // sw
+    plane = -(-max(last_read + 1, hs * ws) // L) * L
+    phases = sh * sw
+    vt, mt = f"vector<{L}xf32>", f"vector<{L}xi1>"
+    t = _Text()
+
+    def alloc(shape):
+        return t.op(f"memref.alloc() {{alignment = 64 : i64}} : {_memref(shape, 'f32')}", "m"), _memref(shape, "f32")
+
+    X, X_t = t.to_buffer("%arg0", x), _memref(x.shape, "f32")
+    W, W_t = t.to_buffer("%arg1", f), _memref(f.shape, "f32")
+    if bias is not None:
+        B, B_t = t.to_buffer("%arg2", bias), _memref(bias.shape, "f32")
+    O, O_t = alloc(out.shape)
+    zero = t.op("arith.constant 0.0 : f32", "z")
+    zv = t.op(f"arith.constant dense<0.0> : {vt}", "z")
+
+    # --- zero-padded phase planes, one (image, channel) per task ----------------------------------
+    XS, XS_t = alloc((n * c, phases, plane))
+    t.parallel("%nc", t.c(0), t.c(n * c), t.c(1))
+    t.line(f"%n = arith.divui %nc, {t.c(c)} : index")
+    t.line(f"%ch = arith.remui %nc, {t.c(c)} : index")
+    t.for_("%p", t.c(0), t.c(phases), t.c(1))
+    t.for_("%i", t.c(0), t.c(plane), t.c(L))
+    t.line(f"vector.store {zv}, {XS}[%nc, %p, %i] : {XS_t}, {vt}")
+    t.close()
+    t.close()
+    t.for_("%ih", t.c(0), t.c(h), t.c(1))
+    hp = t.add("%ih", t.c(top))
+    ph = t.op(f"arith.remui {hp}, {t.c(sh)} : index", "i")
+    row = t.mul(t.op(f"arith.divui {hp}, {t.c(sh)} : index", "i"), t.c(ws))
+    if sw == 1:  # rows stay contiguous: vector copies, the last one masked
+        t.for_("%iw", t.c(0), t.c(w), t.c(L))
+        mask = t.op(f"vector.create_mask {t.min_(t.op(f'arith.subi {t.c(w)}, %iw : index', 'i'), t.c(L))} : {mt}", "k")
+        xv = t.op(f"vector.maskedload {X}[%n, %ch, %ih, %iw], {mask}, {zv} : {X_t}, {mt}, {vt} into {vt}", "x")
+        t.line(f"vector.maskedstore {XS}[%nc, {ph}, {t.add(row, t.add('%iw', t.c(left)))}], {mask}, {xv} "
+               f": {XS_t}, {mt}, {vt}")
+        t.close()
+    else:  # columns go to sw planes in turn
+        t.for_("%iw", t.c(0), t.c(w), t.c(1))
+        wp = t.add("%iw", t.c(left))
+        p = t.add(t.mul(ph, t.c(sw)), t.op(f"arith.remui {wp}, {t.c(sw)} : index", "i"))
+        at = t.add(row, t.op(f"arith.divui {wp}, {t.c(sw)} : index", "i"))
+        t.line(f"memref.store {t.op(f'memref.load {X}[%n, %ch, %ih, %iw] : {X_t}', 'x')}, {XS}[%nc, {p}, {at}] "
+               f": {XS_t}")
+        t.close()
+    t.close()
+    t.close_parallel()
+
+    # --- the filter in blocks of MR, zero past K ------------------------------------------------
+    WP, WP_t = alloc((kb_n, c, kh_n, kw_n, MR))
+    t.parallel("%kb", t.c(0), t.c(kb_n), t.c(1))
+    t.for_("%ch", t.c(0), t.c(c), t.c(1))
+    t.for_("%kh", t.c(0), t.c(kh_n), t.c(1))
+    t.for_("%kw", t.c(0), t.c(kw_n), t.c(1))
+    for r in range(MR):
+        kk = t.add(t.mul("%kb", t.c(MR)), t.c(r))
+        value = t.op(f"memref.load {W}[{t.min_(kk, t.c(k - 1))}, %ch, %kh, %kw] : {W_t}", "w")
+        if k % MR:
+            value = t.op(f"arith.select {t.cmp('ult', kk, t.c(k))}, {value}, {zero} : f32", "w")
+        t.line(f"memref.store {value}, {WP}[%kb, %ch, %kh, %kw, {t.c(r)}] : {WP_t}")
+    t.close()
+    t.close()
+    t.close()
+    t.close_parallel()
+
+    # --- MR filters x NV vectors of positions per register tile ---------------------------------
+    OP, OP_t = alloc((n, kb_n * MR, qpad))
+    q_segs = qpad // seg
+    # about 8 tasks per thread (for balance), each a run of segments for one filter block
+    q_tasks = min(q_segs, -(-threads * 8 // (n * kb_n)))
+    per_task = -(-q_segs // q_tasks)
+    q_tasks = -(-q_segs // per_task)
+    t.parallel("%task", t.c(0), t.c(n * kb_n * q_tasks), t.c(1))
+    t.line(f"%n = arith.divui %task, {t.c(kb_n * q_tasks)} : index")
+    t.line(f"%kq = arith.remui %task, {t.c(kb_n * q_tasks)} : index")
+    t.line(f"%kb = arith.divui %kq, {t.c(q_tasks)} : index")
+    s_lo = t.mul(t.op(f"arith.remui %kq, {t.c(q_tasks)} : index", "i"), t.c(per_task))
+    t.for_("%s", s_lo, t.min_(t.add(s_lo, t.c(per_task)), t.c(q_segs)), t.c(1))
+    q0 = t.mul("%s", t.c(seg))
+    nc0 = t.mul("%n", t.c(c))
+    accs_t = ", ".join([vt] * (MR * NV))
+    t.open(f"%acc:{MR * NV} = scf.for %ch = {t.c(0)} to {t.c(c)} step {t.c(1)} iter_args("
+           + ", ".join(f"%a{i} = {zv}" for i in range(MR * NV)) + f") -> ({accs_t})")
+    t.open(f"%acck:{MR * NV} = scf.for %kh = {t.c(0)} to {t.c(kh_n)} step {t.c(1)} iter_args("
+           + ", ".join(f"%b{i} = %a{i}" for i in range(MR * NV)) + f") -> ({accs_t})")
+    hoff = t.mul("%kh", t.c(dh))
+    ph = t.op(f"arith.remui {hoff}, {t.c(sh)} : index", "i")
+    base = t.add(q0, t.mul(t.op(f"arith.divui {hoff}, {t.c(sh)} : index", "i"), t.c(ws)))
+    xrow = t.add(nc0, "%ch")
+    accs = [f"%b{i}" for i in range(MR * NV)]
+    for kw in range(kw_n):
+        pl = t.add(t.mul(ph, t.c(sw)), t.c(kw * dw % sw))
+        at = t.add(base, t.c(kw * dw // sw))
+        xv = [t.op(f"vector.load {XS}[{xrow}, {pl}, {t.add(at, t.c(j * L))}] : {XS_t}, {vt}", "x")
+              for j in range(NV)]
+        for r in range(MR):
+            wv = t.op(f"memref.load {WP}[%kb, %ch, %kh, {t.c(kw)}, {t.c(r)}] : {WP_t}", "w")
+            wb = t.op(f"vector.broadcast {wv} : f32 to {vt}", "w")
+            for j in range(NV):
+                accs[r * NV + j] = t.op(f"vector.fma {wb}, {xv[j]}, {accs[r * NV + j]} : {vt}", "f")
+    t.line(f"scf.yield {', '.join(accs)} : {accs_t}")
+    t.close()
+    t.line(f"scf.yield {', '.join(f'%acck#{i}' for i in range(MR * NV))} : {accs_t}")
+    t.close()
+    for r in range(MR):
+        row = t.add(t.mul("%kb", t.c(MR)), t.c(r))
+        add = ""
+        if bias is not None:
+            value = t.op(f"memref.load {B}[{t.min_(row, t.c(k - 1))}] : {B_t}", "b")
+            add = t.op(f"vector.broadcast {value} : f32 to {vt}", "b")
+        for j in range(NV):
+            acc = f"%acc#{r * NV + j}"
+            if add:
+                acc = t.op(f"arith.addf {acc}, {add} : {vt}", "o")
+            t.line(f"vector.store {acc}, {OP}[%n, {row}, {t.add(q0, t.c(j * L))}] : {OP_t}, {vt}")
+    t.close()
+    t.close_parallel()
+
+    # --- the valid positions of each output row -------------------------------------------------
+    t.parallel("%row", t.c(0), t.c(n * k * oh_n), t.c(1))
+    t.line(f"%n = arith.divui %row, {t.c(k * oh_n)} : index")
+    t.line(f"%ko = arith.remui %row, {t.c(k * oh_n)} : index")
+    t.line(f"%k = arith.divui %ko, {t.c(oh_n)} : index")
+    t.line(f"%oh = arith.remui %ko, {t.c(oh_n)} : index")
+    start = t.mul("%oh", t.c(ws))
+    t.for_("%ow", t.c(0), t.c(ow_n), t.c(L))
+    mask = t.op(f"vector.create_mask {t.min_(t.op(f'arith.subi {t.c(ow_n)}, %ow : index', 'i'), t.c(L))} : {mt}", "k")
+    ov = t.op(f"vector.maskedload {OP}[%n, %k, {t.add(start, '%ow')}], {mask}, {zv} : {OP_t}, {mt}, {vt} into {vt}",
+              "o")
+    t.line(f"vector.maskedstore {O}[%n, %k, %oh, %ow], {mask}, {ov} : {O_t}, {mt}, {vt}")
+    t.close()
+    t.close_parallel()
+    params = ", ".join(f"%arg{i}: {spec}" for i, spec in enumerate([x, f] + ([bias] if bias is not None else [])))
+    return t.function_text(name, params, O, out, location)
