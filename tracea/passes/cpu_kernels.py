@@ -155,8 +155,8 @@ def conv_as_gemm(w: KernelWriter, v: OpView, name: str, threads: int) -> tuple[s
 
 @register
 @dataclass(frozen=True)
-class ConvToGemmPass(TraceaPass):
-    NAME = "tracea-cpu-conv-to-gemm"
+class ConvKernelsPass(TraceaPass):
+    NAME = "tracea-cpu-conv"
     SUMMARY = ("run conv2d (groups = 1) on CPU kernels: NCHW f32 directly (phase planes, no transposes), "
                "the others on the GEMM kernel, packing im2col rows straight from the image")
     threads: int = option(0, "threads the kernels will run on (0: the host's cores)")

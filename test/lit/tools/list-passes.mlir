@@ -1,7 +1,7 @@
 // RUN: tracea-opt --list-passes | FileCheck %s
 // CHECK: Tracea passes:
 // CHECK: tracea-cpu-abi: give each public tensor function a C entry point
-// CHECK: tracea-cpu-conv-to-gemm: run conv2d (groups = 1) on the CPU GEMM kernel, packing im2col rows straight from the image
+// CHECK: tracea-cpu-conv: run conv2d (groups = 1) on CPU kernels: NCHW f32 directly (phase planes, no transposes)
 // CHECK: tracea-cpu-copies-to-linalg: after bufferization: each memref.copy
 // CHECK: tracea-cpu-kernels: replace gemm / fused_gemm / attention / softmax ops whose schedule has a simd lane_map
 // CHECK: tracea-cpu-schedule: attach a host-sized CPU schedule
