@@ -28,6 +28,9 @@ from .lower_to_linalg import inline_kernel
 from .registry import PassFailed, TraceaPass, option, register
 
 TAG = "tracea.tile_linalg"
+# a module attribute: some loop nest here is MLIR's generic lowering of a linalg op (not a Tracea
+# kernel); the code generator then optimizes the whole module (targets/native.py)
+GENERIC_LOOPS = "tracea.generic_loops"
 _VECTOR_BODY_DIALECTS = ("arith.", "math.")
 
 
@@ -137,6 +140,7 @@ class CpuTileLinalgPass(TraceaPass):
                 inline_kernel(op, transpose_kernel_text(f"__tracea_transpose_{len(scripts)}", op, dims,
                                                         host.f32_lanes, parallel, str(op.location)))
                 continue
+            module.attributes[GENERIC_LOOPS] = ir.UnitAttr.get()
             plan = plan_for(op, threads, host.f32_lanes, self.min_work)
             if plan is None:
                 continue

@@ -15,6 +15,7 @@ import mlir.ir as ir
 from .. import knobs
 from ..dialects.ops import TensorSpec
 from ..errors import CompileError, OpError
+from ..passes.cpu_linalg import GENERIC_LOOPS
 from ..passes.pipeline import Pipeline, parse_pipeline
 from ..passes.registry import PassFailed, TraceaPass, register, register_pipeline
 from ..runtime.kernel import load_runtime_library
@@ -227,7 +228,7 @@ class CpuTarget(Target):
         entries = [name for op in module.regions[0].blocks[0].operations
                    if op.operation.name == "llvm.func"
                    and (name := ir.StringAttr(op.operation.attributes["sym_name"]).value).startswith(prefix)]
-        return native.object_code(module, entries)
+        return native.object_code(module, entries, optimize=GENERIC_LOOPS in module.attributes)
 
     def load(self, code: bytes, entry: str) -> LoadedCode:
         """Link the object code into this process, after the runtime libraries it calls into."""
