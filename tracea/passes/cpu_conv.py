@@ -25,6 +25,9 @@ from ..dialects.ops import Conv2dDef, OpView
 from .cpu_gemm import _memref, _Text
 
 
+UNROLLED_TAPS = 3  # filter columns written out in the kernel; wider filters loop over them
+
+
 def supports(v: OpView) -> bool:
     specs = [v.operands["input"], v.operands["filter"], v.result]
     if v.operands.get("bias") is not None:
@@ -150,16 +153,32 @@ def conv_nchw_kernel_text(name: str, v: OpView, location: str, lanes: int, accum
     base = t.add(q0, t.mul(t.op(f"arith.divui {hoff}, {t.c(sh)} : index", "i"), t.c(ws)))
     xrow = t.add(nc0, "%ch")
     accs = [f"%b{i}" for i in range(MR * NV)]
-    for kw in range(kw_n):
-        pl = t.add(t.mul(ph, t.c(sw)), t.c(kw * dw % sw))
-        at = t.add(base, t.c(kw * dw // sw))
+
+    def tap(kw: str, accs: list[str]) -> list[str]:
+        """One filter column: NV vector loads, MR broadcasts, MR x NV FMAs."""
+        woff = t.mul(kw, t.c(dw))
+        pl = t.add(t.mul(ph, t.c(sw)), t.op(f"arith.remui {woff}, {t.c(sw)} : index", "i"))
+        at = t.add(base, t.op(f"arith.divui {woff}, {t.c(sw)} : index", "i"))
         xv = [t.op(f"vector.load {XS}[{xrow}, {pl}, {t.add(at, t.c(j * L))}] : {XS_t}, {vt}", "x")
               for j in range(NV)]
+        accs = list(accs)
         for r in range(MR):
-            wv = t.op(f"memref.load {WP}[%kb, %ch, %kh, {t.c(kw)}, {t.c(r)}] : {WP_t}", "w")
+            wv = t.op(f"memref.load {WP}[%kb, %ch, %kh, {kw}, {t.c(r)}] : {WP_t}", "w")
             wb = t.op(f"vector.broadcast {wv} : f32 to {vt}", "w")
             for j in range(NV):
                 accs[r * NV + j] = t.op(f"vector.fma {wb}, {xv[j]}, {accs[r * NV + j]} : {vt}", "f")
+        return accs
+
+    if kw_n <= UNROLLED_TAPS:
+        for kw in range(kw_n):
+            accs = tap(t.c(kw), accs)
+    else:  # wide filters: a loop, so the code (and its compile time) does not grow with KW
+        t.open(f"%accw:{MR * NV} = scf.for %kw = {t.c(0)} to {t.c(kw_n)} step {t.c(1)} iter_args("
+               + ", ".join(f"%kwacc{i} = {a}" for i, a in enumerate(accs)) + f") -> ({accs_t})")
+        looped = tap("%kw", [f"%kwacc{i}" for i in range(MR * NV)])
+        t.line(f"scf.yield {', '.join(looped)} : {accs_t}")
+        t.close()
+        accs = [f"%accw#{i}" for i in range(MR * NV)]
     t.line(f"scf.yield {', '.join(accs)} : {accs_t}")
     t.close()
     t.line(f"scf.yield {', '.join(f'%acck#{i}' for i in range(MR * NV))} : {accs_t}")

@@ -555,17 +555,18 @@ def gemm_kernel_text(name: str, v: OpView, location: str, gather: ConvGather | N
         kc_vec = t.mul(t.op(f"arith.divui {kc}, {t.c(L)} : index", "i"), t.c(L))
         t.for_("%k", t.c(0), kc_vec, t.c(L))
         vt_in = f"vector<{L}x{p.b_dtype}>"
-        for j in range(nv):
-            rows = []
-            for i in range(L):
-                x = t.op(f"vector.load {B}[{b_batch}, {t.add(col0, t.c(j * L + i))}, {t.add('%pc', '%k')}] "
-                         f": {B_t}, {vt_in}", "v")
-                if p.b_dtype != "f32":
-                    x = t.op(f"arith.extf {x} : {vt_in} to {vf32}", "v")
-                rows.append(x)
-            for i, row in enumerate(transpose_in_registers(t, rows)):
-                dst = t.add(t.add(boff, t.mul(t.add("%k", t.c(i)), t.c(NR))), t.c(j * L))
-                t.line(f"vector.store {row}, {Bp}[{dst}] : {Bp_t}, {vf32}")
+        t.for_("%j", t.c(0), t.c(NR), t.c(L))  # a loop, not unrolled: one block's shuffles to compile
+        rows = []
+        for i in range(L):
+            x = t.op(f"vector.load {B}[{b_batch}, {t.add(col0, t.add('%j', t.c(i)))}, {t.add('%pc', '%k')}] "
+                     f": {B_t}, {vt_in}", "v")
+            if p.b_dtype != "f32":
+                x = t.op(f"arith.extf {x} : {vt_in} to {vf32}", "v")
+            rows.append(x)
+        for i, row in enumerate(transpose_in_registers(t, rows)):
+            dst = t.add(t.add(boff, t.mul(t.add("%k", t.c(i)), t.c(NR))), "%j")
+            t.line(f"vector.store {row}, {Bp}[{dst}] : {Bp_t}, {vf32}")
+        t.close()
         t.close()
         t.for_("%k", kc_vec, kc, t.c(1))
         t.for_("%cc", t.c(0), t.c(NR), t.c(1))
