@@ -225,11 +225,13 @@ def main() -> int:
         return 0
     rows = []
     for threads in [int(t) for t in args.threads.split(",")]:
-        # Passive waiting: a peer's idle OpenMP workers must not spin on the cores the next one uses.
-        # (Tracea's own OpenMP runtime spins 1 ms, see tracea.runtime.kernel.load_runtime_library.)
+        # No OMP_WAIT_POLICY=PASSIVE: it would make every OpenMP user (torch's libgomp, Tracea's
+        # libomp) wake sleeping workers at each parallel region (a 256 GEMM on 2 threads: 230 us ->
+        # 480 us) while OpenBLAS's own threads ignore it. Idle workers spinning into the next
+        # implementation's block are handled by the pause between blocks (median_times): libgomp
+        # spins ~ms, Tracea's libomp 1 ms, OpenBLAS ~0.1 s.
         env = {**os.environ, "OPENBLAS_NUM_THREADS": str(threads), "OMP_NUM_THREADS": str(threads),
                "MKL_NUM_THREADS": str(threads), "TRACEA_NUM_THREADS": str(threads),
-               "OMP_WAIT_POLICY": "PASSIVE",
                "TRACEA_DISK_CACHE": "0"}  # time real compiles, not cache loads
         cmd = [sys.executable, os.path.abspath(__file__), "--worker", str(threads), "--rounds", str(args.rounds)]
         if args.only:

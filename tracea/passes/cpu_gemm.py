@@ -613,11 +613,13 @@ def gemm_kernel_text(name: str, v: OpView, location: str, gather: ConvGather | N
     NB = p.n_chunk
     split = NB < ncp  # several items share an M block: its A strips are packed beforehand
 
-    def pack_a(mc: str, Ap: str) -> None:
-        """Pack the `mc` rows of A at %ic into MR-tall strips at Ap. Non-transposed: each row's
-        k-run is contiguous in A and stays so in the strip, Ap[(ir + r) * kc + k], copied a vector
-        at a time. Transposed (A is [K, M]): the MR rows of a k are contiguous, Ap[ir * kc + k * MR + r]."""
-        t.for_("%ir", t.c(0), mc, t.c(MR))
+    def pack_a(mc: str, Ap: str, one_strip: bool = False) -> None:
+        """Pack the `mc` rows of A at %ic into MR-tall strips at Ap (one_strip: only the strip at
+        %ir). Non-transposed: each row's k-run is contiguous in A and stays so in the strip,
+        Ap[(ir + r) * kc + k], copied a vector at a time. Transposed (A is [K, M]): the MR rows of
+        a k are contiguous, Ap[ir * kc + k * MR + r]."""
+        if not one_strip:
+            t.for_("%ir", t.c(0), mc, t.c(MR))
         row0 = t.add("%ic", "%ir")
         if gather is not None:
             pack_a_from_image(t, gather, p, A, A_t, Ap, Ap_t, row0, kc, zero)
@@ -654,7 +656,8 @@ def gemm_kernel_text(name: str, v: OpView, location: str, gather: ConvGather | N
             t.close()
             t.close()
             t.close()
-        t.close()
+        if not one_strip:
+            t.close()
 
     def a_block_view() -> tuple[str, str]:
         """The index of the M block at %ic and its packed strips."""
@@ -662,10 +665,15 @@ def gemm_kernel_text(name: str, v: OpView, location: str, gather: ConvGather | N
         return block, t.op(f"memref.subview {Ap_all}[{t.mul(block, t.c(a_block))}] [{a_block}] [1] : "
                            f"{Ap_all_t} to {Ap_t}", "m")
 
-    if split:
-        t.parallel("%ic", t.c(0), t.c(p.m), t.c(p.mc))
+    if split:  # one strip per work item: a single M block (few rows) is packed by all threads
+        strips = mcp // MR
+        t.parallel("%strip", t.c(0), t.c(n_mblocks * strips), t.c(1))
+        t.line(f"%ic = arith.muli {t.op(f'arith.divui %strip, {t.c(strips)} : index', 'i')}, {t.c(p.mc)} : index")
+        t.line(f"%ir = arith.muli {t.op(f'arith.remui %strip, {t.c(strips)} : index', 'i')}, {t.c(MR)} : index")
         mc = t.min_(t.op(f"arith.subi {t.c(p.m)}, %ic : index", "i"), t.c(p.mc))
-        pack_a(mc, a_block_view()[1])
+        t.open(f"scf.if {t.cmp('ult', '%ir', mc)}")
+        pack_a(mc, a_block_view()[1], one_strip=True)
+        t.close()
         t.close_parallel()
     t.open(f"scf.parallel (%ic, %jb) = ({t.c(0)}, {t.c(0)}) to ({t.c(p.m)}, {nc}) step ({t.c(p.mc)}, {t.c(NB)})")
     mc = t.min_(t.op(f"arith.subi {t.c(p.m)}, %ic : index", "i"), t.c(p.mc))
