@@ -1,0 +1,113 @@
+"""The pipeline phase model (tracea/passes/phase_cycle.py): every schedule it emits passes its
+checker, for every depth and trip count, and the checker rejects the classic pipelining bugs."""
+from __future__ import annotations
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from tracea.passes.phase_cycle import (Barrier, Commit, Compute, Load, PhaseError, Release, WaitEmpty, WaitFull,
+                                       WaitGroups, check, schedule)
+
+
+@settings(max_examples=300)
+@given(stages=st.integers(1, 8), trips=st.integers(0, 40), mechanism=st.sampled_from(["cp.async", "tma"]))
+def test_every_emitted_schedule_is_safe(stages, trips, mechanism):
+    check(schedule(stages, trips, mechanism), stages, trips, mechanism)
+
+
+@pytest.mark.parametrize("mechanism", ["cp.async", "tma"])
+@pytest.mark.parametrize("trips", [0, 1, 2, 3])
+def test_fewer_trips_than_stages(mechanism, trips):
+    events = schedule(4, trips, mechanism)
+    check(events, 4, trips, mechanism)
+    assert [e.tile for e in events if isinstance(e, Compute)] == list(range(trips))
+
+
+def test_tma_parities_alternate_per_buffer():
+    waits = [e for e in schedule(3, 9, "tma") if isinstance(e, WaitFull)]
+    assert [(w.buffer, w.parity) for w in waits] == [(0, 0), (1, 0), (2, 0), (0, 1), (1, 1), (2, 1),
+                                                     (0, 0), (1, 0), (2, 0)]
+
+
+def _replace(events, old, new, nth=0):
+    """`events` with the nth event equal to `old` replaced by `new` (None: dropped)."""
+    out, seen = [], 0
+    for e in events:
+        if e == old:
+            if seen == nth:
+                seen += 1
+                if new is not None:
+                    out.append(new)
+                continue
+            seen += 1
+        out.append(e)
+    return out
+
+
+def test_cp_async_waiting_for_one_group_too_few_reads_a_tile_in_flight():
+    events = [WaitGroups(3) if e == WaitGroups(2) else e for e in schedule(4, 6, "cp.async")]
+    with pytest.raises(PhaseError, match="reads tile 0 before its copy is known complete"):
+        check(events, 4, 6, "cp.async")
+
+
+def test_cp_async_without_the_barrier_overwrites_a_tile_being_read():
+    events = _replace(schedule(3, 6, "cp.async"), Barrier(), None, nth=1)
+    with pytest.raises(PhaseError, match="while some threads may still read tile 0"):
+        check(events, 3, 6, "cp.async")
+
+
+def test_cp_async_skipping_empty_commits_breaks_short_loops():
+    """Committing only when a tile was loaded shifts the group count when trips < stages - 1:
+    the steady state's wait_group(stages - 2) then lets the last tile be read in flight."""
+    stages, trips = 4, 2
+    events = [e for e in schedule(stages, trips, "cp.async")]
+    prologue_end = events.index(WaitGroups(stages - 2))
+    trimmed = [e for e in events[:prologue_end] if not isinstance(e, Commit)]
+    trimmed = [x for e in trimmed for x in (e, Commit())]  # one commit per actual load
+    with pytest.raises(PhaseError, match="before its copy is known complete"):
+        check(trimmed + events[prologue_end:], stages, trips, "cp.async")
+
+
+def test_tma_wrong_parity_would_return_on_the_previous_phase():
+    events = _replace(schedule(2, 5, "tma"), WaitFull(0, 1), WaitFull(0, 0))
+    with pytest.raises(PhaseError, match="expects parity 0, but tile 2 completes phase 1"):
+        check(events, 2, 5, "tma")
+
+
+def test_tma_reuse_without_waiting_for_the_release():
+    events = _replace(schedule(2, 5, "tma"), WaitEmpty(0, 0), None)
+    with pytest.raises(PhaseError, match="reuses buffer 0 without waiting for the release of tile 0"):
+        check(events, 2, 5, "tma")
+
+
+def test_tma_empty_wait_with_the_wrong_parity():
+    events = _replace(schedule(2, 7, "tma"), WaitEmpty(0, 1), WaitEmpty(0, 0))
+    with pytest.raises(PhaseError, match="expects parity 0, but the release it needs completes phase 1"):
+        check(events, 2, 7, "tma")
+
+
+def test_tma_waiting_before_the_release_deadlocks():
+    events = schedule(2, 4, "tma")
+    first_release = events.index(Release(0))
+    events = events[:first_release] + events[first_release + 1:]
+    events.insert(events.index(WaitEmpty(0, 0)) + 1, Release(0))
+    with pytest.raises(PhaseError, match="producer would deadlock"):
+        check(events, 2, 4, "tma")
+
+
+def test_loads_past_the_loop_and_copies_left_in_flight_are_reported():
+    events = schedule(3, 4, "cp.async") + [Load(4, 1), Commit()]
+    with pytest.raises(PhaseError, match="loads must cover tiles 0..3"):
+        check(events, 3, 4, "cp.async")
+    with pytest.raises(PhaseError, match=r"copies of tiles \[0\] are still in flight"):
+        check([Load(0, 0), Commit()], 2, 1, "cp.async")
+    with pytest.raises(PhaseError, match="computed 0 of 1 tiles"):
+        check([Load(0, 0), Commit(), WaitGroups(0)], 2, 1, "cp.async")
+
+
+def test_bad_arguments():
+    with pytest.raises(ValueError, match="unknown copy mechanism 'tmaa'"):
+        schedule(2, 2, "tmaa")
+    with pytest.raises(ValueError, match="stages >= 1"):
+        schedule(0, 2, "tma")

@@ -1,0 +1,221 @@
+"""The phase cycle of a multi-stage asynchronous copy pipeline (the seeds' "Z/NZ cyclicity"),
+modelled explicitly, and a checker that proves a schedule safe before a pass emits it.
+
+A K loop of `trips` iterations computes on tile k while later tiles stream into shared memory.
+`stages` buffers are used in turn: tile j lands in buffer j % stages, for the (j // stages)-th
+time. The two NVIDIA mechanisms track completion differently:
+- cp.async (sm_80): copies are committed in groups; `cp.async.wait_group n` returns once at most
+  the n most recent groups are in flight, and a barrier then makes every thread's copies
+  visible (and guarantees every thread finished reading the previous tile).
+- TMA (sm_90a): each buffer has a "full" mbarrier, completed once per tile that lands in it, and
+  an "empty" one, completed once per release by the consumers. Waits name the phase by parity:
+  the wait for the u-th use of a buffer expects parity u % 2; the producer reusing a buffer for
+  its u-th use waits for the empty barrier's phase u - 1, parity (u - 1) % 2. A wrong parity
+  does not fail loudly: it returns at once on the previous phase, and the kernel reads stale data.
+
+`schedule(stages, trips, mechanism)` is the event sequence a kernel performs (prologue, steady
+state, epilogue), in program order. `check(events, stages, trips, mechanism)` replays events
+against the model and raises PhaseError at the first one that could read a tile before it
+landed, overwrite a buffer some thread may still read, wait on the wrong phase, deadlock, or
+leave a copy in flight at exit.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from ..errors import TraceaError
+
+MECHANISMS = ("cp.async", "tma")
+
+
+class PhaseError(TraceaError):
+    """A pipeline schedule that is not safe; the message names the event and the hazard."""
+
+
+@dataclass(frozen=True)
+class Load:
+    """Issue the asynchronous copy of tile `tile` into `buffer`."""
+    tile: int
+    buffer: int
+
+
+@dataclass(frozen=True)
+class Commit:
+    """cp.async.commit_group: the copies issued since the last commit form a group."""
+
+
+@dataclass(frozen=True)
+class WaitGroups:
+    """cp.async.wait_group: wait until at most `pending` committed groups are in flight."""
+    pending: int
+
+
+@dataclass(frozen=True)
+class Barrier:
+    """bar.sync across the thread block."""
+
+
+@dataclass(frozen=True)
+class WaitFull:
+    """mbarrier try_wait.parity on the buffer's full barrier."""
+    buffer: int
+    parity: int
+
+
+@dataclass(frozen=True)
+class Release:
+    """The consumers arrive on the buffer's empty barrier: done reading it."""
+    buffer: int
+
+
+@dataclass(frozen=True)
+class WaitEmpty:
+    """The producer's try_wait.parity on the buffer's empty barrier before reusing it."""
+    buffer: int
+    parity: int
+
+
+@dataclass(frozen=True)
+class Compute:
+    """The MMA work of iteration `tile`, reading the tile from `buffer`."""
+    tile: int
+    buffer: int
+
+
+Event = Load | Commit | WaitGroups | Barrier | WaitFull | Release | WaitEmpty | Compute
+
+
+def schedule(stages: int, trips: int, mechanism: str) -> list[Event]:
+    """The events of a `stages`-deep pipeline over `trips` K iterations, in program order."""
+    if mechanism not in MECHANISMS:
+        raise ValueError(f"unknown copy mechanism '{mechanism}'; available: {', '.join(MECHANISMS)}")
+    if stages < 1 or trips < 0:
+        raise ValueError(f"a pipeline needs stages >= 1 and trips >= 0, got stages={stages}, trips={trips}")
+    return _cp_async(stages, trips) if mechanism == "cp.async" else _tma(stages, trips)
+
+
+def _cp_async(stages: int, trips: int) -> list[Event]:
+    events: list[Event] = []
+    if stages == 1:  # nothing to overlap: load, wait, compute, and let every thread finish reading
+        for k in range(trips):
+            events += [Load(k, 0), Commit(), WaitGroups(0), Barrier(), Compute(k, 0), Barrier()]
+        return events
+    # Prologue: tiles 0 .. stages-2, one group each; groups are committed even when empty, so
+    # group g always holds tile g and the steady state's wait count is the same for every trip.
+    for j in range(stages - 1):
+        events += ([Load(j, j % stages)] if j < trips else []) + [Commit()]
+    for k in range(trips):
+        # committed so far: k + stages - 1 groups; at most stages - 2 in flight -> groups 0..k done
+        events += [WaitGroups(stages - 2), Barrier()]
+        j = k + stages - 1  # into the buffer of tile k - 1, which every thread left at the barrier
+        events += ([Load(j, j % stages)] if j < trips else []) + [Commit(), Compute(k, k % stages)]
+    return events
+
+
+def _tma(stages: int, trips: int) -> list[Event]:
+    events: list[Event] = [Load(j, j % stages) for j in range(min(stages, trips))]
+    for k in range(trips):
+        b, use = k % stages, k // stages
+        events += [WaitFull(b, use % 2), Compute(k, b), Release(b)]
+        j = k + stages
+        if j < trips:  # tile j is the buffer's next use: wait for the release just made
+            events += [WaitEmpty(b, use % 2), Load(j, b)]
+    return events
+
+
+@dataclass
+class _Buffer:
+    tile: int | None = None  # the last tile loaded here
+    landed: bool = False  # that tile's copy is known complete (waited for)
+    visible: bool = False  # ... and visible to every thread (cp.async: a barrier after the wait)
+    read: bool = False  # the tile has been computed on
+    read_barrier: bool = True  # every thread finished reading it (cp.async: a barrier after the read)
+    uses: int = 0  # tiles loaded here so far
+    full_waited: int = -1  # TMA: the use whose full phase was waited for
+    releases: int = 0  # TMA: completed empty phases
+    empty_waited: int = 0  # TMA: empty phases the producer waited for
+
+
+def check(events: list[Event], stages: int, trips: int, mechanism: str) -> None:
+    """Replay `events`; raise PhaseError at the first unsafe one."""
+    buffers = [_Buffer() for _ in range(stages)]
+    groups: list[list[int]] = []  # committed groups of tiles, oldest first (cp.async)
+    open_group: list[int] = []
+    in_flight: set[int] = set()
+    next_load = next_compute = 0
+
+    def fail(i: int, event: Event, why: str) -> None:
+        raise PhaseError(f"{mechanism} pipeline, {stages} stages, {trips} trips: event #{i} {event}: {why}")
+
+    for i, e in enumerate(events):
+        if isinstance(e, Load):
+            if e.tile != next_load or e.tile >= trips:
+                fail(i, e, f"loads must cover tiles 0..{trips - 1} in order; expected tile {next_load}")
+            if not 0 <= e.buffer < stages or e.buffer != e.tile % stages:
+                fail(i, e, f"tile {e.tile} belongs in buffer {e.tile % stages}")
+            buf = buffers[e.buffer]
+            if buf.tile is not None and not buf.read:
+                fail(i, e, f"overwrites tile {buf.tile} before it is read")
+            if mechanism == "cp.async" and not buf.read_barrier:
+                fail(i, e, f"overwrites buffer {e.buffer} while some threads may still read tile {buf.tile} "
+                           "(no barrier since the read)")
+            if mechanism == "tma" and buf.uses and buf.empty_waited < buf.uses:
+                fail(i, e, f"reuses buffer {e.buffer} without waiting for the release of tile {buf.tile}")
+            buffers[e.buffer] = _Buffer(tile=e.tile, uses=buf.uses + 1, releases=buf.releases,
+                                        empty_waited=buf.empty_waited)
+            in_flight.add(e.tile)
+            open_group.append(e.tile)
+            next_load += 1
+        elif isinstance(e, Commit):
+            groups.append(open_group)
+            open_group = []
+        elif isinstance(e, WaitGroups):
+            done = groups[:max(0, len(groups) - e.pending)]
+            for group in done:
+                for tile in group:
+                    if tile in in_flight:
+                        in_flight.discard(tile)
+                        buffers[tile % stages].landed = True
+        elif isinstance(e, Barrier):
+            for buf in buffers:
+                buf.visible = buf.visible or buf.landed
+                buf.read_barrier = buf.read_barrier or buf.read
+        elif isinstance(e, WaitFull):
+            buf = buffers[e.buffer]
+            if buf.tile is None:
+                fail(i, e, "waits on a buffer no copy was issued to: it would never complete (deadlock)")
+            use = buf.uses - 1
+            if e.parity != use % 2:
+                fail(i, e, f"expects parity {e.parity}, but tile {buf.tile} completes phase {use} "
+                           f"(parity {use % 2}): the wait would return on the previous phase")
+            buf.full_waited = use
+            buf.landed = buf.visible = True
+            in_flight.discard(buf.tile)
+        elif isinstance(e, Compute):
+            buf = buffers[e.buffer] if 0 <= e.buffer < stages else None
+            if e.tile != next_compute or buf is None or buf.tile != e.tile:
+                fail(i, e, f"iteration {next_compute} must read its own tile from buffer {next_compute % stages}")
+            if not buf.visible:
+                fail(i, e, f"reads tile {e.tile} before its copy is known complete and visible")
+            buf.read, buf.read_barrier = True, False
+            next_compute += 1
+        elif isinstance(e, Release):
+            buf = buffers[e.buffer]
+            if not buf.read or buf.releases >= buf.uses:
+                fail(i, e, "releases a buffer whose tile was not read (or releases it twice)")
+            buf.releases += 1
+        elif isinstance(e, WaitEmpty):
+            buf = buffers[e.buffer]
+            if buf.releases <= buf.empty_waited:
+                fail(i, e, "waits for a release that has not happened: the producer would deadlock")
+            phase = buf.empty_waited
+            if e.parity != phase % 2:
+                fail(i, e, f"expects parity {e.parity}, but the release it needs completes phase {phase} "
+                           f"(parity {phase % 2})")
+            buf.empty_waited += 1
+    if in_flight:
+        raise PhaseError(f"{mechanism} pipeline, {stages} stages, {trips} trips: copies of tiles "
+                         f"{sorted(in_flight)} are still in flight at the end")
+    if next_compute != trips:
+        raise PhaseError(f"{mechanism} pipeline, {stages} stages, {trips} trips: computed {next_compute} "
+                         f"of {trips} tiles")
