@@ -176,7 +176,10 @@ def tiled_lowering(threads: int = 0) -> str:
     t = f"{{threads={threads}}}" if threads else ""
     return (f"tracea-verify, tracea-widen-i1, tracea-raise-linalg, canonicalize, tracea-cpu-conv{t}, "
             f"tracea-cpu-schedule{t}, tracea-cpu-kernels{t}, tracea-lower-to-linalg, canonicalize, cse, "
-            f"linalg-generalize-named-ops, tracea-cpu-tile-linalg{t}, canonicalize, cse")
+            # unit dims dropped and elementwise producers fused into their consumers: torch's
+            # decomposed layer norm becomes a few loop nests instead of ten (encoder 2.11 -> 1.90 ms)
+            f"linalg-generalize-named-ops, linalg-fold-unit-extent-dims, linalg-fuse-elementwise-ops, canonicalize, "
+            f"cse, tracea-cpu-tile-linalg{t}, canonicalize, cse")
 
 
 def tiled_copies(threads: int = 0) -> str:
@@ -190,7 +193,7 @@ register_pipeline("tracea-to-linalg", "verify and lower tracea ops to linalg on 
 register_pipeline("tracea-cpu-tiled", "host-sized schedules, fast CPU kernels where one exists, the remaining "
                   "linalg split among the host's cores and vectorized", tiled_lowering())
 register_pipeline("tracea-cpu-bufferize", "C entry points, inlining, one-shot bufferization, deallocation",
-                  "tracea-cpu-abi, inline, symbol-dce, canonicalize, eliminate-empty-tensors, "
+                  "tracea-cpu-abi, inline{default-pipeline=}, symbol-dce, canonicalize, eliminate-empty-tensors, "
                   "one-shot-bufferize{bufferize-function-boundaries "
                   "function-boundary-type-conversion=identity-layout-map}, "
                   "tracea-cpu-forward-outputs, buffer-deallocation-pipeline, canonicalize")
