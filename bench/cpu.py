@@ -131,11 +131,12 @@ def _iree_call(fn, arrays, threads):
     return lambda: entry(*arrays)
 
 
-def median_times(calls: dict[str, Callable], rounds: int, cycles: int = 3) -> dict[str, float]:
+def median_times(calls: dict[str, Callable], rounds: int, cycles: int = 5) -> dict[str, float]:
     """Each implementation runs in blocks of calls, the blocks cycling through the implementations
     (so drift in machine speed hits all alike), with a pause between blocks: on a 2-core machine
     a thread pool still spinning after its block (OpenBLAS spins ~0.1 s) would otherwise slow the
-    next implementation."""
+    next implementation. Short blocks, many cycles: these VMs have spells of a second or so in
+    which only one core runs, and a long block caught in one would misreport its implementation."""
     samples = {name: [] for name in calls}
     per_block = max(1, rounds // cycles)
     for cycle in range(cycles):
