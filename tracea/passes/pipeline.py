@@ -195,7 +195,10 @@ def _run_forked(args) -> PipelineResult:
     sys.stderr.flush()
     read_fd, write_fd = os.pipe()
     errlog = tempfile.TemporaryFile()
-    pid = os.fork()
+    # No other thread may be using the shared pipeline context (it has no locks of its own) while
+    # the child takes its copy; released in both processes.
+    with pipeline_lock:
+        pid = os.fork()
     if pid == 0:  # child: compile, send the pickled result, exit without cleanup
         status = 0
         try:

@@ -10,6 +10,7 @@ code generator, and the object code is kept: it is what `Kernel.export` links.
 from __future__ import annotations
 
 import functools
+import os
 import re
 
 import mlir.ir as ir
@@ -49,7 +50,19 @@ def _llvm():
         raise CompileError("generating CPU code needs llvmlite (pip install llvmlite==0.50.0)") from None
     llvm.initialize_native_target()
     llvm.initialize_native_asmprinter()
+    _hold_llvm_across_fork(llvm)
     return llvm
+
+
+def _hold_llvm_across_fork(llvm) -> None:
+    """llvmlite serializes calls into LLVM with one process-wide lock. A fork (the compiler child)
+    while another thread is inside such a call would leave the child waiting on that lock for
+    ever, so the forking thread takes it first (waiting for the call in flight) and both
+    processes release it after the fork."""
+    lock = getattr(getattr(getattr(llvm, "ffi", None), "lib", None), "_lock", None)
+    inner = getattr(lock, "_lock", None)  # llvmlite's _LLVMLock wraps an RLock
+    if inner is not None:
+        os.register_at_fork(before=inner.acquire, after_in_parent=inner.release, after_in_child=inner.release)
 
 
 @functools.cache
@@ -65,9 +78,9 @@ def host_machine():
 def warm_up() -> None:
     """Compile a tiny module once in this process: LLVM's first code generation sets up tables
     worth ~0.1 s, which every forked compiler child then inherits instead of redoing."""
-    from ..dialects.context import shared_context
+    from ..dialects.context import pipeline_lock, shared_context
 
-    with shared_context("pipeline"):
+    with pipeline_lock, shared_context("pipeline"):
         module = ir.Module.parse("llvm.func @tracea_warm_up(%x: vector<4xf32>, %p: !llvm.ptr) {\n"
                                  "  %y = llvm.fmul %x, %x : vector<4xf32>\n"
                                  "  llvm.store %y, %p : vector<4xf32>, !llvm.ptr\n  llvm.return\n}")
