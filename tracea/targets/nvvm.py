@@ -1,0 +1,119 @@
+"""NVIDIA code generation: gpu-dialect kernels -> NVVM -> PTX for sm_80 / sm_90a (MLIR's NVPTX
+back end, in the forked compiler child) -> cubin through `ptxas`, whose resource report
+(registers, shared memory, spills) is checked against the device's limits before anything is
+launched.
+
+Still to come (issue 5): the passes that turn tracea ops into these gpu kernels (tiling,
+pipelining by the phase model in passes/phase_cycle.py, swizzled shared memory by
+passes/bank_conflicts.py, mma.sync / wgmma lane mapping) and the CUDA launcher.
+"""
+from __future__ import annotations
+
+import importlib.util
+import re
+import shutil
+import subprocess
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+
+import mlir.ir as ir
+
+from ..errors import CompileError
+from ..passes.pipeline import compile_or_raise, parse_pipeline
+
+
+@dataclass(frozen=True)
+class DeviceLimits:
+    chip: str
+    ptx_features: str  # the PTX ISA MLIR's NVPTX back end emits for it
+    shared_bytes_per_block: int  # with the opt-in for dynamic shared memory
+    registers_per_thread: int
+    threads_per_block: int
+
+
+LIMITS = {
+    "sm_80": DeviceLimits("sm_80", "+ptx80", 163 * 1024, 255, 1024),
+    "sm_90a": DeviceLimits("sm_90a", "+ptx80", 227 * 1024, 255, 1024),
+}
+
+
+def device_limits(chip: str) -> DeviceLimits:
+    try:
+        return LIMITS[chip]
+    except KeyError:
+        raise CompileError(f"unsupported NVIDIA architecture '{chip}'; Tracea targets {', '.join(LIMITS)}") from None
+
+
+def to_ptx(gpu_module_text: str, chip: str, source_name: str = "<gpu kernels>") -> str:
+    """PTX for the (single) gpu.module of `gpu_module_text`."""
+    limits = device_limits(chip)
+    pipeline = parse_pipeline(f"nvvm-attach-target{{chip={chip} features={limits.ptx_features}}}, "
+                              "gpu.module(convert-gpu-to-nvvm, reconcile-unrealized-casts), "
+                              "gpu-module-to-binary{format=isa}")
+    result = compile_or_raise(gpu_module_text, [("ptx", pipeline)], source_name=source_name, verify_each=False,
+                              finish=_assembly_of_binary)
+    return result.artifact.decode()
+
+
+def _assembly_of_binary(module: ir.Operation) -> bytes:
+    from mlir.dialects import gpu
+    binaries = [op.operation for op in module.regions[0].blocks[0].operations if op.operation.name == "gpu.binary"]
+    if len(binaries) != 1:
+        raise CompileError(f"expected one gpu.module to compile, found {len(binaries)}")
+    return gpu.ObjectAttr(ir.ArrayAttr(binaries[0].attributes["objects"])[0]).object
+
+
+@dataclass(frozen=True)
+class Cubin:
+    chip: str
+    image: bytes
+    registers: int  # per thread, the kernel using the most
+    static_shared_bytes: int
+    spilled_bytes: int  # spill stores + loads, a warning sign for the register tile
+    log: str  # ptxas -v
+
+
+def ptxas_path() -> Path:
+    found = shutil.which("ptxas")
+    if found:
+        return Path(found)
+    spec = importlib.util.find_spec("nvidia")
+    for root in (spec.submodule_search_locations or []) if spec else []:
+        for candidate in Path(root).glob("cu*/bin/ptxas"):
+            return candidate
+    raise CompileError("assembling PTX needs ptxas: pip install nvidia-cuda-nvcc==13.0.88 (or put CUDA's ptxas "
+                       "on PATH)")
+
+
+def assemble(ptx: str, chip: str) -> Cubin:
+    """ptxas the PTX for `chip`; its verbose report gives the kernel's resources."""
+    device_limits(chip)
+    with tempfile.TemporaryDirectory() as tmp:
+        src, out = Path(tmp) / "kernel.ptx", Path(tmp) / "kernel.cubin"
+        src.write_text(ptx)
+        done = subprocess.run([str(ptxas_path()), f"-arch={chip}", "-v", "-o", str(out), str(src)],
+                              capture_output=True, text=True)
+        if done.returncode:
+            raise CompileError(f"ptxas rejected the PTX for {chip}:\n{done.stderr.strip()}")
+        image = out.read_bytes()
+    log = done.stderr
+    registers = max((int(n) for n in re.findall(r"Used (\d+) registers", log)), default=0)
+    shared = max((int(n) for n in re.findall(r"(\d+) bytes smem", log)), default=0)
+    spills = sum(int(n) for n in re.findall(r"(\d+) bytes spill (?:stores|loads)", log))
+    return Cubin(chip, image, registers, shared, spills, log)
+
+
+def check_launch(kernel: str, cubin: Cubin, threads_per_block: int, dynamic_shared_bytes: int = 0) -> None:
+    """Refuse a launch configuration the device cannot run, naming the resource and the fix."""
+    limits = device_limits(cubin.chip)
+    shared = cubin.static_shared_bytes + dynamic_shared_bytes
+    if shared > limits.shared_bytes_per_block:
+        raise CompileError(f"{kernel} needs {shared / 1024:.0f} KB shared memory, {cubin.chip} allows "
+                           f"{limits.shared_bytes_per_block // 1024} KB per block; reduce stages or the tile")
+    if threads_per_block > limits.threads_per_block:
+        raise CompileError(f"{kernel} asks for {threads_per_block} threads per block, {cubin.chip} allows "
+                           f"{limits.threads_per_block}; use fewer warps per block")
+    if cubin.registers * threads_per_block > 64 * 1024:
+        raise CompileError(f"{kernel} uses {cubin.registers} registers per thread x {threads_per_block} threads, "
+                           f"more than the 65536 of an SM; use fewer threads or a smaller register tile")
