@@ -64,3 +64,28 @@ def test_bad_ptx_is_a_compile_error():
     _ptxas_or_skip()
     with pytest.raises(tracea.CompileError, match="ptxas rejected the PTX for sm_80"):
         nvvm.assemble(".version 8.0\n.target sm_80\n.address_size 64\n.visible .entry k() { bogus; }\n", "sm_80")
+
+
+@pytest.mark.parametrize("chip", ["sm_80", "sm_90a"])
+@pytest.mark.parametrize("shape", [(128, 128, 64), (100, 70, 37)], ids=["whole-tiles", "edges"])
+def test_simt_gemm_assembles(chip, shape):
+    """The SIMT GEMM (f32, shared-memory tiles, a 4 x 4 register tile per thread): ptxas accepts it
+    and reports the shared memory of its two tiles; the FMAs are fused in the PTX."""
+    from tracea.passes.gpu_gemm import SimtTiles, grid, simt_gemm_module_text
+    tiles = SimtTiles()
+    ptx = nvvm.to_ptx(simt_gemm_module_text(*shape, tiles), chip)
+    assert ptx.count("fma.rn.f32") >= tiles.thread_m * tiles.thread_n and "bar.sync" in ptx and ".shared" in ptx
+    assert grid(shape[0], shape[1], tiles) == (-(-shape[1] // 64), -(-shape[0] // 64), 1)
+    _ptxas_or_skip()
+    cubin = nvvm.assemble(ptx, chip)
+    tile_bytes = 4 * tiles.block_k * (tiles.block_m + tiles.block_n)
+    assert cubin.static_shared_bytes == tile_bytes and cubin.spilled_bytes == 0
+    nvvm.check_launch("gemm", cubin, threads_per_block=tiles.threads[0] * tiles.threads[1])
+
+
+def test_simt_tiles_are_checked():
+    from tracea.passes.gpu_gemm import SimtTiles
+    with pytest.raises(ValueError, match="multiple of the thread tile"):
+        SimtTiles(block_m=62).validate()
+    with pytest.raises(ValueError, match="2048 threads per block"):
+        SimtTiles(block_m=128, block_n=256, thread_m=2, thread_n=8).validate()

@@ -49,7 +49,7 @@ def to_ptx(gpu_module_text: str, chip: str, source_name: str = "<gpu kernels>") 
     """PTX for the (single) gpu.module of `gpu_module_text`."""
     limits = device_limits(chip)
     pipeline = parse_pipeline(f"nvvm-attach-target{{chip={chip} features={limits.ptx_features}}}, "
-                              "gpu.module(convert-gpu-to-nvvm, reconcile-unrealized-casts), "
+                              "gpu.module(convert-scf-to-cf, convert-gpu-to-nvvm, reconcile-unrealized-casts), "
                               "gpu-module-to-binary{format=isa}")
     result = compile_or_raise(gpu_module_text, [("ptx", pipeline)], source_name=source_name, verify_each=False,
                               finish=_assembly_of_binary)

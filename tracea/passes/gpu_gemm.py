@@ -1,0 +1,119 @@
+"""The SIMT (FMA) GEMM for NVIDIA GPUs: the f32 path and the fallback where no matrix
+instruction applies. A gpu.module text, lowered by targets/nvvm.py.
+
+    block (bx, by) computes C[by BM : +BM, bx BN : +BN]; thread (tx, ty) its TM x TN sub-tile
+    for each K block of BK:
+        the threads copy A[., k0 : k0 + BK] (transposed, As[kk][m]) and B[k0 : k0 + BK, .] (Bs[kk][n])
+        into shared memory, zero outside the matrices; barrier
+        for kk < BK: a[TM] = As[kk][ty TM + i], b[TN] = Bs[kk][tx TN + j]; acc[i][j] += a[i] b[j]
+        barrier
+    store the accumulators inside C
+
+The tiling pass over tracea ops (and the mma.sync / wgmma mappings, cp.async / TMA pipelining)
+build on this; for now the generator takes the shapes and tiles directly.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from .cpu_gemm import _memref, _Text
+
+
+@dataclass(frozen=True)
+class SimtTiles:
+    block_m: int = 64
+    block_n: int = 64
+    block_k: int = 16
+    thread_m: int = 4
+    thread_n: int = 4
+
+    @property
+    def threads(self) -> tuple[int, int]:
+        """(x, y) threads per block: x along N, y along M."""
+        return self.block_n // self.thread_n, self.block_m // self.thread_m
+
+    def validate(self) -> None:
+        if self.block_m % self.thread_m or self.block_n % self.thread_n:
+            raise ValueError(f"block tile {self.block_m}x{self.block_n} must be a multiple of the thread tile "
+                             f"{self.thread_m}x{self.thread_n}")
+        x, y = self.threads
+        if x * y > 1024:
+            raise ValueError(f"{x * y} threads per block; at most 1024")
+
+
+def simt_gemm_module_text(m: int, n: int, k: int, tiles: SimtTiles = SimtTiles(), name: str = "gemm") -> str:
+    """A gpu.module with kernel @name(A: MxK, B: KxN, C: MxN), f32, C = A B."""
+    tiles.validate()
+    BM, BN, BK, TM, TN = tiles.block_m, tiles.block_n, tiles.block_k, tiles.thread_m, tiles.thread_n
+    TX, TY = tiles.threads
+    nthreads = TX * TY
+    ws = "#gpu.address_space<workgroup>"
+    As_t, Bs_t = f"memref<{BK}x{BM}xf32, {ws}>", f"memref<{BK}x{BN}xf32, {ws}>"
+    A_t, B_t, C_t = _memref((m, k), "f32"), _memref((k, n), "f32"), _memref((m, n), "f32")
+    t = _Text()
+    t.depth = 3
+    zero = t.op("arith.constant 0.0 : f32", "z")
+    t.line("%tx = gpu.thread_id x")
+    t.line("%ty = gpu.thread_id y")
+    t.line("%bx = gpu.block_id x")
+    t.line("%by = gpu.block_id y")
+    tid = t.add(t.mul("%ty", t.c(TX)), "%tx")
+    row0 = t.mul("%by", t.c(BM))
+    col0 = t.mul("%bx", t.c(BN))
+
+    def guarded_load(mem: str, mem_t: str, r: str, c: str, rows: int, cols: int) -> str:
+        inside = t.op(f"arith.andi {t.cmp('ult', r, t.c(rows))}, {t.cmp('ult', c, t.c(cols))} : i1", "p")
+        value = t.fresh("v")
+        t.open(f"{value} = scf.if {inside} -> (f32)")
+        t.line(f"scf.yield {t.op(f'memref.load {mem}[{r}, {c}] : {mem_t}', 'x')} : f32")
+        t.else_()
+        t.line(f"scf.yield {zero} : f32")
+        t.close()
+        return value
+
+    accs = [f"%acc{i}_{j}" for i in range(TM) for j in range(TN)]
+    acc_types = ", ".join(["f32"] * len(accs))
+    t.open(f"%res:{len(accs)} = scf.for %k0 = {t.c(0)} to {t.c(k)} step {t.c(BK)} iter_args("
+           + ", ".join(f"{a} = {zero}" for a in accs) + f") -> ({acc_types})")
+    # cooperative copies: element e of the tile for e = tid, tid + threads, ...
+    t.for_("%e", tid, t.c(BM * BK), t.c(nthreads))
+    mm, kk = t.op(f"arith.divui %e, {t.c(BK)} : index", "i"), t.op(f"arith.remui %e, {t.c(BK)} : index", "i")
+    a = guarded_load("%A", A_t, t.add(row0, mm), t.add("%k0", kk), m, k)
+    t.line(f"memref.store {a}, %As[{kk}, {mm}] : {As_t}")
+    t.close()
+    t.for_("%e", tid, t.c(BK * BN), t.c(nthreads))
+    kk, nn = t.op(f"arith.divui %e, {t.c(BN)} : index", "i"), t.op(f"arith.remui %e, {t.c(BN)} : index", "i")
+    b = guarded_load("%B", B_t, t.add("%k0", kk), t.add(col0, nn), k, n)
+    t.line(f"memref.store {b}, %Bs[{kk}, {nn}] : {Bs_t}")
+    t.close()
+    t.line("gpu.barrier")
+    inner = [f"%in{i}_{j}" for i in range(TM) for j in range(TN)]
+    t.open(f"%acck:{len(accs)} = scf.for %kk = {t.c(0)} to {t.c(BK)} step {t.c(1)} iter_args("
+           + ", ".join(f"{x} = {a}" for x, a in zip(inner, accs)) + f") -> ({acc_types})")
+    av = [t.op(f"memref.load %As[%kk, {t.add(t.mul('%ty', t.c(TM)), t.c(i))}] : {As_t}", "a") for i in range(TM)]
+    bv = [t.op(f"memref.load %Bs[%kk, {t.add(t.mul('%tx', t.c(TN)), t.c(j))}] : {Bs_t}", "b") for j in range(TN)]
+    new = [t.op(f"math.fma {av[i]}, {bv[j]}, {inner[i * TN + j]} : f32", "f") for i in range(TM) for j in range(TN)]
+    t.line(f"scf.yield {', '.join(new)} : {acc_types}")
+    t.close()
+    t.line("gpu.barrier")
+    t.line(f"scf.yield {', '.join(f'%acck#{i}' for i in range(len(accs)))} : {acc_types}")
+    t.close()
+    for i in range(TM):
+        for j in range(TN):
+            r = t.add(row0, t.add(t.mul("%ty", t.c(TM)), t.c(i)))
+            c = t.add(col0, t.add(t.mul("%tx", t.c(TN)), t.c(j)))
+            inside = t.op(f"arith.andi {t.cmp('ult', r, t.c(m))}, {t.cmp('ult', c, t.c(n))} : i1", "p")
+            t.open(f"scf.if {inside}")
+            t.line(f"memref.store %res#{i * TN + j}, %C[{r}, {c}] : {C_t}")
+            t.close()
+    consts = [f"      {name_} = arith.constant {value} : index" for value, name_ in sorted(t.consts.items())]
+    return (
+        "module attributes {gpu.container_module} {\n"
+        "  gpu.module @kernels {\n"
+        f"    gpu.func @{name}(%A: {A_t}, %B: {B_t}, %C: {C_t}) workgroup(%As: {As_t}, %Bs: {Bs_t}) kernel\n"
+        f"        attributes {{known_block_size = array<i32: {TX}, {TY}, 1>}} {{\n"
+        + "\n".join(consts + t.lines) + "\n      gpu.return\n    }\n  }\n}\n")
+
+
+def grid(m: int, n: int, tiles: SimtTiles = SimtTiles()) -> tuple[int, int, int]:
+    return -(-n // tiles.block_n), -(-m // tiles.block_m), 1
