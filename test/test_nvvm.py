@@ -89,3 +89,37 @@ def test_simt_tiles_are_checked():
         SimtTiles(block_m=62).validate()
     with pytest.raises(ValueError, match="2048 threads per block"):
         SimtTiles(block_m=128, block_n=256, thread_m=2, thread_n=8).validate()
+
+
+def test_gpu_kernel_artifact_loads_without_mlir(tmp_path):
+    """The artifact (cubin + launch metadata) round-trips through files, and its loader runs
+    with the standard library alone (python -S: no site-packages, so no MLIR)."""
+    import subprocess
+    import sys
+
+    from tracea.passes.gpu_gemm import SimtTiles, grid, simt_gemm_module_text
+    from tracea.runtime import gpu_artifact as ga
+    _ptxas_or_skip()
+    m, n, k = 100, 70, 37
+    tiles = SimtTiles()
+    ptx = nvvm.to_ptx(simt_gemm_module_text(m, n, k, tiles), "sm_80")
+    cubin = nvvm.assemble(ptx, "sm_80")
+    art = ga.GpuKernelArtifact("gemm", "sm_80", cubin.image, ptx, grid(m, n, tiles), (*tiles.threads, 1), 0,
+                               (ga.Param("A", "f32", (m, k)), ga.Param("B", "f32", (k, n)),
+                                ga.Param("C", "f32", (m, n))), cubin.registers, cubin.static_shared_bytes)
+    art.save(tmp_path / "gemm")
+    assert ga.GpuKernelArtifact.load(tmp_path / "gemm") == art
+    args = art.launch_arguments([0x1000, 0x2000, 0x3000])
+    assert len(args) == 3 * 7 and args[:7] == [("ptr", 0x1000), ("ptr", 0x1000), ("i64", 0), ("i64", m), ("i64", k),
+                                               ("i64", k), ("i64", 1)]
+    # the PTX's parameter list has exactly as many entries as the layout
+    assert ptx.count(".param .u64") + ptx.count(".param .f32") == len(args)
+    with pytest.raises(tracea.ArgumentError, match="takes 3 argument"):
+        art.launch_arguments([1])
+    script = (f"import sys, importlib.util as u; s = u.spec_from_file_location('gpu_artifact', {ga.__file__!r}); "
+              f"m = sys.modules['gpu_artifact'] = u.module_from_spec(s); s.loader.exec_module(m); "
+              f"a = m.GpuKernelArtifact.load({str(tmp_path / 'gemm')!r}); "
+              f"print(a.name, a.chip, a.grid, a.block, len(a.cubin), len(a.launch_arguments([1, 2, 3])))")
+    done = subprocess.run([sys.executable, "-S", "-c", script], capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.split()[:2] == ["gemm", "sm_80"] and done.stdout.split()[-2:] == [str(len(cubin.image)), "21"]

@@ -1,0 +1,100 @@
+"""A compiled GPU kernel as an artifact: its code (cubin, and the PTX it came from) plus what a
+launch needs (grid, block, dynamic shared memory, the argument layout). Saved as `<path>.cubin`
+and `<path>.json`, loaded with the standard library only: this file can be copied alone to a GPU
+machine that has no MLIR (the tests load it that way).
+
+Argument layout: MLIR's NVVM kernels take each memref argument expanded into its descriptor
+fields, `allocated ptr, aligned ptr, offset, sizes[rank], strides[rank]` (pointers and int64s),
+and each scalar as itself. `launch_arguments` builds those values from buffer addresses.
+"""
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+try:
+    from ..errors import ArgumentError, TraceaError
+except ImportError:  # this file alone, on a GPU machine without Tracea's compiler (and MLIR)
+    class TraceaError(Exception):
+        pass
+
+    class ArgumentError(TraceaError, TypeError):
+        pass
+
+FORMAT = "tracea-gpu-kernel-1"
+_SCALARS = ("f32", "f64", "i32", "i64")
+
+
+@dataclass(frozen=True)
+class Param:
+    """One kernel argument: a tensor (`shape`, `dtype`) passed as a memref, or a scalar (shape None)."""
+    name: str
+    dtype: str
+    shape: tuple[int, ...] | None = None
+
+    @property
+    def fields(self) -> list[str]:
+        """The C types of the values this argument expands to ("ptr", "i64", or the scalar type)."""
+        if self.shape is None:
+            return [self.dtype]
+        return ["ptr", "ptr", "i64"] + ["i64"] * (2 * len(self.shape))
+
+
+@dataclass(frozen=True)
+class GpuKernelArtifact:
+    name: str
+    chip: str
+    cubin: bytes
+    ptx: str
+    grid: tuple[int, int, int]
+    block: tuple[int, int, int]
+    dynamic_shared_bytes: int
+    params: tuple[Param, ...]
+    registers: int = 0
+    static_shared_bytes: int = 0
+
+    def save(self, path: str | Path) -> Path:
+        path = Path(path)
+        Path(str(path) + ".cubin").write_bytes(self.cubin)
+        meta = {k: v for k, v in asdict(self).items() if k != "cubin"}
+        meta["params"] = [asdict(p) for p in self.params]
+        Path(str(path) + ".json").write_text(json.dumps({"format": FORMAT, **meta}, indent=1))
+        return path
+
+    @staticmethod
+    def load(path: str | Path) -> "GpuKernelArtifact":
+        path = Path(path)
+        try:
+            meta = json.loads(Path(str(path) + ".json").read_text())
+            cubin = Path(str(path) + ".cubin").read_bytes()
+        except OSError as e:
+            raise TraceaError(f"cannot load the GPU kernel {path}: {e.strerror} ({e.filename})") from None
+        if meta.pop("format", None) != FORMAT:
+            raise TraceaError(f"{path}.json is not a Tracea GPU kernel description")
+        params = tuple(Param(p["name"], p["dtype"], None if p["shape"] is None else tuple(p["shape"]))
+                       for p in meta.pop("params"))
+        return GpuKernelArtifact(cubin=cubin, params=params, grid=tuple(meta.pop("grid")),
+                                 block=tuple(meta.pop("block")), **meta)
+
+    def launch_arguments(self, values: list) -> list[tuple[str, int | float]]:
+        """(C type, value) for every kernel parameter, from one value per Param: a device
+        address (int) with a contiguous layout for tensors, a number for scalars."""
+        if len(values) != len(self.params):
+            raise ArgumentError(f"{self.name} takes {len(self.params)} argument(s) "
+                                f"({', '.join(p.name for p in self.params)}), got {len(values)}")
+        out: list[tuple[str, int | float]] = []
+        for param, value in zip(self.params, values):
+            if param.shape is None:
+                if param.dtype not in _SCALARS or not isinstance(value, (int, float)):
+                    raise ArgumentError(f"{self.name}: argument {param.name} must be a {param.dtype} number")
+                out.append((param.dtype, value))
+                continue
+            if not isinstance(value, int) or value <= 0:
+                raise ArgumentError(f"{self.name}: argument {param.name} must be a device address "
+                                    f"(a DeviceBuffer's), got {value!r}")
+            strides = [math.prod(param.shape[i + 1:]) for i in range(len(param.shape))]
+            out += [("ptr", value), ("ptr", value), ("i64", 0)]
+            out += [("i64", s) for s in param.shape] + [("i64", s) for s in strides]
+        return out
