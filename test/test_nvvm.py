@@ -81,6 +81,12 @@ def test_simt_gemm_assembles(chip, shape):
     tile_bytes = 4 * tiles.block_k * (tiles.block_m + tiles.block_n)
     assert cubin.static_shared_bytes == tile_bytes and cubin.spilled_bytes == 0
     nvvm.check_launch("gemm", cubin, threads_per_block=tiles.threads[0] * tiles.threads[1])
+    try:
+        machine_code = nvvm.sass(cubin)  # fused multiply-adds from shared memory, not FMUL + FADD
+    except tracea.CompileError as e:
+        pytest.skip(f"no SASS disassembler: {e}")
+    assert machine_code.count("FFMA") >= tiles.block_k * tiles.thread_m * tiles.thread_n
+    assert "LDS" in machine_code and "BAR" in machine_code and "FMUL" not in machine_code
 
 
 def test_simt_tiles_are_checked():

@@ -10,6 +10,7 @@ passes/bank_conflicts.py, mma.sync / wgmma lane mapping) and the CUDA launcher.
 from __future__ import annotations
 
 import importlib.util
+import os
 import re
 import shutil
 import subprocess
@@ -74,16 +75,35 @@ class Cubin:
     log: str  # ptxas -v
 
 
-def ptxas_path() -> Path:
-    found = shutil.which("ptxas")
+def cuda_tool(name: str, package: str) -> Path:
+    """A CUDA command-line tool: on PATH, or from NVIDIA's wheel (nvidia/cu*/bin)."""
+    found = shutil.which(name)
     if found:
         return Path(found)
     spec = importlib.util.find_spec("nvidia")
     for root in (spec.submodule_search_locations or []) if spec else []:
-        for candidate in Path(root).glob("cu*/bin/ptxas"):
+        for candidate in Path(root).glob(f"cu*/bin/{name}"):
             return candidate
-    raise CompileError("assembling PTX needs ptxas: pip install nvidia-cuda-nvcc==13.0.88 (or put CUDA's ptxas "
-                       "on PATH)")
+    raise CompileError(f"this needs CUDA's {name}: pip install {package} (or put it on PATH)")
+
+
+def ptxas_path() -> Path:
+    return cuda_tool("ptxas", "nvidia-cuda-nvcc==13.0.88")
+
+
+def sass(cubin: Cubin) -> str:
+    """The cubin's machine code (cuobjdump -sass, which runs nvdisasm): what a kernel really
+    executes (FFMA, HMMA, HGMMA, LDGSTS...)."""
+    cuobjdump = cuda_tool("cuobjdump", "nvidia-cuda-cuobjdump==13.2.51 nvidia-cuda-nvdisasm==13.2.51")
+    nvdisasm = cuda_tool("nvdisasm", "nvidia-cuda-nvdisasm==13.2.51")
+    with tempfile.TemporaryDirectory() as tmp:
+        path = Path(tmp) / "kernel.cubin"
+        path.write_bytes(cubin.image)
+        env = {**os.environ, "PATH": f"{nvdisasm.parent}{os.pathsep}{os.environ.get('PATH', '')}"}
+        done = subprocess.run([str(cuobjdump), "-sass", str(path)], capture_output=True, text=True, env=env)
+    if done.returncode:
+        raise CompileError(f"cuobjdump could not disassemble the {cubin.chip} cubin:\n{done.stderr.strip()}")
+    return done.stdout
 
 
 def assemble(ptx: str, chip: str) -> Cubin:
