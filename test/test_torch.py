@@ -154,6 +154,22 @@ def test_dynamo_backend_compiles_and_recompiles_per_shape():
             torch.testing.assert_close(compiled(x), model(x), rtol=1e-4, atol=1e-4)
 
 
+def test_dynamo_backend_follows_dynamic_shapes():
+    """With torch.compile's defaults a shape change makes Dynamo retrace with symbolic sizes; the
+    backend compiles that graph per concrete shape instead of falling back."""
+    dynamo.fallbacks.clear()
+    torch._dynamo.reset()
+    torch.manual_seed(0)
+    model = mlp().eval()
+    compiled = torch.compile(model, backend="tracea")
+    with warnings.catch_warnings(record=True) as caught, torch.no_grad():
+        warnings.simplefilter("always")
+        for rows in (8, 3, 5, 3):
+            x = torch.randn(rows, 64)
+            torch.testing.assert_close(compiled(x), model(x), rtol=1e-4, atol=1e-4)
+    assert not dynamo.fallbacks and not [w for w in caught if "tracea:" in str(w.message)]
+
+
 def test_dynamo_backend_falls_back_once_per_reason():
     dynamo.fallbacks.clear()
     dynamo._warned.clear()

@@ -105,7 +105,9 @@ def tracea_backend(gm, example_inputs):
     if reason is not None:
         return _fall_back(gm, reason)
     runner = _PerShape(gm)
-    runner.prepare(example_inputs)  # compile now, for the shapes Dynamo traced with
+    if not any(isinstance(x, torch.SymInt) for x in example_inputs):
+        runner.prepare(example_inputs)  # compile now, for the shapes Dynamo traced with
+    # (a graph with symbolic sizes compiles at its first call, for the sizes it is called with)
     return runner
 
 
