@@ -157,19 +157,17 @@ def object_code(module, entries: list[str], optimize: bool = False) -> bytes:
 
 class JitLibrary:
     """Object code linked into this process (LLVM's ORC JIT), its symbols resolved against the
-    process, where the runtime libraries kernels call into were loaded globally."""
-
-    _count = 0
+    process, where the runtime libraries kernels call into were loaded globally. Each has its
+    own JIT session, so its library name need not be unique."""
 
     def __init__(self, obj: bytes, exported: list[str]):
         llvm = _llvm()
-        JitLibrary._count += 1
         self._jit = llvm.create_lljit_compiler()
         builder = llvm.JITLibraryBuilder().add_object_img(obj).add_current_process()
         for name in exported:
             builder.export_symbol(name)
         try:
-            self._tracker = builder.link(self._jit, f"tracea_kernel_{JitLibrary._count}")
+            self._tracker = builder.link(self._jit, "tracea_kernel")
         except RuntimeError as e:
             raise CompileError(f"linking the kernel's object code failed: {e}") from None
         self.addresses = {name: self._tracker[name] for name in exported}
