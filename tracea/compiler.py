@@ -119,7 +119,7 @@ def compile(program, example_inputs=None, *, target: str = "cpu", entry: str | N
         for i, (stage, stage_text) in enumerate(result.stages.items(), 1):
             (dump / f"{signature.name}.{i}-{stage}.mlir").write_text(stage_text)
     kernel = Kernel(signature, code.address, code.owner, target, result.stages if keep_stages else None,
-                    time.perf_counter() - start, code.entry_symbol, code.runtime_libraries, code.object_code)
+                    time.perf_counter() - start, code.entry_symbol, code.runtime_libraries, code.object_code, threads)
     if persistent:
         disk_cache.store(disk_key, kernel)
     with _CACHE_LOCK:

@@ -44,6 +44,12 @@ def tune_malloc() -> bool:
     return _flag("TRACEA_TUNE_MALLOC", True)
 
 
+def place_workers() -> bool:
+    """TRACEA_PLACE_WORKERS=0 leaves OpenMP's worker threads wherever the OS puts them. By default
+    (Linux) they are kept off the CPU the calling thread runs on (see tracea.runtime.placement)."""
+    return _flag("TRACEA_PLACE_WORKERS", True)
+
+
 def parallel_runtime() -> str:
     """TRACEA_PARALLEL_RUNTIME: what threaded CPU kernels run on: "openmp" (the default, when the
     cmeel-libomp package is installed) or "async" (MLIR's async runtime, always available)."""

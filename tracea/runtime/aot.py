@@ -79,7 +79,7 @@ def export(kernel: Kernel, path: str | Path) -> Path:
         "arg_names": sig.arg_names,
         "inputs": [[list(s.shape), s.dtype] for s in sig.inputs],
         "outputs": [[list(s.shape), s.dtype] for s in sig.outputs],
-        "runtime_libraries": kernel.runtime_libraries}, indent=1))
+        "runtime_libraries": kernel.runtime_libraries, "threads": kernel.threads}, indent=1))
     return path
 
 
@@ -99,6 +99,6 @@ def load(path: str | Path) -> Kernel:
     signature = Signature(meta["name"], [TensorSpec(tuple(s), d) for s, d in meta["inputs"]],
                           [TensorSpec(tuple(s), d) for s, d in meta["outputs"]], meta["arg_names"])
     kernel = Kernel(signature, address, library, "cpu (shared library)", entry_symbol=meta["symbol"],
-                    runtime_libraries=meta["runtime_libraries"])
+                    runtime_libraries=meta["runtime_libraries"], threads=meta.get("threads", 1))
     kernel.origin = "shared library"
     return kernel

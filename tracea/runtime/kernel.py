@@ -18,6 +18,7 @@ import numpy as np
 from .. import knobs
 from ..dialects.ops import TensorSpec
 from ..errors import ArgumentError
+from . import placement
 from .dtypes import to_numpy
 
 _DESCRIPTOR_TYPES: dict[int, type] = {}
@@ -118,7 +119,7 @@ class Kernel:
 
     def __init__(self, signature: Signature, entry_address: int, keep_alive: Any, target: str,
                  stages: dict[str, str] | None = None, compile_seconds: float = 0.0, entry_symbol: str = "",
-                 runtime_libraries: Sequence[str] = (), object_code: bytes | None = None):
+                 runtime_libraries: Sequence[str] = (), object_code: bytes | None = None, threads: int = 1):
         self.signature = signature
         self.target = target
         self.entry_symbol = entry_symbol  # the C-ABI function (pointers to memref descriptors)
@@ -127,11 +128,14 @@ class Kernel:
         self.stages = stages or {}  # stage name -> IR text, when compiled with keep_stages
         self.compile_seconds = compile_seconds
         self.object_code = object_code  # the compiled code, when kept (what export links)
+        self.threads = threads  # the size of its parallel regions' thread teams
         self._keep_alive = keep_alive  # what owns the code: a JIT library, a shared library
         self._entry = ctypes.CFUNCTYPE(None, ctypes.c_void_p)(entry_address)
         self._in_dtypes = [to_numpy(s.dtype) for s in signature.inputs]
         self._out_dtypes = [to_numpy(s.dtype) for s in signature.outputs]
         self._frames = threading.local()  # one CallFrame per calling thread
+        openmp = [path for path in self.runtime_libraries if Path(path).name == "libomp.so"]
+        self._libomp = _loaded_libraries[str(Path(openmp[0]))] if threads > 1 and openmp else None
         tune_malloc()
 
     def export(self, path) -> "Path":
@@ -184,5 +188,9 @@ class Kernel:
         frame = getattr(self._frames, "frame", None)
         if frame is None:
             frame = self._frames.frame = CallFrame(sig.inputs + sig.outputs)
+            frame.team = placement.team_of_this_thread(self._libomp, self.threads) if self._libomp else None
+        team = frame.team
+        if team is not None and (cpu := placement.current_cpu()) != team.cpu:
+            team.place(cpu)  # keep the OpenMP workers off the caller's CPU (see runtime/placement.py)
         self._entry(frame.bind(inputs + outputs))
         return outputs[0] if len(outputs) == 1 else tuple(outputs)
