@@ -94,22 +94,51 @@ def schedule(stages: int, trips: int, mechanism: str) -> list[Event]:
     return _cp_async(stages, trips) if mechanism == "cp.async" else _tma(stages, trips)
 
 
-def _cp_async(stages: int, trips: int) -> list[Event]:
-    events: list[Event] = []
-    if stages == 1:  # nothing to overlap: load, wait, compute, and let every thread finish reading
+@dataclass(frozen=True)
+class LoopPlan:
+    """A cp.async pipeline in the form a kernel emits it: `prologue` once, then `body` in a loop
+    over k < trips. Prologue tiles are absolute; in the body a Load(d) is tile k + d (into buffer
+    (k + d) % stages) and Compute(0) is tile k. A Load of a tile past the last is not issued; the
+    Commit after it still is (an empty group), so the wait counts are the same in every trip."""
+    stages: int
+    prologue: tuple[Event, ...]
+    body: tuple[Event, ...]
+
+    def unroll(self, trips: int) -> list[Event]:
+        events = [e for e in self.prologue if not (isinstance(e, Load) and e.tile >= trips)]
         for k in range(trips):
-            events += [Load(k, 0), Commit(), WaitGroups(0), Barrier(), Compute(k, 0), Barrier()]
+            for e in self.body:
+                if isinstance(e, (Load, Compute)):
+                    tile = k + e.tile
+                    if tile >= trips:
+                        continue
+                    e = type(e)(tile, tile % self.stages)
+                events.append(e)
         return events
-    # Prologue: tiles 0 .. stages-2, one group each; groups are committed even when empty, so
-    # group g always holds tile g and the steady state's wait count is the same for every trip.
-    for j in range(stages - 1):
-        events += ([Load(j, j % stages)] if j < trips else []) + [Commit()]
-    for k in range(trips):
-        # committed so far: k + stages - 1 groups; at most stages - 2 in flight -> groups 0..k done
-        events += [WaitGroups(stages - 2), Barrier()]
-        j = k + stages - 1  # into the buffer of tile k - 1, which every thread left at the barrier
-        events += ([Load(j, j % stages)] if j < trips else []) + [Commit(), Compute(k, k % stages)]
-    return events
+
+    def verify(self, trips: int) -> None:
+        """Prove the plan safe for `trips` iterations (raises PhaseError): what a pass calls
+        before emitting it."""
+        check(self.unroll(trips), self.stages, trips, "cp.async")
+
+
+def cp_async_plan(stages: int) -> LoopPlan:
+    if stages < 1:
+        raise ValueError(f"a pipeline needs stages >= 1, got {stages}")
+    if stages == 1:  # nothing to overlap: load, wait, compute, and let every thread finish reading
+        return LoopPlan(1, (), (Load(0, 0), Commit(), WaitGroups(0), Barrier(), Compute(0, 0), Barrier()))
+    # Prologue: tiles 0 .. stages-2, one group each. In iteration k, k + stages - 1 groups are
+    # committed; at most stages - 2 in flight means groups 0..k (tile k) are done. The barrier
+    # makes them visible and guarantees every thread left tile k - 1, whose buffer the load of
+    # tile k + stages - 1 reuses.
+    prologue = tuple(e for j in range(stages - 1) for e in (Load(j, j), Commit()))
+    ahead = stages - 1
+    return LoopPlan(stages, prologue, (WaitGroups(stages - 2), Barrier(), Load(ahead, ahead % stages), Commit(),
+                                       Compute(0, 0)))
+
+
+def _cp_async(stages: int, trips: int) -> list[Event]:
+    return cp_async_plan(stages).unroll(trips)
 
 
 def _tma(stages: int, trips: int) -> list[Event]:

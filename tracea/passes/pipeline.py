@@ -13,6 +13,7 @@ from __future__ import annotations
 import faulthandler
 import os
 import pickle
+import re
 import signal
 import sys
 import tempfile
@@ -130,6 +131,18 @@ class PipelineResult:
     artifact: bytes | None = None  # what the `finish` step made of the final module
 
 
+def _silent_parse_failure(source: str, source_name: str) -> Diagnostic:
+    """MLIR's parser rejects an unregistered op written in custom syntax (`%c = tracea.gemm %a,
+    %b ...`) without any diagnostic; name the likely line instead of failing silently."""
+    for number, line in enumerate(source.splitlines(), 1):
+        match = re.search(r"=\s*(tracea\.\w+)\b", line)
+        if match:
+            return Diagnostic("error", f"'{match.group(1)}' must be written in MLIR's generic form, "
+                              f"e.g. %c = \"tracea.gemm\"(%a, %b) : (tensor<...>, tensor<...>) -> tensor<...>",
+                              source_name, number, match.start(1) + 1)
+    return Diagnostic("error", "the input could not be parsed (MLIR gave no location)", source_name)
+
+
 def _run_in_process(source: str, stages: list[tuple[str, Pipeline]], source_name: str,
                     print_ir_after_all: bool, keep_stages: bool, asm: dict, verify_each: bool,
                     finish: Callable[[ir.Operation], bytes] | None) -> PipelineResult:
@@ -141,6 +154,8 @@ def _run_in_process(source: str, stages: list[tuple[str, Pipeline]], source_name
             module = parse_module(source, source_name)
         except ir.MLIRError as e:
             log.absorb(e)
+            if not log.errors:
+                log.diagnostics.append(_silent_parse_failure(source, source_name))
             return PipelineResult(False, None, log.diagnostics)
         if verify_tracea_ops(module.operation):
             return PipelineResult(False, None, log.diagnostics)

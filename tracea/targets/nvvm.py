@@ -46,12 +46,27 @@ def device_limits(chip: str) -> DeviceLimits:
         raise CompileError(f"unsupported NVIDIA architecture '{chip}'; Tracea targets {', '.join(LIMITS)}") from None
 
 
+def cuda_toolkit() -> Path | None:
+    """A CUDA directory holding nvvm/libdevice/libdevice.10.bc (NVIDIA's wheel, CUDA_HOME or
+    /usr/local/cuda): linked into kernels that call its math functions (__nv_floorf, ...)."""
+    roots = [os.environ.get("CUDA_HOME", ""), "/usr/local/cuda"]
+    spec = importlib.util.find_spec("nvidia")
+    roots += [str(p) for root in ((spec.submodule_search_locations or []) if spec else [])
+              for p in sorted(Path(root).glob("cu*"))]
+    for root in filter(None, roots):
+        if (Path(root) / "nvvm" / "libdevice" / "libdevice.10.bc").is_file():
+            return Path(root)
+    return None
+
+
 def to_ptx(gpu_module_text: str, chip: str, source_name: str = "<gpu kernels>") -> str:
     """PTX for the (single) gpu.module of `gpu_module_text`."""
     limits = device_limits(chip)
+    toolkit = cuda_toolkit()
     pipeline = parse_pipeline(f"nvvm-attach-target{{chip={chip} features={limits.ptx_features}}}, "
-                              "gpu.module(convert-scf-to-cf, convert-gpu-to-nvvm, reconcile-unrealized-casts), "
-                              "gpu-module-to-binary{format=isa}")
+                              "gpu.module(convert-nvgpu-to-nvvm, expand-strided-metadata, convert-vector-to-llvm, "
+                              "convert-scf-to-cf, convert-gpu-to-nvvm, reconcile-unrealized-casts), "
+                              f"gpu-module-to-binary{{format=isa{f' toolkit={toolkit}' if toolkit else ''}}}")
     result = compile_or_raise(gpu_module_text, [("ptx", pipeline)], source_name=source_name, verify_each=False,
                               finish=_assembly_of_binary)
     return result.artifact.decode()

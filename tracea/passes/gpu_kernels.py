@@ -1,0 +1,141 @@
+"""tracea-gpu-kernels: each function computing one GEMM becomes an NVIDIA kernel.
+
+The function's gemm / fused_gemm is tiled onto thread blocks and warps: f16 / bf16 inputs onto
+Tensor Cores (gpu_mma.py: cp.async pipeline, swizzled shared memory, ldmatrix + mma.sync
+m16n8k16, fused epilogue), f32 onto the SIMT kernel (gpu_gemm.py). The result is a
+`gpu.module @kernels` holding one `gpu.func` per function, named after it, whose parameters
+are the op's operands then the result buffer; its launch configuration is the attribute
+`tracea.launch = {grid, block, dynamic_shared_bytes}`. The host function is removed: kernels
+are launched by Tracea's runtime from that attribute (see runtime/gpu_artifact.py).
+
+Tiles come from the op's schedule when it has one (tile = [BM, BN, BK], warp_tile = [WM, WN, ...],
+stages), else from the defaults of the chosen kernel.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import mlir.ir as ir
+
+from ..dialects.ops import OpView, view
+from ..dialects.verify import tracea_ops
+from ..errors import OpError
+from .gpu_gemm import SimtTiles, simt_gemm_module_text
+from .gpu_gemm import grid as simt_grid
+from .gpu_mma import MMA_DTYPES, MmaGemm, MmaTiles, mma_gemm_module_text
+from .gpu_mma import grid as mma_grid
+from .registry import PassFailed, TraceaPass, option, register
+
+CHIPS = ("sm_80", "sm_90a")
+
+
+@dataclass(frozen=True)
+class Launch:
+    grid: tuple[int, int, int]
+    block: tuple[int, int, int]
+    dynamic_shared_bytes: int
+
+    def to_attr(self) -> ir.Attribute:
+        return ir.DictAttr.get({
+            "grid": ir.DenseI64ArrayAttr.get(list(self.grid)),
+            "block": ir.DenseI64ArrayAttr.get(list(self.block)),
+            "dynamic_shared_bytes": ir.IntegerAttr.get(ir.IntegerType.get_signless(64), self.dynamic_shared_bytes)})
+
+    @staticmethod
+    def from_attr(attr: ir.Attribute) -> "Launch":
+        d = ir.DictAttr(attr)
+        return Launch(tuple(ir.DenseI64ArrayAttr(d["grid"])), tuple(ir.DenseI64ArrayAttr(d["block"])),
+                      ir.IntegerAttr(d["dynamic_shared_bytes"]).value)
+
+
+def mma_tiles(v: OpView) -> MmaTiles:
+    s = v.attrs.get("schedule")
+    if s is None or s.tile is None:
+        return MmaTiles()
+    if len(s.tile) != 3:
+        raise OpError(f"an NVIDIA GEMM schedule needs tile = [BM, BN, BK], got {list(s.tile)}")
+    bm, bn, bk = s.tile
+    wm, wn = (s.warp_tile[:2] if s.warp_tile else (min(bm, 64), min(bn, 64)))
+    return MmaTiles(bm, bn, bk, wm, wn, s.stages)
+
+
+def gemm_kernel(v: OpView, name: str) -> tuple[str, Launch]:
+    """The gpu.module text of the kernel for a gemm / fused_gemm, and its launch."""
+    a, b = v.operands["a"], v.operands["b"]
+    if a.rank != 2 or b.rank != 2:
+        raise OpError(f"the NVIDIA GEMM kernels take rank-2 operands, got {a} and {b}; batched GEMMs are not "
+                      "supported on this target yet")
+    if v.attrs["transpose_a"]:
+        raise OpError("the NVIDIA GEMM kernels read A as [M, K]; transpose_a is not supported on this target yet")
+    m, k = a.shape
+    n = b.shape[0] if v.attrs["transpose_b"] else b.shape[1]
+    if a.dtype in MMA_DTYPES:
+        g = MmaGemm(m, n, k, a.dtype, v.result.dtype, v.attrs["transpose_b"], tuple(v.attrs.get("epilogue", ())),
+                    v.operands["bias"].dtype if "bias" in v.operands else None,
+                    v.operands["residual"].dtype if "residual" in v.operands else None)
+        tiles = mma_tiles(v)
+        return mma_gemm_module_text(g, tiles, name), Launch(mma_grid(g, tiles), (tiles.threads, 1, 1),
+                                                            tiles.shared_bytes())
+    if v.attrs["transpose_b"] or v.attrs.get("epilogue") or v.result.dtype != "f32":
+        raise OpError("the f32 (SIMT) NVIDIA GEMM takes B as [K, N] with an f32 result and no epilogue; "
+                      "use f16 / bf16 inputs for the Tensor Core kernel, which has them")
+    tiles = SimtTiles()
+    x, y = tiles.threads
+    return simt_gemm_module_text(m, n, k, tiles, name), Launch(simt_grid(m, n, tiles), (x, y, 1), 0)
+
+
+def _single_gemm(func: ir.Operation) -> ir.Operation:
+    ops = tracea_ops(func)
+    gemms = [op for op in ops if op.name in ("tracea.gemm", "tracea.fused_gemm")]
+    if len(ops) != 1 or len(gemms) != 1:
+        raise OpError(f"an NVIDIA kernel is made from a function computing one gemm / fused_gemm; "
+                      f"@{ir.StringAttr(func.attributes['sym_name']).value} has "
+                      f"{', '.join(op.name for op in ops) or 'no tracea op'}")
+    op = gemms[0]
+    args = list(func.regions[0].blocks[0].arguments)
+    for operand in op.operands:
+        if not any(operand == arg for arg in args):
+            raise OpError(f"{op.name}'s operands must be the function's arguments (the kernel's parameters)")
+    return op
+
+
+@register
+@dataclass(frozen=True)
+class GpuKernelsPass(TraceaPass):
+    NAME = "tracea-gpu-kernels"
+    SUMMARY = ("tile each function's gemm / fused_gemm onto NVIDIA thread blocks and warps: a gpu.module "
+               "kernel (f16/bf16: cp.async pipeline, swizzled shared memory, ldmatrix + mma.sync; f32: SIMT) "
+               "with its launch configuration")
+    chip: str = option("sm_80", "the NVIDIA architecture the kernels are for", CHIPS)
+
+    def run(self, module: ir.Operation) -> None:
+        body = module.regions[0].blocks[0]
+        funcs = [op.operation for op in body.operations if op.operation.name == "func.func"]
+        kernels = []
+        failed = False
+        for func in funcs:
+            name = ir.StringAttr(func.attributes["sym_name"]).value
+            try:
+                op = _single_gemm(func)
+                text, launch = gemm_kernel(view(op), name)
+            except OpError as e:
+                func.location.emit_error(f"{self.NAME}: {e}")
+                failed = True
+                continue
+            kernels.append((func, text, launch))
+        if failed:
+            raise PassFailed("some functions could not become NVIDIA kernels")
+        with module.context, module.location:
+            module.attributes["gpu.container_module"] = ir.UnitAttr.get()
+            previous = None  # the kernels go into the first gpu.module, in the functions' order
+            for func, text, launch in kernels:
+                parsed = ir.Module.parse(text)
+                generated = parsed.body.operations[0].operation  # gpu.module @kernels
+                kernel = generated.regions[0].blocks[0].operations[0].operation
+                kernel.attributes["tracea.launch"] = launch.to_attr()
+                if previous is None:
+                    generated.move_before(func)
+                else:
+                    kernel.move_after(previous)
+                previous = kernel
+                func.erase()

@@ -1,0 +1,397 @@
+"""The Tensor Core GEMM for NVIDIA sm_80 and later: f16 / bf16 inputs, f32 accumulation on
+`mma.sync.m16n8k16`, fed from shared memory by `ldmatrix`, which asynchronous copies (cp.async)
+fill through a multi-stage pipeline. A gpu.module text, lowered by targets/nvvm.py.
+
+    block (bx, by) computes C[by BM : +BM, bx BN : +BN]; warp (wm, wn) its WM x WN part, as
+    (WM / 16) x (WN / 8) m16n8 accumulator tiles (vector<2x2xf32> per thread)
+    pipeline (phase_cycle.cp_async_plan, proved safe by its checker for this K before emission):
+        tiles of A (BM x BK) and B (BK x BN, or BN x BK for B^T) stream into `stages` buffers
+        by 16-byte cp.async copies, zero-filled outside the matrices
+    per K tile, per k16 step: ldmatrix.x4 fragments of A (16 x 16) and B (16 x 16, two n8
+    tiles; .trans for a row-major B), then the warp's mma.sync grid
+    epilogue: the fused_gemm steps on each accumulator pair in registers, cast, stored
+
+Shared memory is XOR-swizzled in 16-byte chunks (bank_conflicts.conflict_free_swizzle): the
+copies' stores and the ldmatrix reads are both conflict-free (bank_conflicts.report is zero for
+the layouts used; tests check it). Requirements: K and N multiples of 8 (16-byte chunks of
+rows), rank-2 operands; M, N and K need not be multiples of the tile.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from ..dialects.ops import Epilogue
+from ..dialects.schedule import Swizzle
+from ..errors import OpError
+from .bank_conflicts import CHUNK_BYTES, TileLayout, conflict_free_swizzle, report
+from .cpu_gemm import _memref, _Text
+from .kernel_text import Body, apply_epilogue
+from .phase_cycle import Barrier, Commit, Compute, Load, LoopPlan, WaitGroups, cp_async_plan
+
+MMA_DTYPES = ("f16", "bf16")
+ELEM_BYTES = 2
+PER_CHUNK = CHUNK_BYTES // ELEM_BYTES  # elements per 16-byte copy / ldmatrix row
+WORKGROUP = "#gpu.address_space<workgroup>"
+
+
+@dataclass(frozen=True)
+class MmaTiles:
+    block_m: int = 128
+    block_n: int = 128
+    block_k: int = 32
+    warp_m: int = 64
+    warp_n: int = 64
+    stages: int = 3
+
+    @property
+    def warps(self) -> tuple[int, int]:
+        """(along M, along N)."""
+        return self.block_m // self.warp_m, self.block_n // self.warp_n
+
+    @property
+    def threads(self) -> int:
+        wm, wn = self.warps
+        return 32 * wm * wn
+
+    def shared_bytes(self) -> int:
+        return self.stages * (self.block_m + self.block_n) * self.block_k * ELEM_BYTES
+
+    def validate(self) -> None:
+        problems = []
+        if self.block_m % self.warp_m or self.block_n % self.warp_n:
+            problems.append(f"the warp tile {self.warp_m}x{self.warp_n} must divide the block tile "
+                            f"{self.block_m}x{self.block_n}")
+        if self.warp_m % 16 or self.warp_n % 16:
+            problems.append(f"the warp tile {self.warp_m}x{self.warp_n} must be made of 16x16 "
+                            "(two m16n8k16) tiles")
+        if self.block_k % 16:
+            problems.append(f"block_k {self.block_k} must be a multiple of 16 (the mma's K)")
+        if self.stages < 1:
+            problems.append(f"stages must be >= 1, got {self.stages}")
+        if not problems:
+            for rows, cols in ((self.block_m, self.block_k), (self.block_k, self.block_n)):
+                if rows * cols // PER_CHUNK % self.threads:
+                    problems.append(f"a {rows}x{cols} tile is {rows * cols // PER_CHUNK} 16-byte copies, "
+                                    f"not a multiple of the block's {self.threads} threads")
+        if problems:
+            raise OpError("mma tiles: " + "; ".join(problems))
+
+
+@dataclass(frozen=True)
+class MmaGemm:
+    """What the kernel computes: C[M, N] = A[M, K] B (B is [K, N], or [N, K] with transpose_b),
+    then `epilogue` (bias [N], residual [M, N] operands in that order, when used)."""
+    m: int
+    n: int
+    k: int
+    dtype: str
+    out_dtype: str
+    transpose_b: bool = False
+    epilogue: tuple[Epilogue, ...] = ()
+    bias_dtype: str | None = None
+    residual_dtype: str | None = None
+
+    def validate(self) -> None:
+        if self.dtype not in MMA_DTYPES:
+            raise OpError(f"the mma.sync GEMM takes f16 or bf16 inputs, got {self.dtype}; f32 runs the SIMT GEMM")
+        if self.k % PER_CHUNK or self.n % PER_CHUNK:
+            raise OpError(f"the mma.sync GEMM copies 16-byte chunks of rows: K ({self.k}) and N ({self.n}) "
+                          f"must be multiples of {PER_CHUNK}; pad them")
+
+
+def swizzles(tiles: MmaTiles, transpose_b: bool) -> tuple[Swizzle, Swizzle]:
+    """The conflict-free layouts of the A and B tiles."""
+    b_cols = tiles.block_k if transpose_b else tiles.block_n
+    return conflict_free_swizzle(tiles.block_k, ELEM_BYTES), conflict_free_swizzle(b_cols, ELEM_BYTES)
+
+
+def tile_layouts(tiles: MmaTiles, transpose_b: bool) -> tuple[TileLayout, TileLayout]:
+    a_swizzle, b_swizzle = swizzles(tiles, transpose_b)
+    b_shape = (tiles.block_n, tiles.block_k) if transpose_b else (tiles.block_k, tiles.block_n)
+    return (TileLayout(tiles.block_m, tiles.block_k, ELEM_BYTES, a_swizzle),
+            TileLayout(*b_shape, ELEM_BYTES, b_swizzle))
+
+
+def trips(g: MmaGemm, tiles: MmaTiles) -> int:
+    return -(-g.k // tiles.block_k)
+
+
+def grid(g: MmaGemm, tiles: MmaTiles) -> tuple[int, int, int]:
+    return -(-g.n // tiles.block_n), -(-g.m // tiles.block_m), 1
+
+
+def mma_gemm_module_text(g: MmaGemm, tiles: MmaTiles = MmaTiles(), name: str = "gemm") -> str:
+    """A gpu.module with kernel @name(A, B[, bias][, residual], C) and dynamic shared memory of
+    tiles.shared_bytes() (the launch must pass it)."""
+    g.validate()
+    tiles.validate()
+    plan = cp_async_plan(tiles.stages)
+    plan.verify(trips(g, tiles))
+    layouts = tile_layouts(tiles, g.transpose_b)
+    for layout in layouts:
+        found = report(layout)
+        if any(found.values()):  # the swizzle's contract; a failure is a bug in conflict_free_swizzle
+            raise OpError(f"shared-memory layout {layout} has bank conflicts {found}")
+    return _Writer(g, tiles, plan, layouts).module_text(name)
+
+
+def _aligned_pair(dtype: str) -> str:
+    """Two consecutive elements at an even column of a row of even length: aligned to their
+    size, which lets them move as one 64-bit (f32) or 32-bit access."""
+    return f"{{alignment = {2 * (4 if dtype == 'f32' else 2)}}}"
+
+
+class _Writer:
+    def __init__(self, g: MmaGemm, tiles: MmaTiles, plan: LoopPlan, layouts: tuple[TileLayout, TileLayout]):
+        self.g, self.tiles, self.plan = g, tiles, plan
+        self.a_layout, self.b_layout = layouts
+        self.t = _Text()
+        self.t.depth = 3
+        T = g.dtype
+        S, BM, BN, BK = tiles.stages, tiles.block_m, tiles.block_n, tiles.block_k
+        self.A_t = _memref((g.m, g.k), T)
+        self.B_t = _memref((g.n, g.k) if g.transpose_b else (g.k, g.n), T)
+        self.C_t = _memref((g.m, g.n), g.out_dtype)
+        self.As_t = f"memref<{S}x{BM}x{BK}x{T}, {WORKGROUP}>"
+        b_rows, b_cols = (BN, BK) if g.transpose_b else (BK, BN)
+        self.Bs_t = f"memref<{S}x{b_rows}x{b_cols}x{T}, {WORKGROUP}>"
+        self.frag_m, self.frag_n = tiles.warp_m // 16, tiles.warp_n // 8  # m16n8 tiles per warp
+
+    # -- index helpers -------------------------------------------------------------------
+    def swizzled(self, layout: TileLayout, row: str, col: str) -> tuple[str, str]:
+        """(row, col) of element (row, col) of the tile in the swizzled layout: the same
+        function bank_conflicts.TileLayout.address applies, on the element offset."""
+        t, s = self.t, layout.swizzle
+        if s.kind == "none":
+            return row, col
+        offset = t.add(t.mul(row, t.c(layout.cols)), col)
+        mask = ((1 << s.bits) - 1) << (s.base + s.shift)
+        bits = t.op(f"arith.andi {offset}, {t.c(mask)} : index", "i")
+        moved = t.op(f"arith.shrui {bits}, {t.c(s.shift)} : index", "i")
+        physical = t.op(f"arith.xori {offset}, {moved} : index", "i")
+        return (t.op(f"arith.divui {physical}, {t.c(layout.cols)} : index", "i"),
+                t.op(f"arith.remui {physical}, {t.c(layout.cols)} : index", "i"))
+
+    def select(self, cond: str, x: str, y: str) -> str:
+        return self.t.op(f"arith.select {cond}, {x}, {y} : index", "i")
+
+    # -- copies ------------------------------------------------------------------------
+    def copy_tile(self, src: str, src_t: str, dst: str, dst_t: str, layout: TileLayout, buffer: str,
+                  row0: str, col0: str, rows: int, cols: int) -> None:
+        """cp.async of a layout.rows x layout.cols tile whose (0, 0) is (row0, col0) of a
+        rows x cols matrix; chunks outside the matrix are zero-filled (the source address is
+        clamped inside, nothing is read from it)."""
+        t = self.t
+        chunks_per_row = layout.cols // PER_CHUNK
+        total = layout.rows * chunks_per_row
+        for i in range(total // self.tiles.threads):
+            c = t.add("%tid", t.c(i * self.tiles.threads))
+            r = t.op(f"arith.divui {c}, {t.c(chunks_per_row)} : index", "i")
+            col = t.mul(t.op(f"arith.remui {c}, {t.c(chunks_per_row)} : index", "i"), t.c(PER_CHUNK))
+            grow, gcol = t.add(row0, r), t.add(col0, col)
+            inside = t.op(f"arith.andi {t.cmp('ult', grow, t.c(rows))}, {t.cmp('ult', gcol, t.c(cols))} : i1", "p")
+            count = self.select(inside, t.c(PER_CHUNK), t.c(0))
+            srow, scol = self.select(inside, grow, t.c(0)), self.select(inside, gcol, t.c(0))
+            drow, dcol = self.swizzled(layout, r, col)
+            t.op(f"nvgpu.device_async_copy {src}[{srow}, {scol}], {dst}[{buffer}, {drow}, {dcol}], "
+                 f"{PER_CHUNK}, {count} {{bypassL1}} : {src_t} to {dst_t}", "cp")
+
+    def load_tile(self, tile: str) -> None:
+        """The copies of K tile `tile` (an index value) into buffer tile % stages."""
+        t, g, T = self.t, self.g, self.tiles
+        buffer = t.op(f"arith.remui {tile}, {t.c(T.stages)} : index", "i")
+        k0 = t.mul(tile, t.c(T.block_k))
+        self.copy_tile("%A", self.A_t, "%As", self.As_t, self.a_layout, buffer, "%row0", k0, g.m, g.k)
+        if g.transpose_b:
+            self.copy_tile("%B", self.B_t, "%Bs", self.Bs_t, self.b_layout, buffer, "%col0", k0, g.n, g.k)
+        else:
+            self.copy_tile("%B", self.B_t, "%Bs", self.Bs_t, self.b_layout, buffer, k0, "%col0", g.k, g.n)
+
+    # -- compute -------------------------------------------------------------------------
+    def ldmatrix(self, mem: str, mem_t: str, layout: TileLayout, buffer: str, row: str, col: str,
+                 transpose: bool) -> str:
+        r, c = self.swizzled(layout, row, col)
+        return self.t.op(f"nvgpu.ldmatrix {mem}[{buffer}, {r}, {c}] {{numTiles = 4 : i32, transpose = "
+                         f"{'true' if transpose else 'false'}}} : {mem_t} -> vector<4x2x{self.g.dtype}>", "f")
+
+    def compute(self, tile: str, accs: list[str]) -> list[str]:
+        """The warp's mma.sync grid over K tile `tile`; returns the new accumulators."""
+        t, g, T = self.t, self.g, self.tiles
+        dt = g.dtype
+        buffer = t.op(f"arith.remui {tile}, {t.c(T.stages)} : index", "i")
+        new = list(accs)
+        for kk in range(0, T.block_k, 16):
+            # A: matrices (rows 0-7 | 8-15) x (k 0-7 | 8-15), lane l giving row l % 16 of chunk l / 16
+            a_frags = []
+            for i in range(self.frag_m):
+                row = t.add("%wrow", t.c(i * 16))
+                row = t.add(row, "%lane_row16")
+                a_frags.append(self.ldmatrix("%As", self.As_t, self.a_layout, buffer, row,
+                                             t.add("%lane_chunk16", t.c(kk)), False))
+            b_frags = []  # per n8 tile: vector<2x2>
+            for j in range(0, self.frag_n, 2):
+                n = t.add("%wcol", t.c(j * 8))
+                if g.transpose_b:
+                    # B^T tile [n][k]: matrices (n 0-7, k 0-7), (n 0-7, k 8-15), (n 8-15, k 0-7),
+                    # (n 8-15, k 8-15): lane l gives row n = l % 8 + 8 (l / 16), chunk (l / 8) % 2
+                    quad = self.ldmatrix("%Bs", self.Bs_t, self.b_layout, buffer, t.add(n, "%lane_row8x"),
+                                         t.add("%lane_chunk8", t.c(kk)), False)
+                else:
+                    # B tile [k][n], transposed on load: matrices (k 0-7 | 8-15) x (n 0-7 | 8-15)
+                    quad = self.ldmatrix("%Bs", self.Bs_t, self.b_layout, buffer, t.add("%lane_row16", t.c(kk)),
+                                         t.add(n, "%lane_chunk16"), True)
+                for half in (0, 2):
+                    b_frags.append(t.op(f"vector.extract_strided_slice {quad} {{offsets = [{half}, 0], "
+                                        f"sizes = [2, 2], strides = [1, 1]}} : vector<4x2x{dt}> to "
+                                        f"vector<2x2x{dt}>", "b"))
+            if dt == "bf16":
+                a_frags = [self.registers(f, 4) for f in a_frags]
+                b_frags = [self.registers(f, 2) for f in b_frags]
+            for i in range(self.frag_m):
+                for j in range(self.frag_n):
+                    idx = i * self.frag_n + j
+                    new[idx] = self.mma(a_frags[i], b_frags[j], new[idx])
+        return new
+
+    def registers(self, fragment: str, rows: int) -> list[str]:
+        """A vector<rows x 2 x bf16> fragment as the 32-bit registers mma.sync takes."""
+        t = self.t
+        packed = t.op(f"vector.bitcast {fragment} : vector<{rows}x2xbf16> to vector<{rows}x1xi32>", "r")
+        return [t.op(f"vector.extract {packed}[{r}, 0] : i32 from vector<{rows}x1xi32>", "r") for r in range(rows)]
+
+    def mma(self, a, b, acc: str) -> str:
+        """acc += a b on one m16n8k16 tile. nvgpu's mma.sync lowers f16 only; bf16 goes to the NVVM op
+        on 32-bit registers."""
+        t = self.t
+        if self.g.dtype == "f16":
+            return t.op(f"nvgpu.mma.sync({a}, {b}, {acc}) {{mmaShape = [16, 8, 16]}} : (vector<4x2xf16>, "
+                        "vector<2x2xf16>, vector<2x2xf32>) -> vector<2x2xf32>", "d")
+        c = [t.op(f"vector.extract {acc}[{r}, {e}] : f32 from vector<2x2xf32>", "c") for r in range(2) for e in range(2)]
+        struct = "!llvm.struct<(f32, f32, f32, f32)>"
+        d = t.op(f"nvvm.mma.sync A[{', '.join(a)}] B[{', '.join(b)}] C[{', '.join(c)}] {{layoutA = "
+                 "#nvvm.mma_layout<row>, layoutB = #nvvm.mma_layout<col>, multiplicandAPtxType = #nvvm.mma_type<bf16>, "
+                 "multiplicandBPtxType = #nvvm.mma_type<bf16>, shape = #nvvm.shape<m = 16, n = 8, k = 16>} : "
+                 f"(i32, i32, f32) -> {struct}", "d")
+        parts = [t.op(f"llvm.extractvalue {d}[{i}] : {struct}", "d") for i in range(4)]
+        return t.op(f"vector.from_elements {', '.join(parts)} : vector<2x2xf32>", "d")
+
+    # -- pipeline ----------------------------------------------------------------------
+    def emit_events(self, events, k: str | None, accs: list[str]) -> list[str]:
+        """Emit plan events; in the loop body tiles are relative to `k` (LoopPlan's convention)."""
+        t = self.t
+        n_trips = trips(self.g, self.tiles)
+        for e in events:
+            if isinstance(e, Load):
+                if k is None:
+                    if e.tile < n_trips:
+                        self.load_tile(t.c(e.tile))
+                    continue
+                tile = t.add(k, t.c(e.tile)) if e.tile else k
+                if e.tile:  # a tile past the last is not loaded (its group is committed empty)
+                    t.open(f"scf.if {t.cmp('ult', tile, t.c(n_trips))}")
+                    self.load_tile(tile)
+                    t.close()
+                else:
+                    self.load_tile(tile)
+            elif isinstance(e, Commit):
+                t.line("nvvm.cp.async.commit.group")
+            elif isinstance(e, WaitGroups):
+                t.line(f"nvvm.cp.async.wait.group {e.pending}")
+            elif isinstance(e, Barrier):
+                t.line("gpu.barrier")
+            elif isinstance(e, Compute):
+                accs = self.compute(k if not e.tile else t.add(k, t.c(e.tile)), accs)
+            else:
+                raise OpError(f"the cp.async kernel cannot emit {e}")
+        return accs
+
+    # -- epilogue ------------------------------------------------------------------------
+    def store(self, accs: list[str]) -> None:
+        """Accumulator tile (i, j) holds, per thread, rows g and g + 8 (g = lane / 4) and columns
+        2 (lane % 4) + {0, 1} of its m16n8 tile: two pairs, each stored as a vector of 2."""
+        t, g = self.t, self.g
+        bias = "%bias" if g.bias_dtype else None
+        residual = "%residual" if g.residual_dtype else None
+        for i in range(self.frag_m):
+            for half in range(2):
+                row = t.add(t.add("%wrow", t.c(i * 16 + half * 8)), "%lane_group")
+                grow = t.add("%row0", row)
+                t.open(f"scf.if {t.cmp('ult', grow, t.c(g.m))}")
+                for j in range(self.frag_n):
+                    gcol = t.add(t.add("%col0", t.add("%wcol", t.c(j * 8))), "%lane_pair")
+                    t.open(f"scf.if {t.cmp('ult', gcol, t.c(g.n))}")
+                    pair = t.op(f"vector.extract {accs[i * self.frag_n + j]}[{half}] : vector<2xf32> "
+                                "from vector<2x2xf32>", "v")
+                    names, dtypes = [pair], ["f32"]
+                    if bias:
+                        names.append(t.op(f"vector.load {bias}[{gcol}] {_aligned_pair(g.bias_dtype)} : "
+                                          f"{_memref((g.n,), g.bias_dtype)}, vector<2x{g.bias_dtype}>", "e"))
+                        dtypes.append(g.bias_dtype)
+                    if residual:
+                        names.append(t.op(f"vector.load {residual}[{grow}, {gcol}] {_aligned_pair(g.residual_dtype)} : "
+                                          f"{_memref((g.m, g.n), g.residual_dtype)}, vector<2x{g.residual_dtype}>", "e"))
+                        dtypes.append(g.residual_dtype)
+                    body = Body(names, dtypes, 2, prefix=f"%ep{i}_{half}_{j}_", location="")
+                    x = pair
+                    for ep in g.epilogue:
+                        operand = None
+                        if ep.takes_operand:
+                            operand = names[1 + (ep.kind == "residual_add" and bias is not None)]
+                        x = apply_epilogue(body, x, ep, operand)
+                    x = body.cast(x, g.out_dtype)
+                    for line in body.lines:
+                        t.line(line)
+                    t.line(f"vector.store {x}, %C[{grow}, {gcol}] {_aligned_pair(g.out_dtype)} : {self.C_t}, "
+                           f"vector<2x{g.out_dtype}>")
+                    t.close()
+                t.close()
+
+    def module_text(self, name: str) -> str:
+        t, g, T = self.t, self.g, self.tiles
+        zero = t.op("arith.constant dense<0.0> : vector<2x2xf32>", "z")
+        t.line("%tid = gpu.thread_id x")
+        t.line("%bx = gpu.block_id x")
+        t.line("%by = gpu.block_id y")
+        t.line(f"%lane = arith.remui %tid, {t.c(32)} : index")
+        t.line(f"%warp = arith.divui %tid, {t.c(32)} : index")
+        warps_n = T.warps[1]
+        t.line(f"%wrow = arith.muli {t.op(f'arith.divui %warp, {t.c(warps_n)} : index', 'i')}, {t.c(T.warp_m)} : index")
+        t.line(f"%wcol = arith.muli {t.op(f'arith.remui %warp, {t.c(warps_n)} : index', 'i')}, {t.c(T.warp_n)} : index")
+        t.line(f"%row0 = arith.muli %by, {t.c(T.block_m)} : index")
+        t.line(f"%col0 = arith.muli %bx, {t.c(T.block_n)} : index")
+        # per-lane parts of the ldmatrix addresses and of the accumulator layout
+        t.line(f"%lane_row16 = arith.remui %lane, {t.c(16)} : index")
+        t.line(f"%lane_chunk16 = arith.muli {t.op(f'arith.divui %lane, {t.c(16)} : index', 'i')}, {t.c(8)} : index")
+        t.line(f"%lane_row8x = arith.addi {t.op(f'arith.remui %lane, {t.c(8)} : index', 'i')}, "
+               f"{t.mul(t.op(f'arith.divui %lane, {t.c(16)} : index', 'i'), t.c(8))} : index")
+        eighth = t.op(f"arith.divui %lane, {t.c(8)} : index", "i")
+        t.line(f"%lane_chunk8 = arith.muli {t.op(f'arith.remui {eighth}, {t.c(2)} : index', 'i')}, {t.c(8)} : index")
+        t.line(f"%lane_group = arith.divui %lane, {t.c(4)} : index")
+        t.line(f"%lane_pair = arith.muli {t.op(f'arith.remui %lane, {t.c(4)} : index', 'i')}, {t.c(2)} : index")
+        t.line(f"%smem = gpu.dynamic_shared_memory : memref<?xi8, {WORKGROUP}>")
+        b_offset = T.stages * T.block_m * T.block_k * ELEM_BYTES
+        t.line(f"%As = memref.view %smem[{t.c(0)}][] : memref<?xi8, {WORKGROUP}> to {self.As_t}")
+        t.line(f"%Bs = memref.view %smem[{t.c(b_offset)}][] : memref<?xi8, {WORKGROUP}> to {self.Bs_t}")
+
+        self.emit_events(self.plan.prologue, None, [])
+        n_acc = self.frag_m * self.frag_n
+        acc_t = ", ".join(["vector<2x2xf32>"] * n_acc)
+        accs = [f"%acc{i}" for i in range(n_acc)]
+        t.open(f"%res:{n_acc} = scf.for %k = {t.c(0)} to {t.c(trips(g, T))} step {t.c(1)} iter_args("
+               + ", ".join(f"{a} = {zero}" for a in accs) + f") -> ({acc_t})")
+        new = self.emit_events(self.plan.body, "%k", accs)
+        t.line(f"scf.yield {', '.join(new)} : {acc_t}")
+        t.close()
+        self.store([f"%res#{i}" for i in range(n_acc)])
+
+        params = [f"%A: {self.A_t}", f"%B: {self.B_t}"]
+        if g.bias_dtype:
+            params.append(f"%bias: {_memref((g.n,), g.bias_dtype)}")
+        if g.residual_dtype:
+            params.append(f"%residual: {_memref((g.m, g.n), g.residual_dtype)}")
+        params.append(f"%C: {self.C_t}")
+        consts = [f"      {n} = arith.constant {value} : index" for value, n in sorted(t.consts.items())]
+        return ("module attributes {gpu.container_module} {\n  gpu.module @kernels {\n"
+                f"    gpu.func @{name}({', '.join(params)}) kernel\n"
+                f"        attributes {{known_block_size = array<i32: {T.threads}, 1, 1>}} {{\n"
+                + "\n".join(consts + t.lines) + "\n      gpu.return\n    }\n  }\n}\n")
