@@ -127,6 +127,20 @@ def compile(program, example_inputs=None, *, target: str = "cpu", entry: str | N
     return kernel
 
 
+def compile_gpu(program, *, chip: str = "sm_80", entry: str | None = None):
+    """An NVIDIA kernel for a function computing one gemm / fused_gemm (f16 / bf16 on Tensor
+    Cores, f32 on the SIMT kernel): a runtime.gpu_artifact.GpuKernelArtifact holding the cubin
+    (ptxas-checked against `chip`'s limits), its PTX and the launch configuration; `.save(path)`
+    writes it for a machine with a GPU (no MLIR needed there). Raises CompileError."""
+    from .targets import nvvm
+
+    text, source_name = _source(program)
+    signature = _signature(text, entry, source_name)
+    if isinstance(program, Function):
+        signature.arg_names = program.arg_names
+    return nvvm.kernel_artifact(text, signature, chip, source_name)
+
+
 def clear_cache() -> None:
     with _CACHE_LOCK:
         _CACHE.clear()

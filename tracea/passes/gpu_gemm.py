@@ -9,8 +9,7 @@ instruction applies. A gpu.module text, lowered by targets/nvvm.py.
         barrier
     store the accumulators inside C
 
-The tiling pass over tracea ops (and the mma.sync / wgmma mappings, cp.async / TMA pipelining)
-build on this; for now the generator takes the shapes and tiles directly.
+tracea-gpu-kernels (gpu_kernels.py) uses it for f32 GEMMs; f16 / bf16 go to gpu_mma.py.
 """
 from __future__ import annotations
 

@@ -93,9 +93,10 @@ def _single_gemm(func: ir.Operation) -> ir.Operation:
                       f"{', '.join(op.name for op in ops) or 'no tracea op'}")
     op = gemms[0]
     args = list(func.regions[0].blocks[0].arguments)
-    for operand in op.operands:
-        if not any(operand == arg for arg in args):
-            raise OpError(f"{op.name}'s operands must be the function's arguments (the kernel's parameters)")
+    operands = list(op.operands)
+    if len(operands) != len(args) or any(not (x == arg) for x, arg in zip(operands, args)):
+        raise OpError(f"{op.name}'s operands must be the function's arguments, in order: they become the "
+                      "kernel's parameters (then the result buffer)")
     return op
 
 

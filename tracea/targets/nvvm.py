@@ -3,9 +3,9 @@ back end, in the forked compiler child) -> cubin through `ptxas`, whose resource
 (registers, shared memory, spills) is checked against the device's limits before anything is
 launched.
 
-Still to come (issue 5): the passes that turn tracea ops into these gpu kernels (tiling,
-pipelining by the phase model in passes/phase_cycle.py, swizzled shared memory by
-passes/bank_conflicts.py, mma.sync / wgmma lane mapping) and the CUDA launcher.
+`kernel_artifact` (tracea.compile_gpu) runs tracea-gpu-kernels (passes/gpu_kernels.py: the
+Tensor Core kernel of passes/gpu_mma.py, or the SIMT one) and packages cubin + launch metadata.
+Still to come (issue 5): wgmma + TMA for sm_90a, attention and conv kernels, the CUDA launcher.
 """
 from __future__ import annotations
 
@@ -22,6 +22,7 @@ import mlir.ir as ir
 
 from ..errors import CompileError
 from ..passes.pipeline import compile_or_raise, parse_pipeline
+from ..runtime.gpu_artifact import GpuKernelArtifact, Param
 
 
 @dataclass(frozen=True)
@@ -152,3 +153,32 @@ def check_launch(kernel: str, cubin: Cubin, threads_per_block: int, dynamic_shar
     if cubin.registers * threads_per_block > 64 * 1024:
         raise CompileError(f"{kernel} uses {cubin.registers} registers per thread x {threads_per_block} threads, "
                            f"more than the 65536 of an SM; use fewer threads or a smaller register tile")
+
+
+def kernel_artifact(text: str, signature, chip: str, source_name: str = "<input>") -> GpuKernelArtifact:
+    """The NVIDIA kernel of the function `signature` names (one gemm / fused_gemm, see
+    passes/gpu_kernels.py), assembled for `chip` and checked against its limits: cubin, PTX and
+    launch metadata, ready to save and launch where a GPU is."""
+    from ..dialects.context import parse_module, shared_context
+    from ..passes.gpu_kernels import Launch
+
+    device_limits(chip)
+    kernels = compile_or_raise(text, [("gpu", parse_pipeline(f"tracea-verify, tracea-gpu-kernels{{chip={chip}}}"))],
+                               source_name=source_name).text
+    with shared_context("host"):
+        module = parse_module(kernels, source_name)
+        found = []
+        module.operation.walk(lambda op: (found.append(op.operation) if op.operation.name == "gpu.func" else None,
+                                          ir.WalkResult.ADVANCE)[1])
+        by_name = {ir.StringAttr(op.attributes["sym_name"]).value: op for op in found}
+        launch = Launch.from_attr(by_name[signature.name].attributes["tracea.launch"])
+    ptx = to_ptx(kernels, chip, source_name)
+    cubin = assemble(ptx, chip)
+    block_threads = launch.block[0] * launch.block[1] * launch.block[2]
+    check_launch(f"@{signature.name}", cubin, block_threads, launch.dynamic_shared_bytes)
+    names = signature.arg_names or [f"arg{i}" for i in range(len(signature.inputs))]
+    params = [Param(n, s.dtype, s.shape) for n, s in zip(names, signature.inputs)]
+    params += [Param("out" if len(signature.outputs) == 1 else f"out{i}", s.dtype, s.shape)
+               for i, s in enumerate(signature.outputs)]
+    return GpuKernelArtifact(signature.name, chip, cubin.image, ptx, launch.grid, launch.block,
+                             launch.dynamic_shared_bytes, tuple(params), cubin.registers, cubin.static_shared_bytes)

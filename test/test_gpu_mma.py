@@ -1,0 +1,129 @@
+"""The Tensor Core GEMM for NVIDIA (passes/gpu_mma.py, passes/gpu_kernels.py) without a GPU: the
+pipeline it emits is the checked phase plan, its shared-memory layouts are conflict-free, ptxas
+accepts it for sm_80 and sm_90a and the machine code has the instructions the mapping promises.
+Running it against torch needs a GPU and a CUDA launcher (not in this suite)."""
+from __future__ import annotations
+
+import re
+
+import pytest
+
+import tracea
+from tracea import dialects as td
+from tracea.dialects.ops import Epilogue
+from tracea.dialects.schedule import Schedule, Swizzle
+from tracea.passes import bank_conflicts, gpu_mma, phase_cycle
+from tracea.passes.gpu_mma import MmaGemm, MmaTiles, mma_gemm_module_text
+from tracea.targets import nvvm
+
+
+def _machine_code(text: str, chip: str) -> tuple[nvvm.Cubin, str]:
+    try:
+        nvvm.ptxas_path()
+    except tracea.CompileError:
+        pytest.skip("ptxas not found (pip install nvidia-cuda-nvcc==13.0.88)")
+    cubin = nvvm.assemble(nvvm.to_ptx(text, chip), chip)
+    try:
+        return cubin, nvvm.sass(cubin)
+    except tracea.CompileError as e:
+        pytest.skip(f"no SASS disassembler: {e}")
+
+
+@pytest.mark.parametrize("chip", ["sm_80", "sm_90a"])
+@pytest.mark.parametrize("dtype,transpose_b,epilogue", [
+    ("f16", False, ()),
+    ("bf16", True, (Epilogue("bias_add"), Epilogue("gelu", approximate="tanh"))),
+], ids=["f16-nn", "bf16-linear-bias-gelu"])
+def test_mma_gemm_machine_code(chip, dtype, transpose_b, epilogue):
+    g = MmaGemm(200, 264, 104, dtype, "f32", transpose_b, epilogue, "f32" if epilogue else None)
+    tiles = MmaTiles()
+    cubin, sass = _machine_code(mma_gemm_module_text(g, tiles), chip)
+    k16_steps = tiles.block_k // 16
+    mma_per_step = (tiles.warp_m // 16) * (tiles.warp_n // 8)
+    hmma = "HMMA.16816.F32.BF16" if dtype == "bf16" else "HMMA.16816.F32"
+    assert len(re.findall(rf"\b{re.escape(hmma)}\b", sass)) >= k16_steps * mma_per_step
+    assert "LDSM.16.M88.4" in sass  # ldmatrix.x4 of A (and of B^T)
+    assert ("LDSM.16.MT88.4" in sass) == (not transpose_b)  # .trans for a row-major B
+    assert "LDGSTS.E.BYPASS.128" in sass and "DEPBAR" in sass and "BAR.SYNC" in sass  # cp.async groups
+    assert "STG.E.64" in sass  # accumulator pairs stored as one 64-bit access
+    assert cubin.spilled_bytes == 0
+    nvvm.check_launch("gemm", cubin, tiles.threads, tiles.shared_bytes())
+
+
+def test_shared_memory_layouts_are_conflict_free():
+    """The swizzles the kernel uses leave no bank conflicts for its cp.async stores and ldmatrix
+    reads; the same tiles unswizzled conflict."""
+    for transpose_b in (False, True):
+        for layout in gpu_mma.tile_layouts(MmaTiles(), transpose_b):
+            assert bank_conflicts.report(layout) == {"store": 0, "ldmatrix": 0}
+    plain_b = bank_conflicts.TileLayout(32, 128, 2, Swizzle())
+    assert bank_conflicts.report(plain_b)["ldmatrix"] > 0
+
+
+def test_emitted_pipeline_is_the_checked_plan():
+    """The kernel's waits and commits are the LoopPlan's, and a plan the checker rejects is never
+    emitted."""
+    g = MmaGemm(128, 128, 256, "f16", "f32")
+    for stages in (1, 2, 3, 4):
+        text = mma_gemm_module_text(g, MmaTiles(stages=stages))
+        loop = text[text.index("scf.for"):]
+        waits = re.findall(r"nvvm.cp.async.wait.group (\d+)", loop)
+        assert waits == [str(max(0, stages - 2))]
+        assert text[:text.index("scf.for")].count("nvvm.cp.async.commit.group") == stages - 1
+
+    broken = phase_cycle.LoopPlan(3, phase_cycle.cp_async_plan(3).prologue,
+                                  (phase_cycle.WaitGroups(2), phase_cycle.Barrier(), phase_cycle.Load(2, 2),
+                                   phase_cycle.Commit(), phase_cycle.Compute(0, 0)))
+    original = gpu_mma.cp_async_plan
+    try:
+        gpu_mma.cp_async_plan = lambda stages: broken
+        with pytest.raises(phase_cycle.PhaseError, match="before its copy is known complete"):
+            mma_gemm_module_text(g, MmaTiles())
+    finally:
+        gpu_mma.cp_async_plan = original
+
+
+@pytest.mark.parametrize("stages", [1, 2, 3, 4, 5])
+def test_loop_plans_are_safe_for_every_trip_count(stages):
+    plan = phase_cycle.cp_async_plan(stages)
+    for trips in range(0, 3 * stages + 3):  # fewer trips than stages included
+        plan.verify(trips)
+        assert plan.unroll(trips) == phase_cycle.schedule(stages, trips, "cp.async")
+
+
+def test_bad_tiles_and_shapes_are_named():
+    with pytest.raises(tracea.TraceaError, match="multiple of 16"):
+        MmaTiles(block_k=24).validate()
+    with pytest.raises(tracea.TraceaError, match="must divide the block tile"):
+        MmaTiles(block_m=96, warp_m=64).validate()
+    with pytest.raises(tracea.TraceaError, match="f32 runs the SIMT GEMM"):
+        MmaGemm(64, 64, 64, "f32", "f32").validate()
+
+
+def test_compile_gpu_gives_a_checked_artifact(tmp_path):
+    fn = td.function(td.tensor((300, 256), "bf16"), td.tensor((512, 256), "bf16"), name="linear")(
+        lambda x, w: td.gemm(x, w, transpose_b=True, out_dtype="f32"))
+    try:
+        nvvm.ptxas_path()
+    except tracea.CompileError:
+        pytest.skip("ptxas not found (pip install nvidia-cuda-nvcc==13.0.88)")
+    art = tracea.compile_gpu(fn, chip="sm_80")
+    assert (art.name, art.grid, art.block, art.dynamic_shared_bytes) == ("linear", (4, 3, 1), (128, 1, 1), 49152)
+    assert [(p.name, p.dtype, p.shape) for p in art.params] == [
+        ("x", "bf16", (300, 256)), ("w", "bf16", (512, 256)), ("out", "f32", (300, 512))]
+    assert "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32" in art.ptx and 0 < art.registers <= 255
+    art.save(tmp_path / "linear")
+    assert type(art).load(tmp_path / "linear") == art
+
+
+def test_a_schedule_that_does_not_fit_names_the_fix():
+    big = Schedule(tile=(128, 128, 64), warp_tile=(64, 64, 64), stages=6)  # 6 x 32 KB of tiles
+    fn = td.function(td.tensor((256, 256), "f16"), td.tensor((256, 256), "f16"), name="gemm")(
+        lambda a, b: td.gemm(a, b, schedule=big))
+    try:
+        nvvm.ptxas_path()
+    except tracea.CompileError:
+        pytest.skip("ptxas not found (pip install nvidia-cuda-nvcc==13.0.88)")
+    with pytest.raises(tracea.CompileError, match=r"needs 192 KB shared memory, sm_80 allows 163 KB per block; "
+                                                  "reduce stages"):
+        tracea.compile_gpu(fn, chip="sm_80")
