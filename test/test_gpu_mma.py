@@ -60,7 +60,7 @@ def test_shared_memory_layouts_are_conflict_free():
     assert bank_conflicts.report(plain_b)["ldmatrix"] > 0
 
 
-def test_emitted_pipeline_is_the_checked_plan():
+def test_emitted_pipeline_is_the_checked_plan(monkeypatch):
     """The kernel's waits and commits are the LoopPlan's, and a plan the checker rejects is never
     emitted."""
     g = MmaGemm(128, 128, 256, "f16", "f32")
@@ -74,13 +74,9 @@ def test_emitted_pipeline_is_the_checked_plan():
     broken = phase_cycle.LoopPlan(3, phase_cycle.cp_async_plan(3).prologue,
                                   (phase_cycle.WaitGroups(2), phase_cycle.Barrier(), phase_cycle.Load(2, 2),
                                    phase_cycle.Commit(), phase_cycle.Compute(0, 0)))
-    original = gpu_mma.cp_async_plan
-    try:
-        gpu_mma.cp_async_plan = lambda stages: broken
-        with pytest.raises(phase_cycle.PhaseError, match="before its copy is known complete"):
-            mma_gemm_module_text(g, MmaTiles())
-    finally:
-        gpu_mma.cp_async_plan = original
+    monkeypatch.setattr(gpu_mma, "cp_async_plan", lambda stages: broken)
+    with pytest.raises(phase_cycle.PhaseError, match="before its copy is known complete"):
+        mma_gemm_module_text(g, MmaTiles())
 
 
 @pytest.mark.parametrize("stages", [1, 2, 3, 4, 5])

@@ -60,3 +60,24 @@ def test_user_affinity_and_knob_turn_placement_off():
                               env={**os.environ, "TRACEA_DISK_CACHE": "0", **env})
         assert done.returncode == 0, done.stderr
         assert done.stdout.strip() == "True", env
+
+
+@pytest.mark.skipif(CPUS < 2, reason="needs 2 CPUs to place a worker off the caller's")
+def test_forked_child_never_places_the_parents_workers(rng):
+    kernel = threaded_gemm()
+    a, b = rng.standard_normal((64, 32), np.float32), rng.standard_normal((32, 48), np.float32)
+    kernel(a, b)
+    team = kernel._frames.frame.team
+    if team is None:
+        pytest.skip("worker placement is off in this environment (OpenMP affinity set by the user)")
+    read_fd, write_fd = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # the child: the team it inherited names the parent's threads
+        ok = team.workers == [] and np.allclose(kernel(a, b), a @ b, rtol=1e-4, atol=1e-4)
+        os.write(write_fd, b"1" if ok else b"0")
+        os._exit(0)
+    os.close(write_fd)
+    answer = os.read(read_fd, 1)
+    os.waitpid(pid, 0)
+    assert answer == b"1"
+    assert team.workers  # the parent's team is untouched

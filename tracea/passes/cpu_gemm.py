@@ -22,7 +22,7 @@ import math
 from dataclasses import dataclass
 
 from ..dialects.ops import ACCUMULATOR_DTYPE, Epilogue, OpView, TensorSpec
-from .kernel_text import Body, apply_epilogue
+from .kernel_text import fused_epilogue
 
 
 @dataclass(frozen=True)
@@ -409,24 +409,17 @@ class _Output:
     def epilogue(self, value: str, lanes: int | None, row: str, col: str, tag: str) -> str:
         """The fused epilogue on an f32 scalar or vector; loads its operands at (row, col)."""
         t, p = self.t, self.p
-        names, dtypes = [value], ["f32"]
         vec = lambda dt: f"vector<{lanes}x{dt}>" if lanes else dt  # noqa: E731
         load = "vector.load" if lanes else "memref.load"
+        operands = {}
         if self.bias is not None:
-            names.append(t.op(f"{load} {self.bias}[{col}] : {self.bias_t}"
-                              + (f", {vec(p.bias_dtype)}" if lanes else ""), "e"))
-            dtypes.append(p.bias_dtype)
+            operands["bias_add"] = (t.op(f"{load} {self.bias}[{col}] : {self.bias_t}"
+                                         + (f", {vec(p.bias_dtype)}" if lanes else ""), "e"), p.bias_dtype)
         if self.residual is not None:
-            names.append(t.op(f"{load} {self.residual}[%bb, {row}, {col}] : {self.residual_t}"
-                              + (f", {vec(p.residual_dtype)}" if lanes else ""), "e"))
-            dtypes.append(p.residual_dtype)
-        body = Body(names, dtypes, lanes, prefix=f"%ep{tag}_", location="")
-        x = value
-        for ep in p.epilogue:
-            operand = names[1 + (ep.kind == "residual_add" and self.bias is not None)] if ep.takes_operand else None
-            x = apply_epilogue(body, x, ep, operand)
-        x = body.cast(x, p.out_dtype)
-        for line in body.lines:
+            operands["residual_add"] = (t.op(f"{load} {self.residual}[%bb, {row}, {col}] : {self.residual_t}"
+                                             + (f", {vec(p.residual_dtype)}" if lanes else ""), "e"), p.residual_dtype)
+        lines, x = fused_epilogue(value, p.epilogue, operands, p.out_dtype, lanes, f"%ep{tag}_")
+        for line in lines:
             t.line(line)
         return x
 

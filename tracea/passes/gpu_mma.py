@@ -25,7 +25,7 @@ from ..dialects.schedule import Swizzle
 from ..errors import OpError
 from .bank_conflicts import CHUNK_BYTES, TileLayout, conflict_free_swizzle, report
 from .cpu_gemm import _memref, _Text
-from .kernel_text import Body, apply_epilogue
+from .kernel_text import fused_epilogue
 from .phase_cycle import Barrier, Commit, Compute, Load, LoopPlan, WaitGroups, cp_async_plan
 
 MMA_DTYPES = ("f16", "bf16")
@@ -322,24 +322,18 @@ class _Writer:
                     t.open(f"scf.if {t.cmp('ult', gcol, t.c(g.n))}")
                     pair = t.op(f"vector.extract {accs[i * self.frag_n + j]}[{half}] : vector<2xf32> "
                                 "from vector<2x2xf32>", "v")
-                    names, dtypes = [pair], ["f32"]
+                    operands = {}
                     if bias:
-                        names.append(t.op(f"vector.load {bias}[{gcol}] {_aligned_pair(g.bias_dtype)} : "
-                                          f"{_memref((g.n,), g.bias_dtype)}, vector<2x{g.bias_dtype}>", "e"))
-                        dtypes.append(g.bias_dtype)
+                        operands["bias_add"] = (t.op(f"vector.load {bias}[{gcol}] {_aligned_pair(g.bias_dtype)} : "
+                                                     f"{_memref((g.n,), g.bias_dtype)}, vector<2x{g.bias_dtype}>", "e"),
+                                                g.bias_dtype)
                     if residual:
-                        names.append(t.op(f"vector.load {residual}[{grow}, {gcol}] {_aligned_pair(g.residual_dtype)} : "
-                                          f"{_memref((g.m, g.n), g.residual_dtype)}, vector<2x{g.residual_dtype}>", "e"))
-                        dtypes.append(g.residual_dtype)
-                    body = Body(names, dtypes, 2, prefix=f"%ep{i}_{half}_{j}_", location="")
-                    x = pair
-                    for ep in g.epilogue:
-                        operand = None
-                        if ep.takes_operand:
-                            operand = names[1 + (ep.kind == "residual_add" and bias is not None)]
-                        x = apply_epilogue(body, x, ep, operand)
-                    x = body.cast(x, g.out_dtype)
-                    for line in body.lines:
+                        operands["residual_add"] = (t.op(
+                            f"vector.load {residual}[{grow}, {gcol}] {_aligned_pair(g.residual_dtype)} : "
+                            f"{_memref((g.m, g.n), g.residual_dtype)}, vector<2x{g.residual_dtype}>", "e"),
+                            g.residual_dtype)
+                    lines, x = fused_epilogue(pair, g.epilogue, operands, g.out_dtype, 2, f"%ep{i}_{half}_{j}_")
+                    for line in lines:
                         t.line(line)
                     t.line(f"vector.store {x}, %C[{grow}, {gcol}] {_aligned_pair(g.out_dtype)} : {self.C_t}, "
                            f"vector<2x{g.out_dtype}>")

@@ -286,5 +286,18 @@ def apply_epilogue(b: Body, x: str, ep: Epilogue, operand: str | None) -> str:
     raise OpError(f"no lowering for epilogue '{ep.kind}'")
 
 
+def fused_epilogue(value: str, steps, operands: dict[str, tuple[str, str]], out_dtype: str,
+                   lanes: int | None, prefix: str) -> tuple[list[str], str]:
+    """A fused_gemm epilogue on an f32 accumulator (scalar, or `lanes`-vector), then the cast to
+    `out_dtype`. `operands` maps "bias_add" / "residual_add" to the (value, dtype) already loaded
+    for this position. Returns the lines to emit and the result."""
+    body = Body([value] + [name for name, _ in operands.values()],
+                ["f32"] + [dtype for _, dtype in operands.values()], lanes, prefix=prefix, location="")
+    x = value
+    for ep in steps:
+        x = apply_epilogue(body, x, ep, operands[ep.kind][0] if ep.takes_operand else None)
+    return body.lines, body.cast(x, out_dtype)
+
+
 def _sigmoid(b: Body, x: str) -> str:
     return b.div(b.const(1.0), b.add(b.const(1.0), b.unary("exp", b.neg(x))))

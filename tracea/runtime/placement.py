@@ -21,6 +21,7 @@ from __future__ import annotations
 import ctypes
 import os
 import threading
+import weakref
 
 from .. import knobs
 
@@ -78,6 +79,7 @@ class Team:
 
 
 _teams = threading.local()  # per calling thread: team size -> Team | None
+_all_teams: "weakref.WeakSet[Team]" = weakref.WeakSet()  # also those kernels' call frames hold
 
 
 def team_of_this_thread(libomp: ctypes.CDLL, threads: int) -> Team | None:
@@ -92,13 +94,18 @@ def team_of_this_thread(libomp: ctypes.CDLL, threads: int) -> Team | None:
         if (2 <= threads <= len(allowed) and current_cpu is not None and knobs.place_workers()
                 and not any(os.environ.get(name) for name in _USER_AFFINITY)):
             by_size[threads] = Team(team_worker_ids(libomp, threads)[1:], allowed)
+            _all_teams.add(by_size[threads])
     return by_size[threads]
 
 
 def _forget_in_child() -> None:
-    # A forked child has none of its parent's worker threads: learn them again if it calls kernels.
+    # A forked child has none of its parent's worker threads, and their ids must never be placed
+    # from it (they are the parent's threads): teams kernels already hold stop placing, new
+    # callers learn the child's own workers.
     global _teams
     _teams = threading.local()
+    for team in list(_all_teams):
+        team.workers = []
 
 
 if hasattr(os, "register_at_fork"):

@@ -167,11 +167,9 @@ def kernel_artifact(text: str, signature, chip: str, source_name: str = "<input>
                                source_name=source_name).text
     with shared_context("host"):
         module = parse_module(kernels, source_name)
-        found = []
-        module.operation.walk(lambda op: (found.append(op.operation) if op.operation.name == "gpu.func" else None,
-                                          ir.WalkResult.ADVANCE)[1])
-        by_name = {ir.StringAttr(op.attributes["sym_name"]).value: op for op in found}
-        launch = Launch.from_attr(by_name[signature.name].attributes["tracea.launch"])
+        gpu_module = next(op.operation for op in module.operation.regions[0].blocks[0].operations
+                          if op.operation.name == "gpu.module")
+        launch = Launch.from_attr(ir.SymbolTable(gpu_module)[signature.name].attributes["tracea.launch"])
     ptx = to_ptx(kernels, chip, source_name)
     cubin = assemble(ptx, chip)
     block_threads = launch.block[0] * launch.block[1] * launch.block[2]
