@@ -79,3 +79,57 @@ def test_in_process_mode_gives_the_same_result(monkeypatch):
     forked = run_pipeline(text, parse_pipeline("tracea-to-linalg"), isolate=True)
     in_process = run_pipeline(text, parse_pipeline("tracea-to-linalg"), isolate=False)
     assert forked.ok and in_process.ok and forked.text == in_process.text
+
+
+SOFTMAX = ('func.func @f(%x: tensor<3xf32>) -> tensor<3xf32> { %y = "tracea.softmax"(%x) : (tensor<3xf32>) -> '
+           'tensor<3xf32> return %y : tensor<3xf32> }')
+
+
+def _environment_value(module) -> bytes:  # a `finish` step: what the compiler process sees
+    return os.environ.get("TRACEA_TEST_VALUE", "").encode()
+
+
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="the compiler process needs os.fork")
+def test_compiles_reuse_one_compiler_process_and_a_crash_replaces_it(crash_dir):
+    from tracea.passes.isolation import compiler_process_id
+
+    first = run_pipeline(SOFTMAX, parse_pipeline("tracea-to-linalg"), isolate=True)
+    pid = compiler_process_id()
+    second = run_pipeline(SOFTMAX, parse_pipeline("tracea-to-linalg"), isolate=True)
+    assert first.ok and second.ok and first.text == second.text
+    assert pid is not None and pid != os.getpid() and compiler_process_id() == pid
+    with pytest.raises(InternalCompilerError, match="SIGABRT"):
+        run_pipeline(CRASHING_INPUT, parse_pipeline("finalize-memref-to-llvm"), isolate=True)
+    assert compiler_process_id() is None
+    with pytest.raises(ChildProcessError):
+        os.waitpid(pid, os.WNOHANG)  # reaped, not left a zombie
+    assert run_pipeline(SOFTMAX, parse_pipeline("tracea-to-linalg"), isolate=True).text == first.text
+    assert compiler_process_id() not in (None, pid)
+
+
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="the compiler process needs os.fork")
+def test_compiler_process_sees_the_current_environment_and_takes_any_finish_step(monkeypatch):
+    pipeline = parse_pipeline("tracea-to-linalg")
+    for value in ("one", "two"):
+        monkeypatch.setenv("TRACEA_TEST_VALUE", value)
+        assert run_pipeline(SOFTMAX, pipeline, isolate=True, finish=_environment_value).artifact == value.encode()
+    # a step that does not pickle runs in a child forked for it
+    assert run_pipeline(SOFTMAX, pipeline, isolate=True, finish=lambda module: b"lambda").artifact == b"lambda"
+
+
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="the compiler process needs os.fork")
+def test_a_forked_copy_of_the_caller_starts_its_own_compiler_process():
+    from tracea.passes.isolation import compiler_process_id
+
+    expected = run_pipeline(SOFTMAX, parse_pipeline("tracea-to-linalg"), isolate=True).text
+    parent_compiler = compiler_process_id()
+    pid = os.fork()
+    if pid == 0:
+        ok = (compiler_process_id() is None
+              and run_pipeline(SOFTMAX, parse_pipeline("tracea-to-linalg"), isolate=True).text == expected
+              and compiler_process_id() not in (None, parent_compiler))
+        os._exit(0 if ok else 1)
+    _, status = os.waitpid(pid, 0)
+    assert os.WIFEXITED(status) and os.WEXITSTATUS(status) == 0
+    assert compiler_process_id() == parent_compiler
+    assert run_pipeline(SOFTMAX, parse_pipeline("tracea-to-linalg"), isolate=True).text == expected

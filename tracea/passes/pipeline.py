@@ -4,19 +4,15 @@ running them so that an LLVM abort inside a pass cannot take the caller down.
 `parse_pipeline("builtin.module(tracea-lower-to-linalg, canonicalize, func.func(cse))")` gives a
 `Pipeline`; `run_pipeline(text, pipeline)` parses the IR, verifies it, runs the passes and
 returns the resulting IR text with every diagnostic; a `finish` step (a target's code generator)
-may turn the final module into bytes in the same process. By default it runs in a forked child:
-an assertion in the MLIR or LLVM build kills only the child, and the caller gets an
-InternalCompilerError with the input saved for a bug report.
+may turn the final module into bytes in the same process. By default it runs in the compiler
+process (isolation.py): an assertion in the MLIR or LLVM build kills only that process, and the
+caller gets an InternalCompilerError with the input saved for a bug report.
 """
 from __future__ import annotations
 
-import faulthandler
 import os
-import pickle
 import re
 import signal
-import sys
-import tempfile
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -29,6 +25,7 @@ from .. import knobs
 from ..dialects.context import DiagnosticLog, parse_module, pipeline_lock, shared_context
 from ..dialects.verify import verify_tracea_ops
 from ..errors import CompileError, Diagnostic, InternalCompilerError, TraceaError
+from .isolation import ChildDied, call_isolated
 from .registry import PASSES, PIPELINES, TraceaPass
 
 
@@ -202,48 +199,17 @@ def run_pipeline(source: str, stages: list[tuple[str, Pipeline]] | Pipeline, *, 
     if not (knobs.isolate_compiler() if isolate is None else isolate):
         with pipeline_lock:
             return _run_in_process(*args)
-    return _run_forked(args)
+    return _run_isolated(args)
 
 
-def _run_forked(args) -> PipelineResult:
-    sys.stdout.flush()
-    sys.stderr.flush()
-    read_fd, write_fd = os.pipe()
-    errlog = tempfile.TemporaryFile()
-    # No other thread may be using the shared pipeline context (it has no locks of its own) while
-    # the child takes its copy; released in both processes.
-    with pipeline_lock:
-        pid = os.fork()
-    if pid == 0:  # child: compile, send the pickled result, exit without cleanup
-        status = 0
-        try:
-            os.close(read_fd)
-            os.dup2(errlog.fileno(), 2)
-            faulthandler.disable()  # a crash here is expected and reported by the parent
-            result = _run_in_process(*args)
-            payload = pickle.dumps(result)
-            with os.fdopen(write_fd, "wb") as out:
-                out.write(payload)
-        except BaseException:  # noqa: BLE001 - the child must never return into the caller
-            status = 1
-            import traceback
-            traceback.print_exc()
-        finally:
-            sys.stderr.flush()
-            os._exit(status)
-    os.close(write_fd)
-    with os.fdopen(read_fd, "rb") as inp:
-        payload = inp.read()
-    _, wait_status = os.waitpid(pid, 0)
-    errlog.seek(0)
-    log = errlog.read().decode(errors="replace")
-    errlog.close()
-    if os.WIFEXITED(wait_status) and os.WEXITSTATUS(wait_status) == 0 and payload:
-        result = pickle.loads(payload)
-        result.log = log
-        return result
-    source, stages, finish = args[0], args[1], args[-1]
-    raise _internal_error(wait_status, log, source, stages, args[2], finish is not None)
+def _run_isolated(args) -> PipelineResult:
+    try:
+        result, log = call_isolated(_run_in_process, args)
+    except ChildDied as died:
+        source, stages, finish = args[0], args[1], args[-1]
+        raise _internal_error(died.wait_status, died.log, source, stages, args[2], finish is not None) from None
+    result.log = log
+    return result
 
 
 def _internal_error(wait_status: int, log: str, source: str, stages, source_name: str,

@@ -107,6 +107,11 @@ def _format(value) -> str:
 
 
 PASSES: dict[str, type[TraceaPass]] = {}
+_registrations = 0  # the compiler process is replaced when a pass is registered after its fork
+
+
+def generation() -> int:
+    return _registrations
 
 
 @dataclass(frozen=True)
@@ -122,7 +127,9 @@ PIPELINES: dict[str, NamedPipeline] = {}
 def register(cls: type[TraceaPass]) -> type[TraceaPass]:
     if cls.NAME in PASSES or cls.NAME in PIPELINES:
         raise ValueError(f"pass name {cls.NAME} registered twice")
+    global _registrations
     PASSES[cls.NAME] = cls
+    _registrations += 1
     return cls
 
 
