@@ -171,22 +171,25 @@ class ForwardOutputsPass(TraceaPass):
 STRATEGIES = ("tiled", "reference")
 
 
+# Each canonicalize / cse in the CPU pipelines changes the final code of some kernel or model:
+# the others were dropped (~5 ms each) after hashing the LLVM-dialect output of GEMMs, convs,
+# attention, softmax and the three PyTorch models of bench/torch_models.py with and without them.
 def tiled_lowering(threads: int = 0) -> str:
     """Tracea ops to linalg on tensors: raised patterns, CPU kernels where one exists, the rest
     split among the threads and vectorized (0 threads: the host's cores)."""
     t = f"{{threads={threads}}}" if threads else ""
     return (f"tracea-verify, tracea-widen-i1, tracea-raise-linalg, canonicalize, tracea-cpu-conv{t}, "
-            f"tracea-cpu-schedule{t}, tracea-cpu-kernels{t}, tracea-lower-to-linalg, canonicalize, cse, "
+            f"tracea-cpu-schedule{t}, tracea-cpu-kernels{t}, tracea-lower-to-linalg, "
             # unit dims dropped and elementwise producers fused into their consumers: torch's
             # decomposed layer norm becomes a few loop nests instead of ten (encoder 2.11 -> 1.90 ms)
             f"linalg-generalize-named-ops, linalg-fold-unit-extent-dims, linalg-fuse-elementwise-ops, canonicalize, "
-            f"cse, tracea-cpu-tile-linalg{t}, canonicalize, cse")
+            f"cse, tracea-cpu-tile-linalg{t}")
 
 
 def tiled_copies(threads: int = 0) -> str:
     """After bufferization: the copies it made, split and vectorized like other linalg ops."""
     t = f"{{threads={threads}}}" if threads else ""
-    return f"tracea-cpu-copies-to-linalg, linalg-generalize-named-ops, tracea-cpu-tile-linalg{t}, canonicalize"
+    return f"tracea-cpu-copies-to-linalg, linalg-generalize-named-ops, tracea-cpu-tile-linalg{t}"
 
 
 register_pipeline("tracea-to-linalg", "verify and lower tracea ops to linalg on tensors, then simplify",
@@ -197,7 +200,7 @@ register_pipeline("tracea-cpu-bufferize", "C entry points, inlining, one-shot bu
                   "tracea-cpu-abi, inline{default-pipeline=}, symbol-dce, canonicalize, eliminate-empty-tensors, "
                   "one-shot-bufferize{bufferize-function-boundaries "
                   "function-boundary-type-conversion=identity-layout-map}, "
-                  "tracea-cpu-forward-outputs, buffer-deallocation-pipeline, canonicalize")
+                  "tracea-cpu-forward-outputs, buffer-deallocation-pipeline")
 register_pipeline("tracea-cpu-to-llvm", "lower bufferized IR to the LLVM dialect (parallel loops run serially)",
                   llvm_lowering(1))
 register_pipeline("tracea-cpu", "the whole CPU path: tracea ops to the LLVM dialect (parallel loops run serially)",
