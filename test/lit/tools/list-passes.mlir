@@ -14,4 +14,4 @@
 // CHECK: tracea-verify:
 // CHECK: Tracea pipelines
 // CHECK: tracea-cpu: the whole CPU path: tracea ops to the LLVM dialect (parallel loops run serially)
-// CHECK-NEXT: = tracea-cpu-tiled, tracea-cpu-bufferize, tracea-cpu-copies-to-linalg, linalg-generalize-named-ops, tracea-cpu-tile-linalg, canonicalize, tracea-cpu-to-llvm
+// CHECK-NEXT: = tracea-cpu-tiled, tracea-cpu-bufferize, tracea-cpu-copies-to-linalg, linalg-generalize-named-ops, tracea-cpu-tile-linalg, tracea-cpu-to-llvm
