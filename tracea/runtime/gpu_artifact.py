@@ -29,10 +29,12 @@ _SCALARS = ("f32", "f64", "i32", "i64")
 
 @dataclass(frozen=True)
 class Param:
-    """One kernel argument: a tensor (`shape`, `dtype`) passed as a memref, or a scalar (shape None)."""
+    """One kernel argument: a tensor (`shape`, `dtype`) passed as a memref, or a scalar (shape
+    None); `output`: the kernel writes it (outputs follow the inputs)."""
     name: str
     dtype: str
     shape: tuple[int, ...] | None = None
+    output: bool = False
 
     @property
     def fields(self) -> list[str]:
@@ -73,8 +75,8 @@ class GpuKernelArtifact:
             raise TraceaError(f"cannot load the GPU kernel {path}: {e.strerror} ({e.filename})") from None
         if meta.pop("format", None) != FORMAT:
             raise TraceaError(f"{path}.json is not a Tracea GPU kernel description")
-        params = tuple(Param(p["name"], p["dtype"], None if p["shape"] is None else tuple(p["shape"]))
-                       for p in meta.pop("params"))
+        params = tuple(Param(p["name"], p["dtype"], None if p["shape"] is None else tuple(p["shape"]),
+                             p.get("output", False)) for p in meta.pop("params"))
         return GpuKernelArtifact(cubin=cubin, params=params, grid=tuple(meta.pop("grid")),
                                  block=tuple(meta.pop("block")), **meta)
 

@@ -176,7 +176,7 @@ def kernel_artifact(text: str, signature, chip: str, source_name: str = "<input>
     check_launch(f"@{signature.name}", cubin, block_threads, launch.dynamic_shared_bytes)
     names = signature.arg_names or [f"arg{i}" for i in range(len(signature.inputs))]
     params = [Param(n, s.dtype, s.shape) for n, s in zip(names, signature.inputs)]
-    params += [Param("out" if len(signature.outputs) == 1 else f"out{i}", s.dtype, s.shape)
+    params += [Param("out" if len(signature.outputs) == 1 else f"out{i}", s.dtype, s.shape, output=True)
                for i, s in enumerate(signature.outputs)]
     return GpuKernelArtifact(signature.name, chip, cubin.image, ptx, launch.grid, launch.block,
                              launch.dynamic_shared_bytes, tuple(params), cubin.registers, cubin.static_shared_bytes)

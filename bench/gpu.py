@@ -1,0 +1,131 @@
+"""NVIDIA benchmark: Tracea's GEMM kernels against torch.matmul (cuBLAS), in two steps, since the
+compiler (MLIR) and the GPU are on different machines here:
+
+    .venv/bin/python bench/gpu.py build .gpu-bench            # here: compile, write the artifacts
+    python3 bench/gpu.py run .gpu-bench [--markdown]          # on the GPU machine: check, time
+
+`run` needs only numpy, torch (CUDA) and cuda-bindings: it loads tracea/runtime's launcher by
+path. Each kernel is first checked against torch in f32, then Tracea and torch.matmul are timed
+in the same process with CUDA events (median of 50 launches after 10 warm-up ones, L2 not
+flushed: both sides see the same warm cache). Ratio = torch time / Tracea time (> 1: faster).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+RUNTIME = os.path.join(HERE, "..", "tracea", "runtime")
+
+SIZES = (1024, 2048, 4096, 8192)
+CASES = [(dtype, transpose_b, size) for dtype in ("f16", "bf16") for transpose_b in (False, True) for size in SIZES]
+
+
+def case_name(dtype: str, transpose_b: bool, size: int, chip: str) -> str:
+    return f"gemm_{dtype}_{'nt' if transpose_b else 'nn'}_{size}_{chip}"
+
+
+def build(directory: str, chips: list[str]) -> int:
+    sys.path.insert(0, os.path.join(HERE, ".."))
+    import tracea
+    from tracea import dialects as td
+    os.makedirs(directory, exist_ok=True)
+    cases = []
+    for chip in chips:
+        for dtype, transpose_b, size in CASES:
+            name = case_name(dtype, transpose_b, size, chip)
+            b_shape = (size, size)
+            fn = td.function(td.tensor((size, size), dtype), td.tensor(b_shape, dtype), name="gemm")(
+                lambda a, b, t=transpose_b: td.gemm(a, b, transpose_b=t, out_dtype="f32"))
+            artifact = tracea.compile_gpu(fn, chip=chip)
+            artifact.save(os.path.join(directory, name))
+            cases.append({"name": name, "chip": chip, "dtype": dtype, "transpose_b": transpose_b, "size": size,
+                          "registers": artifact.registers, "shared_bytes": artifact.dynamic_shared_bytes})
+            print(f"built {name}: {artifact.registers} registers, {artifact.dynamic_shared_bytes // 1024} KB "
+                  f"shared memory, grid {artifact.grid}", flush=True)
+    with open(os.path.join(directory, "cases.json"), "w") as f:
+        json.dump(cases, f, indent=1)
+    return 0
+
+
+def run(directory: str, markdown: bool, iterations: int) -> int:
+    sys.path.insert(0, RUNTIME)
+    import cuda_launcher as cl  # noqa: E402 - by path: no MLIR on the GPU machine
+    import gpu_artifact
+    import torch
+
+    device = cl.Device.get(0)
+    print(f"device: {device}, torch {torch.__version__}", flush=True)
+    with open(os.path.join(directory, "cases.json")) as f:
+        cases = json.load(f)
+    rows = []
+    for case in cases:
+        artifact = gpu_artifact.GpuKernelArtifact.load(os.path.join(directory, case["name"]))
+        if device.runs(case["chip"]) is None:
+            print(f"skip {case['name']}: {device} cannot run {case['chip']} code", flush=True)
+            continue
+        kernel = cl.CudaKernel(artifact, device)
+        size, transpose_b = case["size"], case["transpose_b"]
+        dtype = torch.float16 if case["dtype"] == "f16" else torch.bfloat16
+        torch.manual_seed(0)
+        a = torch.randn(size, size, device="cuda", dtype=dtype)
+        b = torch.randn(size, size, device="cuda", dtype=dtype)
+        out = kernel(a, b)
+        torch.cuda.synchronize()
+        expected = a.float() @ (b.float().T if transpose_b else b.float())
+        error = ((out - expected).abs().max() / expected.abs().max()).item()
+        ok = error < 1e-2
+        ours = kernel.time(a, b, iterations=iterations, warmup=10)
+        peer = _time_torch(lambda: torch.matmul(a, b.T if transpose_b else b), iterations)
+        flops = 2.0 * size ** 3
+        row = {**case, "loaded_from": kernel.loaded_from, "ok": ok, "max_rel_error": error,
+               "tracea_tflops": flops / ours / 1e12, "cublas_tflops": flops / peer / 1e12}
+        rows.append(row)
+        print(f"{case['name']:<28} {'ok ' if ok else 'BAD'} err {error:.1e}  tracea {row['tracea_tflops']:7.1f} "
+              f"TFLOP/s  cuBLAS {row['cublas_tflops']:7.1f}  (x{peer / ours:.2f})  [{kernel.loaded_from}]", flush=True)
+        kernel.close()
+    if markdown:
+        print("\n| kernel | chip (loaded as) | correct (max rel. error) | Tracea TFLOP/s | torch.matmul (cuBLAS) TFLOP/s | ratio |")
+        print("| --- | --- | --- | --- | --- | --- |")
+        for r in rows:
+            print(f"| {r['dtype']} {'A B^T' if r['transpose_b'] else 'A B'} {r['size']}^3 | {r['chip']} ({r['loaded_from']}) "
+                  f"| {'yes' if r['ok'] else 'NO'} ({r['max_rel_error']:.1e}) | {r['tracea_tflops']:.1f} "
+                  f"| {r['cublas_tflops']:.1f} | **{r['tracea_tflops'] / r['cublas_tflops']:.2f}x** |")
+    return 0 if all(r["ok"] for r in rows) else 1
+
+
+def _time_torch(call, iterations: int) -> float:
+    import torch
+    for _ in range(10):
+        call()
+    start, stop = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    times = []
+    for _ in range(iterations):
+        start.record()
+        call()
+        stop.record()
+        stop.synchronize()
+        times.append(start.elapsed_time(stop) / 1e3)
+    return sorted(times)[len(times) // 2]
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = parser.add_subparsers(dest="step", required=True)
+    b = sub.add_parser("build", help="compile the kernels (needs Tracea and MLIR)")
+    b.add_argument("directory")
+    b.add_argument("--chips", default="sm_80,sm_90a", help="comma-separated: sm_80, sm_90a")
+    r = sub.add_parser("run", help="check and time them (needs a GPU, torch and cuda-bindings)")
+    r.add_argument("directory")
+    r.add_argument("--markdown", action="store_true")
+    r.add_argument("--iterations", type=int, default=50)
+    args = parser.parse_args()
+    if args.step == "build":
+        return build(args.directory, args.chips.split(","))
+    return run(args.directory, args.markdown, args.iterations)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

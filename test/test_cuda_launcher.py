@@ -1,0 +1,119 @@
+"""The CUDA launcher (runtime/cuda_launcher.py). Without a GPU: parameter packing, argument checks,
+DLPack parsing, binary compatibility and the errors a machine without a driver gets. With one
+(and torch built for CUDA): the Tensor Core GEMM against torch."""
+from __future__ import annotations
+
+import ctypes
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+import tracea
+from tracea.runtime import cuda_launcher as cl
+from tracea.runtime import gpu_artifact as ga
+
+
+def _cuda_device_or_none():
+    try:
+        return cl.Device.get(0)
+    except tracea.TraceaError:
+        return None
+
+
+def test_parameters_are_packed_as_cuLaunchKernel_reads_them():
+    art = ga.GpuKernelArtifact("k", "sm_80", b"", "", (1, 1, 1), (32, 1, 1), 0,
+                               (ga.Param("x", "f16", (3, 5)), ga.Param("alpha", "f32"),
+                                ga.Param("out", "f16", (3, 5), output=True)))
+    arguments = art.launch_arguments([0xA000, 0.5, 0xB000])
+    array, values = cl.pack_parameters(arguments)
+    assert len(array) == len(arguments) == 7 + 1 + 7
+    read = {"ptr": ctypes.c_void_p, "i64": ctypes.c_int64, "f32": ctypes.c_float}
+    assert [read[kind].from_address(array[i]).value for i, (kind, _) in enumerate(arguments)] == \
+        [0xA000, 0xA000, 0, 3, 5, 5, 1, 0.5, 0xB000, 0xB000, 0, 3, 5, 5, 1]
+
+
+def test_host_memory_and_foreign_objects_are_refused_with_the_fix():
+    with pytest.raises(tracea.ArgumentError, match=r"x is in host memory; .*x\.cuda\(\)"):
+        cl.DeviceBuffer.from_dlpack(np.zeros((2, 2), np.float16), "x")
+    with pytest.raises(tracea.ArgumentError, match="y is a list; pass a DeviceBuffer or a CUDA tensor"):
+        cl.DeviceBuffer.from_dlpack([1, 2], "y")
+    torch = pytest.importorskip("torch")
+    with pytest.raises(tracea.ArgumentError, match="in host memory"):
+        cl.DeviceBuffer.from_dlpack(torch.zeros(4, dtype=torch.bfloat16), "w")
+
+
+def test_which_devices_run_which_code():
+    def device(major, minor):
+        d = object.__new__(cl.Device)
+        d.compute_capability = (major, minor)
+        return d
+
+    assert device(8, 0).runs("sm_80") == "cubin" and device(8, 6).runs("sm_80") == "cubin"
+    assert device(9, 0).runs("sm_80") == "ptx"  # another major architecture: the driver compiles the PTX
+    assert device(9, 0).runs("sm_90a") == "cubin"
+    assert device(10, 0).runs("sm_90a") is None and device(8, 0).runs("sm_90a") is None
+    assert device(7, 5).runs("sm_80") is None
+
+
+def test_a_machine_without_a_driver_gets_a_clear_error():
+    pytest.importorskip("cuda.bindings")
+    if _cuda_device_or_none() is not None:
+        pytest.skip("this machine has a CUDA device")
+    with pytest.raises(cl.CudaError, match="no CUDA driver on this machine|there is no CUDA device 0"):
+        cl.Device.get(0)
+
+
+def test_launcher_imports_without_tracea_or_mlir():
+    """On a GPU machine without the compiler: tracea/runtime on sys.path, nothing else of Tracea."""
+    import os
+    runtime = os.path.dirname(cl.__file__)
+    script = (f"import sys; sys.path.insert(0, {runtime!r}); import cuda_launcher, gpu_artifact; "
+              "assert 'tracea' not in sys.modules and not any(m.startswith('mlir') for m in sys.modules); "
+              "print(cuda_launcher.CudaKernel.__name__, issubclass(cuda_launcher.CudaError, gpu_artifact.TraceaError))")
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.split() == ["CudaKernel", "True"]
+
+
+# -- on a GPU ------------------------------------------------------------------------------
+
+@pytest.fixture(scope="module")
+def gpu():
+    device = _cuda_device_or_none()
+    if device is None:
+        pytest.skip("needs an NVIDIA GPU with its driver and cuda-bindings (none here)")
+    torch = pytest.importorskip("torch")
+    if not torch.cuda.is_available():
+        pytest.skip("needs torch built for CUDA")
+    return device
+
+
+@pytest.mark.parametrize("dtype,transpose_b", [("f16", False), ("bf16", True)])
+def test_tensor_core_gemm_matches_torch(gpu, dtype, transpose_b):
+    import ml_dtypes
+    import torch
+    from tracea import dialects as td
+    m, n, k = 200, 264, 104
+    chip = "sm_90a" if gpu.compute_capability == (9, 0) else "sm_80"
+    b_shape = (n, k) if transpose_b else (k, n)
+    fn = td.function(td.tensor((m, k), dtype), td.tensor(b_shape, dtype), name="gemm")(
+        lambda a, b: td.gemm(a, b, transpose_b=transpose_b, out_dtype="f32"))
+    kernel = cl.CudaKernel(tracea.compile_gpu(fn, chip=chip), gpu)
+    torch_dtype = torch.float16 if dtype == "f16" else torch.bfloat16
+    a = torch.randn(m, k, device="cuda", dtype=torch_dtype)
+    b = torch.randn(*b_shape, device="cuda", dtype=torch_dtype)
+    c = kernel(a, b)
+    torch.cuda.synchronize()
+    expected = a.float() @ (b.float().T if transpose_b else b.float())
+    torch.testing.assert_close(c, expected, rtol=2e-2, atol=2e-2)
+    host_a = a.cpu().view(torch.int16).numpy().view(np.float16 if dtype == "f16" else ml_dtypes.bfloat16)
+    with cl.DeviceBuffer.from_numpy(host_a, gpu) as a_buffer:
+        out = kernel(a_buffer, b)  # a DeviceBuffer and a torch tensor mixed
+        torch.cuda.synchronize()
+        torch.testing.assert_close(out, expected, rtol=2e-2, atol=2e-2)
+        assert np.array_equal(a_buffer.to_numpy().view(np.int16), host_a.view(np.int16))
+    assert a_buffer.ptr == 0  # freed on leaving the block
+    with pytest.raises(tracea.ArgumentError, match=r"must be"):
+        kernel(a[:, :-1].contiguous(), b)
