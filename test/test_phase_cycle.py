@@ -6,17 +6,18 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from tracea.passes.phase_cycle import (Barrier, Commit, Compute, Load, PhaseError, Release, WaitEmpty, WaitFull,
-                                       WaitGroups, check, schedule)
+from tracea.passes.phase_cycle import (Barrier, Commit, Compute, Load, LoopPlan, PhaseError, Release, WaitEmpty,
+                                       WaitFull, WaitGroups, WaitMma, check, schedule, tma_wgmma_plan)
 
 
 @settings(max_examples=300)
-@given(stages=st.integers(1, 8), trips=st.integers(0, 40), mechanism=st.sampled_from(["cp.async", "tma"]))
+@given(stages=st.integers(1, 8), trips=st.integers(0, 40),
+       mechanism=st.sampled_from(["cp.async", "tma", "tma.wgmma"]))
 def test_every_emitted_schedule_is_safe(stages, trips, mechanism):
     check(schedule(stages, trips, mechanism), stages, trips, mechanism)
 
 
-@pytest.mark.parametrize("mechanism", ["cp.async", "tma"])
+@pytest.mark.parametrize("mechanism", ["cp.async", "tma", "tma.wgmma"])
 @pytest.mark.parametrize("trips", [0, 1, 2, 3])
 def test_fewer_trips_than_stages(mechanism, trips):
     events = schedule(4, trips, mechanism)
@@ -111,3 +112,39 @@ def test_bad_arguments():
         schedule(2, 2, "tmaa")
     with pytest.raises(ValueError, match="stages >= 1"):
         schedule(0, 2, "tma")
+
+
+def test_tma_wgmma_plan_waits_with_the_parity_of_each_use():
+    plan = tma_wgmma_plan(3)
+    waits = [e for e in plan.unroll(7) if isinstance(e, WaitFull)]
+    assert [(w.buffer, w.parity) for w in waits] == [(0, 0), (1, 0), (2, 0), (0, 1), (1, 1), (2, 1), (0, 0)]
+    assert plan.unroll(7)[-1] == WaitMma(0)
+
+
+def _with_body(plan: LoopPlan, body, epilogue=None) -> LoopPlan:
+    return LoopPlan(plan.stages, plan.prologue, tuple(body), plan.epilogue if epilogue is None else epilogue,
+                    plan.mechanism)
+
+
+def test_tma_wgmma_reusing_a_buffer_its_mmas_may_still_read():
+    plan = tma_wgmma_plan(3)
+    # waiting for 2 groups in flight leaves iteration k - 1's MMAs running while its buffer refills
+    lax = _with_body(plan, (WaitFull(0, 0), Compute(0, 0), WaitMma(2), Load(2, 2)))
+    with pytest.raises(PhaseError, match="while the MMAs of tile 0 may still read it"):
+        lax.verify(6)
+    # loading before the wait
+    early = _with_body(plan, (WaitFull(0, 0), Compute(0, 0), Load(2, 2), WaitMma(1)))
+    with pytest.raises(PhaseError, match="while the MMAs of tile 0 may still read it"):
+        early.verify(6)
+
+
+def test_tma_wgmma_without_the_final_wait_races_the_epilogue():
+    with pytest.raises(PhaseError, match=r"MMAs of tiles \[4\] may still read shared memory at the end"):
+        _with_body(tma_wgmma_plan(2), tma_wgmma_plan(2).body, epilogue=()).verify(5)
+
+
+def test_tma_wgmma_parity_formula_must_match_the_phases():
+    events = tma_wgmma_plan(2).unroll(5)
+    wrong = [WaitFull(e.buffer, 1 - e.parity) if isinstance(e, WaitFull) and e.buffer == 1 else e for e in events]
+    with pytest.raises(PhaseError, match="expects parity 1, but tile 1 completes phase 0"):
+        check(wrong, 2, 5, "tma.wgmma")

@@ -1,12 +1,14 @@
 """tracea-gpu-kernels: each function computing one GEMM becomes an NVIDIA kernel.
 
 The function's gemm / fused_gemm is tiled onto thread blocks and warps: f16 / bf16 inputs onto
-Tensor Cores (gpu_mma.py: cp.async pipeline, swizzled shared memory, ldmatrix + mma.sync
-m16n8k16, fused epilogue), f32 onto the SIMT kernel (gpu_gemm.py). The result is a
-`gpu.module @kernels` holding one `gpu.func` per function, named after it, whose parameters
-are the op's operands then the result buffer; its launch configuration is the attribute
-`tracea.launch = {grid, block, dynamic_shared_bytes}`. The host function is removed: kernels
-are launched by Tracea's runtime from that attribute (see runtime/gpu_artifact.py).
+Tensor Cores — on sm_90a the Hopper kernel (gpu_wgmma.py: TMA + mbarrier pipeline, wgmma from
+swizzled shared memory), on sm_80 gpu_mma.py (cp.async pipeline, swizzled shared memory,
+ldmatrix + mma.sync m16n8k16), both with the fused epilogue — and f32 onto the SIMT kernel
+(gpu_gemm.py). The result is a `gpu.module @kernels` holding one `gpu.func` per function, named
+after it, whose parameters are the op's operands then the result buffer (then, for the Hopper
+kernel, a pointer to each TMA descriptor); its launch configuration is the attribute
+`tracea.launch = {grid, block, dynamic_shared_bytes[, tensor_maps]}`. The host function is
+removed: kernels are launched by Tracea's runtime from that attribute (see runtime/gpu_artifact.py).
 
 Tiles come from the op's schedule when it has one (tile = [BM, BN, BK], warp_tile = [WM, WN, ...],
 stages), else from the defaults of the chosen kernel.
@@ -24,6 +26,8 @@ from .gpu_gemm import SimtTiles, simt_gemm_module_text
 from .gpu_gemm import grid as simt_grid
 from .gpu_mma import MMA_DTYPES, MmaGemm, MmaTiles, mma_gemm_module_text
 from .gpu_mma import grid as mma_grid
+from .gpu_wgmma import TensorMap, WgmmaTiles, tensor_maps, wgmma_gemm_module_text
+from .gpu_wgmma import grid as wgmma_grid
 from .registry import PassFailed, TraceaPass, option, register
 
 CHIPS = ("sm_80", "sm_90a")
@@ -34,33 +38,57 @@ class Launch:
     grid: tuple[int, int, int]
     block: tuple[int, int, int]
     dynamic_shared_bytes: int
+    tensor_maps: tuple[TensorMap, ...] = ()  # one trailing !llvm.ptr kernel parameter each
 
     def to_attr(self) -> ir.Attribute:
-        return ir.DictAttr.get({
-            "grid": ir.DenseI64ArrayAttr.get(list(self.grid)),
-            "block": ir.DenseI64ArrayAttr.get(list(self.block)),
-            "dynamic_shared_bytes": ir.IntegerAttr.get(ir.IntegerType.get_signless(64), self.dynamic_shared_bytes)})
+        i64 = ir.IntegerType.get_signless(64)
+        fields = {"grid": ir.DenseI64ArrayAttr.get(list(self.grid)),
+                  "block": ir.DenseI64ArrayAttr.get(list(self.block)),
+                  "dynamic_shared_bytes": ir.IntegerAttr.get(i64, self.dynamic_shared_bytes)}
+        if self.tensor_maps:
+            fields["tensor_maps"] = ir.ArrayAttr.get([ir.DenseI64ArrayAttr.get([m.operand, *m.box, m.swizzle_bytes])
+                                                      for m in self.tensor_maps])
+        return ir.DictAttr.get(fields)
 
     @staticmethod
     def from_attr(attr: ir.Attribute) -> "Launch":
         d = ir.DictAttr(attr)
+        maps = ()
+        if "tensor_maps" in d:
+            maps = tuple(TensorMap(v[0], (v[1], v[2]), v[3])
+                         for v in (list(ir.DenseI64ArrayAttr(a)) for a in ir.ArrayAttr(d["tensor_maps"])))
         return Launch(tuple(ir.DenseI64ArrayAttr(d["grid"])), tuple(ir.DenseI64ArrayAttr(d["block"])),
-                      ir.IntegerAttr(d["dynamic_shared_bytes"]).value)
+                      ir.IntegerAttr(d["dynamic_shared_bytes"]).value, maps)
+
+
+def _schedule_tile(v: OpView):
+    s = v.attrs.get("schedule")
+    if s is None or s.tile is None:
+        return None
+    if len(s.tile) != 3:
+        raise OpError(f"an NVIDIA GEMM schedule needs tile = [BM, BN, BK], got {list(s.tile)}")
+    return s
 
 
 def mma_tiles(v: OpView) -> MmaTiles:
-    s = v.attrs.get("schedule")
-    if s is None or s.tile is None:
+    s = _schedule_tile(v)
+    if s is None:
         return MmaTiles()
-    if len(s.tile) != 3:
-        raise OpError(f"an NVIDIA GEMM schedule needs tile = [BM, BN, BK], got {list(s.tile)}")
     bm, bn, bk = s.tile
     wm, wn = (s.warp_tile[:2] if s.warp_tile else (min(bm, 64), min(bn, 64)))
     return MmaTiles(bm, bn, bk, wm, wn, s.stages)
 
 
-def gemm_kernel(v: OpView, name: str) -> tuple[str, Launch]:
-    """The gpu.module text of the kernel for a gemm / fused_gemm, and its launch."""
+def wgmma_tiles(v: OpView) -> WgmmaTiles:
+    s = _schedule_tile(v)
+    if s is None:
+        return WgmmaTiles()
+    bm, bn, bk = s.tile
+    return WgmmaTiles(bm, bn, s.stages, bk)
+
+
+def gemm_kernel(v: OpView, name: str, chip: str = "sm_80") -> tuple[str, Launch]:
+    """The gpu.module text of the kernel for a gemm / fused_gemm on `chip`, and its launch."""
     a, b = v.operands["a"], v.operands["b"]
     if a.rank != 2 or b.rank != 2:
         raise OpError(f"the NVIDIA GEMM kernels take rank-2 operands, got {a} and {b}; batched GEMMs are not "
@@ -73,6 +101,10 @@ def gemm_kernel(v: OpView, name: str) -> tuple[str, Launch]:
         g = MmaGemm(m, n, k, a.dtype, v.result.dtype, v.attrs["transpose_b"], tuple(v.attrs.get("epilogue", ())),
                     v.operands["bias"].dtype if "bias" in v.operands else None,
                     v.operands["residual"].dtype if "residual" in v.operands else None)
+        if chip == "sm_90a":
+            tiles = wgmma_tiles(v)
+            return wgmma_gemm_module_text(g, tiles, name), Launch(
+                wgmma_grid(g, tiles), (tiles.threads, 1, 1), tiles.shared_bytes(), tensor_maps(tiles, g.transpose_b))
         tiles = mma_tiles(v)
         return mma_gemm_module_text(g, tiles, name), Launch(mma_grid(g, tiles), (tiles.threads, 1, 1),
                                                             tiles.shared_bytes())
@@ -105,8 +137,8 @@ def _single_gemm(func: ir.Operation) -> ir.Operation:
 class GpuKernelsPass(TraceaPass):
     NAME = "tracea-gpu-kernels"
     SUMMARY = ("tile each function's gemm / fused_gemm onto NVIDIA thread blocks and warps: a gpu.module "
-               "kernel (f16/bf16: cp.async pipeline, swizzled shared memory, ldmatrix + mma.sync; f32: SIMT) "
-               "with its launch configuration")
+               "kernel (f16/bf16 on sm_90a: TMA + mbarrier pipeline, wgmma; on sm_80: cp.async pipeline, "
+               "swizzled shared memory, ldmatrix + mma.sync; f32: SIMT) with its launch configuration")
     chip: str = option("sm_80", "the NVIDIA architecture the kernels are for", CHIPS)
 
     def run(self, module: ir.Operation) -> None:
@@ -118,7 +150,7 @@ class GpuKernelsPass(TraceaPass):
             name = ir.StringAttr(func.attributes["sym_name"]).value
             try:
                 op = _single_gemm(func)
-                text, launch = gemm_kernel(view(op), name)
+                text, launch = gemm_kernel(view(op), name, self.chip)
             except OpError as e:
                 func.location.emit_error(f"{self.NAME}: {e}")
                 failed = True

@@ -135,6 +135,38 @@ def mma_gemm_module_text(g: MmaGemm, tiles: MmaTiles = MmaTiles(), name: str = "
     return _Writer(g, tiles, plan, layouts).module_text(name)
 
 
+def store_pair(t: _Text, g: MmaGemm, pair: str, grow: str, gcol: str, tag: str) -> None:
+    """C[grow, gcol : gcol + 2] = epilogue(pair) (a vector<2xf32> of accumulators), for a row
+    already known inside C: skipped past its last column, bias / residual read as pairs, one
+    aligned 2-element store."""
+    t.open(f"scf.if {t.cmp('ult', gcol, t.c(g.n))}")
+    operands = {}
+    if g.bias_dtype:
+        operands["bias_add"] = (t.op(f"vector.load %bias[{gcol}] {_aligned_pair(g.bias_dtype)} : "
+                                     f"{_memref((g.n,), g.bias_dtype)}, vector<2x{g.bias_dtype}>", "e"), g.bias_dtype)
+    if g.residual_dtype:
+        operands["residual_add"] = (t.op(f"vector.load %residual[{grow}, {gcol}] {_aligned_pair(g.residual_dtype)} : "
+                                         f"{_memref((g.m, g.n), g.residual_dtype)}, vector<2x{g.residual_dtype}>",
+                                         "e"), g.residual_dtype)
+    lines, x = fused_epilogue(pair, g.epilogue, operands, g.out_dtype, 2, tag)
+    for line in lines:
+        t.line(line)
+    t.line(f"vector.store {x}, %C[{grow}, {gcol}] {_aligned_pair(g.out_dtype)} : {_memref((g.m, g.n), g.out_dtype)}, "
+           f"vector<2x{g.out_dtype}>")
+    t.close()
+
+
+def kernel_params(g: MmaGemm) -> list[str]:
+    """The kernel's tensor parameters, in the order tracea-gpu-kernels promises: A, B, the
+    epilogue's bias and residual when used, C."""
+    params = [f"%A: {_memref((g.m, g.k), g.dtype)}", f"%B: {_memref((g.n, g.k) if g.transpose_b else (g.k, g.n), g.dtype)}"]
+    if g.bias_dtype:
+        params.append(f"%bias: {_memref((g.n,), g.bias_dtype)}")
+    if g.residual_dtype:
+        params.append(f"%residual: {_memref((g.m, g.n), g.residual_dtype)}")
+    return params + [f"%C: {_memref((g.m, g.n), g.out_dtype)}"]
+
+
 def _aligned_pair(dtype: str) -> str:
     """Two consecutive elements at an even column of a row of even length: aligned to their
     size, which lets them move as one 64-bit (f32) or 32-bit access."""
@@ -310,8 +342,6 @@ class _Writer:
         """Accumulator tile (i, j) holds, per thread, rows g and g + 8 (g = lane / 4) and columns
         2 (lane % 4) + {0, 1} of its m16n8 tile: two pairs, each stored as a vector of 2."""
         t, g = self.t, self.g
-        bias = "%bias" if g.bias_dtype else None
-        residual = "%residual" if g.residual_dtype else None
         for i in range(self.frag_m):
             for half in range(2):
                 row = t.add(t.add("%wrow", t.c(i * 16 + half * 8)), "%lane_group")
@@ -319,25 +349,9 @@ class _Writer:
                 t.open(f"scf.if {t.cmp('ult', grow, t.c(g.m))}")
                 for j in range(self.frag_n):
                     gcol = t.add(t.add("%col0", t.add("%wcol", t.c(j * 8))), "%lane_pair")
-                    t.open(f"scf.if {t.cmp('ult', gcol, t.c(g.n))}")
                     pair = t.op(f"vector.extract {accs[i * self.frag_n + j]}[{half}] : vector<2xf32> "
                                 "from vector<2x2xf32>", "v")
-                    operands = {}
-                    if bias:
-                        operands["bias_add"] = (t.op(f"vector.load {bias}[{gcol}] {_aligned_pair(g.bias_dtype)} : "
-                                                     f"{_memref((g.n,), g.bias_dtype)}, vector<2x{g.bias_dtype}>", "e"),
-                                                g.bias_dtype)
-                    if residual:
-                        operands["residual_add"] = (t.op(
-                            f"vector.load {residual}[{grow}, {gcol}] {_aligned_pair(g.residual_dtype)} : "
-                            f"{_memref((g.m, g.n), g.residual_dtype)}, vector<2x{g.residual_dtype}>", "e"),
-                            g.residual_dtype)
-                    lines, x = fused_epilogue(pair, g.epilogue, operands, g.out_dtype, 2, f"%ep{i}_{half}_{j}_")
-                    for line in lines:
-                        t.line(line)
-                    t.line(f"vector.store {x}, %C[{grow}, {gcol}] {_aligned_pair(g.out_dtype)} : {self.C_t}, "
-                           f"vector<2x{g.out_dtype}>")
-                    t.close()
+                    store_pair(t, g, pair, grow, gcol, f"%ep{i}_{half}_{j}_")
                 t.close()
 
     def module_text(self, name: str) -> str:
@@ -378,12 +392,7 @@ class _Writer:
         t.close()
         self.store([f"%res#{i}" for i in range(n_acc)])
 
-        params = [f"%A: {self.A_t}", f"%B: {self.B_t}"]
-        if g.bias_dtype:
-            params.append(f"%bias: {_memref((g.n,), g.bias_dtype)}")
-        if g.residual_dtype:
-            params.append(f"%residual: {_memref((g.m, g.n), g.residual_dtype)}")
-        params.append(f"%C: {self.C_t}")
+        params = kernel_params(g)
         consts = [f"      {n} = arith.constant {value} : index" for value, n in sorted(t.consts.items())]
         return ("module attributes {gpu.container_module} {\n  gpu.module @kernels {\n"
                 f"    gpu.func @{name}({', '.join(params)}) kernel\n"

@@ -12,6 +12,10 @@ time. The two NVIDIA mechanisms track completion differently:
   the wait for the u-th use of a buffer expects parity u % 2; the producer reusing a buffer for
   its u-th use waits for the empty barrier's phase u - 1, parity (u - 1) % 2. A wrong parity
   does not fail loudly: it returns at once on the previous phase, and the kernel reads stale data.
+- TMA + wgmma in one warpgroup ("tma.wgmma", sm_90a): a thread of the warpgroup issues the TMA
+  copies (full barriers as above) and the warpgroup's wgmma reads the tiles *asynchronously*:
+  a buffer is free again only once `wgmma.wait_group n` has retired the MMAs that read it (all
+  but the n most recent groups), not when they were issued.
 
 `schedule(stages, trips, mechanism)` is the event sequence a kernel performs (prologue, steady
 state, epilogue), in program order. `check(events, stages, trips, mechanism)` replays events
@@ -25,7 +29,7 @@ from dataclasses import dataclass
 
 from ..errors import TraceaError
 
-MECHANISMS = ("cp.async", "tma")
+MECHANISMS = ("cp.async", "tma", "tma.wgmma")
 
 
 class PhaseError(TraceaError):
@@ -77,12 +81,19 @@ class WaitEmpty:
 
 @dataclass(frozen=True)
 class Compute:
-    """The MMA work of iteration `tile`, reading the tile from `buffer`."""
+    """The MMA work of iteration `tile`, reading the tile from `buffer` (tma.wgmma: issued as one
+    asynchronous wgmma group, reading until retired by WaitMma)."""
     tile: int
     buffer: int
 
 
-Event = Load | Commit | WaitGroups | Barrier | WaitFull | Release | WaitEmpty | Compute
+@dataclass(frozen=True)
+class WaitMma:
+    """wgmma.wait_group: wait until at most `pending` wgmma groups are in flight."""
+    pending: int
+
+
+Event = Load | Commit | WaitGroups | Barrier | WaitFull | Release | WaitEmpty | Compute | WaitMma
 
 
 def schedule(stages: int, trips: int, mechanism: str) -> list[Event]:
@@ -91,35 +102,42 @@ def schedule(stages: int, trips: int, mechanism: str) -> list[Event]:
         raise ValueError(f"unknown copy mechanism '{mechanism}'; available: {', '.join(MECHANISMS)}")
     if stages < 1 or trips < 0:
         raise ValueError(f"a pipeline needs stages >= 1 and trips >= 0, got stages={stages}, trips={trips}")
-    return _cp_async(stages, trips) if mechanism == "cp.async" else _tma(stages, trips)
+    if mechanism == "tma":
+        return _tma(stages, trips)
+    return (cp_async_plan if mechanism == "cp.async" else tma_wgmma_plan)(stages).unroll(trips)
 
 
 @dataclass(frozen=True)
 class LoopPlan:
-    """A cp.async pipeline in the form a kernel emits it: `prologue` once, then `body` in a loop
-    over k < trips. Prologue tiles are absolute; in the body a Load(d) is tile k + d (into buffer
-    (k + d) % stages) and Compute(0) is tile k. A Load of a tile past the last is not issued; the
-    Commit after it still is (an empty group), so the wait counts are the same in every trip."""
+    """A pipeline in the form a kernel emits it: `prologue` once, `body` in a loop over
+    k < trips, then `epilogue`. Prologue tiles are absolute; in the body a Load(d) is tile k + d
+    (into buffer (k + d) % stages), Compute(d) reads tile k + d, and WaitFull(d) waits for tile
+    k + d with the parity the kernel computes, ((k + d) // stages) % 2. Events of a tile past the
+    last are not issued; a Commit still is (an empty group), so wait counts are the same in every
+    trip."""
     stages: int
     prologue: tuple[Event, ...]
     body: tuple[Event, ...]
+    epilogue: tuple[Event, ...] = ()
+    mechanism: str = "cp.async"
 
     def unroll(self, trips: int) -> list[Event]:
         events = [e for e in self.prologue if not (isinstance(e, Load) and e.tile >= trips)]
         for k in range(trips):
             for e in self.body:
-                if isinstance(e, (Load, Compute)):
-                    tile = k + e.tile
+                if isinstance(e, (Load, Compute, WaitFull)):
+                    tile = k + (e.buffer if isinstance(e, WaitFull) else e.tile)
                     if tile >= trips:
                         continue
-                    e = type(e)(tile, tile % self.stages)
+                    e = (WaitFull(tile % self.stages, (tile // self.stages) % 2) if isinstance(e, WaitFull)
+                         else type(e)(tile, tile % self.stages))
                 events.append(e)
-        return events
+        return events + list(self.epilogue)
 
     def verify(self, trips: int) -> None:
         """Prove the plan safe for `trips` iterations (raises PhaseError): what a pass calls
         before emitting it."""
-        check(self.unroll(trips), self.stages, trips, "cp.async")
+        check(self.unroll(trips), self.stages, trips, self.mechanism)
 
 
 def cp_async_plan(stages: int) -> LoopPlan:
@@ -137,8 +155,18 @@ def cp_async_plan(stages: int) -> LoopPlan:
                                        Compute(0, 0)))
 
 
-def _cp_async(stages: int, trips: int) -> list[Event]:
-    return cp_async_plan(stages).unroll(trips)
+def tma_wgmma_plan(stages: int) -> LoopPlan:
+    """One warpgroup: a thread issues the TMA copies of tile k + stages - 1 into the buffer tile
+    k - 1 used, once wgmma.wait_group 1 has retired the MMAs of iteration k - 1 (those of
+    iteration k may still run); every MMA is retired before the epilogue reuses the buffers."""
+    if stages < 1:
+        raise ValueError(f"a pipeline needs stages >= 1, got {stages}")
+    if stages == 1:
+        return LoopPlan(1, (), (Load(0, 0), WaitFull(0, 0), Compute(0, 0), WaitMma(0)), (), "tma.wgmma")
+    ahead = stages - 1
+    return LoopPlan(stages, tuple(Load(j, j) for j in range(ahead)),
+                    (WaitFull(0, 0), Compute(0, 0), WaitMma(1), Load(ahead, ahead % stages)), (WaitMma(0),),
+                    "tma.wgmma")
 
 
 def _tma(stages: int, trips: int) -> list[Event]:
@@ -168,6 +196,7 @@ class _Buffer:
 def check(events: list[Event], stages: int, trips: int, mechanism: str) -> None:
     """Replay `events`; raise PhaseError at the first unsafe one."""
     buffers = [_Buffer() for _ in range(stages)]
+    reading: list[int] = []  # tma.wgmma: tiles whose MMAs were issued and not yet retired, oldest first
     groups: list[list[int]] = []  # committed groups of tiles, oldest first (cp.async)
     open_group: list[int] = []
     in_flight: set[int] = set()
@@ -190,6 +219,9 @@ def check(events: list[Event], stages: int, trips: int, mechanism: str) -> None:
                            "(no barrier since the read)")
             if mechanism == "tma" and buf.uses and buf.empty_waited < buf.uses:
                 fail(i, e, f"reuses buffer {e.buffer} without waiting for the release of tile {buf.tile}")
+            if mechanism == "tma.wgmma" and buf.tile in reading:
+                fail(i, e, f"overwrites buffer {e.buffer} while the MMAs of tile {buf.tile} may still read it "
+                           "(no wgmma.wait_group retired them)")
             buffers[e.buffer] = _Buffer(tile=e.tile, uses=buf.uses + 1, releases=buf.releases,
                                         empty_waited=buf.empty_waited)
             in_flight.add(e.tile)
@@ -227,7 +259,11 @@ def check(events: list[Event], stages: int, trips: int, mechanism: str) -> None:
             if not buf.visible:
                 fail(i, e, f"reads tile {e.tile} before its copy is known complete and visible")
             buf.read, buf.read_barrier = True, False
+            if mechanism == "tma.wgmma":
+                reading.append(e.tile)
             next_compute += 1
+        elif isinstance(e, WaitMma):
+            del reading[:max(0, len(reading) - e.pending)]
         elif isinstance(e, Release):
             buf = buffers[e.buffer]
             if not buf.read or buf.releases >= buf.uses:
@@ -245,6 +281,9 @@ def check(events: list[Event], stages: int, trips: int, mechanism: str) -> None:
     if in_flight:
         raise PhaseError(f"{mechanism} pipeline, {stages} stages, {trips} trips: copies of tiles "
                          f"{sorted(in_flight)} are still in flight at the end")
+    if reading:
+        raise PhaseError(f"{mechanism} pipeline, {stages} stages, {trips} trips: the MMAs of tiles {reading} "
+                         "may still read shared memory at the end (wgmma.wait_group 0 missing)")
     if next_compute != trips:
         raise PhaseError(f"{mechanism} pipeline, {stages} stages, {trips} trips: computed {next_compute} "
                          f"of {trips} tiles")

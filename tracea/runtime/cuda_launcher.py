@@ -270,8 +270,28 @@ def pack_parameters(arguments: list[tuple[str, int | float]]):
     return array, values
 
 
+def tensor_map_arguments(ptr: int, shape: tuple[int, ...], dtype: str, spec: tuple[int, int, int, int]) -> tuple:
+    """cuTensorMapEncodeTiled's arguments for a row-major rank-2 tensor at `ptr` and a
+    Param.tensor_map spec (operand, box inner, box outer, swizzle bytes)."""
+    driver = _driver()
+    types = driver.CUtensorMapDataType
+    data_type = {"f16": types.CU_TENSOR_MAP_DATA_TYPE_FLOAT16, "bf16": types.CU_TENSOR_MAP_DATA_TYPE_BFLOAT16,
+                 "f32": types.CU_TENSOR_MAP_DATA_TYPE_FLOAT32}[dtype]
+    swizzles = driver.CUtensorMapSwizzle
+    swizzle = {0: swizzles.CU_TENSOR_MAP_SWIZZLE_NONE, 32: swizzles.CU_TENSOR_MAP_SWIZZLE_32B,
+               64: swizzles.CU_TENSOR_MAP_SWIZZLE_64B, 128: swizzles.CU_TENSOR_MAP_SWIZZLE_128B}[spec[3]]
+    rows, cols = shape
+    u64, u32 = driver.cuuint64_t, driver.cuuint32_t
+    return (data_type, 2, ptr, [u64(cols), u64(rows)], [u64(cols * _ITEM_BYTES[dtype])], [u32(spec[1]), u32(spec[2])],
+            [u32(1), u32(1)], driver.CUtensorMapInterleave.CU_TENSOR_MAP_INTERLEAVE_NONE, swizzle,
+            driver.CUtensorMapL2promotion.CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
+            driver.CUtensorMapFloatOOBfill.CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE)  # zeros outside the tensor
+
+
 class CudaKernel:
-    """A GpuKernelArtifact loaded on a device, callable with tensors."""
+    """A GpuKernelArtifact loaded on a device, callable with tensors. Kernels that read their
+    operands through TMA get each operand's descriptor encoded on the host and copied to device
+    memory, once per (address, shape) of the tensor."""
 
     def __init__(self, artifact: GpuKernelArtifact, device: int | Device = 0):
         driver = _driver()
@@ -296,9 +316,10 @@ class CudaKernel:
                 self.function, driver.CUfunction_attribute.CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
                 artifact.dynamic_shared_bytes), "cuFuncSetAttribute(MAX_DYNAMIC_SHARED_SIZE_BYTES)")
         self.loaded_from = how
+        self._tensor_maps: dict[tuple, int] = {}  # (ptr, shape, dtype, spec) -> device address
 
     def _buffers(self, args, out):
-        params = self.artifact.params
+        params = [p for p in self.artifact.params if p.tensor_map is None]
         inputs, outputs = [p for p in params if not p.output], [p for p in params if p.output]
         if len(args) != len(inputs):
             raise ArgumentError(f"{self.artifact.name} takes {len(inputs)} input(s) "
@@ -339,12 +360,37 @@ class CudaKernel:
         """Launch on `stream` (0: the legacy default stream, which torch's default stream is);
         returns the output(s): torch tensors when the inputs were, else DeviceBuffers."""
         buffers, results = self._buffers(args, out)
-        self.launch([b.ptr for b in buffers], stream)
+        self.launch(self._addresses(buffers), stream)
         return results[0] if len(results) == 1 else tuple(results)
 
+    def _addresses(self, buffers: list[DeviceBuffer]) -> list[int]:
+        """One value per artifact parameter: the buffers' addresses, then their TMA descriptors'."""
+        addresses = [b.ptr for b in buffers]
+        for param in self.artifact.params[len(buffers):]:
+            if param.tensor_map is None:
+                raise ArgumentError(f"{self.artifact.name}: parameter {param.name} is neither a tensor nor a "
+                                    "tensor map; launch it with launch()")
+            addresses.append(self._tensor_map(buffers[param.tensor_map[0]], param.tensor_map))
+        return addresses
+
+    def _tensor_map(self, buffer: DeviceBuffer, spec: tuple[int, int, int, int]) -> int:
+        key = (buffer.ptr, buffer.shape, buffer.dtype, spec)
+        if key not in self._tensor_maps:
+            if buffer.ptr % 16 or (buffer.shape[-1] * _ITEM_BYTES[buffer.dtype]) % 16:
+                raise ArgumentError(f"{self.artifact.name} reads its operands through TMA, which needs 16-byte aligned "
+                                    f"tensors with rows of a multiple of 16 bytes; got {buffer}")
+            driver = _driver()
+            tensor_map = _check(driver.cuTensorMapEncodeTiled(*tensor_map_arguments(
+                buffer.ptr, buffer.shape, buffer.dtype, spec)), "cuTensorMapEncodeTiled")
+            self.device.make_current()
+            address = int(_check(driver.cuMemAlloc(128), "cuMemAlloc(tensor map)"))
+            _check(driver.cuMemcpyHtoD(address, tensor_map.getPtr(), 128), "cuMemcpyHtoD(tensor map)")
+            self._tensor_maps[key] = address
+        return self._tensor_maps[key]
+
     def launch(self, addresses: list[int], stream: int = 0) -> None:
-        """Launch with device addresses (one per parameter, inputs then outputs), unchecked
-        beyond the artifact's own argument checks."""
+        """Launch with one device address per parameter (inputs, outputs, then tensor maps),
+        unchecked beyond the artifact's own argument checks."""
         a = self.artifact
         array, _values = pack_parameters(a.launch_arguments(addresses))  # alive until the call returns
         self.device.make_current()
@@ -355,7 +401,7 @@ class CudaKernel:
         """Median seconds per launch over `iterations`, after `warmup` launches (CUDA events)."""
         driver = _driver()
         buffers, _ = self._buffers(args, None)
-        addresses = [b.ptr for b in buffers]
+        addresses = self._addresses(buffers)
         for _ in range(warmup):
             self.launch(addresses)
         start, stop = (_check(driver.cuEventCreate(0), "cuEventCreate") for _ in range(2))
@@ -371,7 +417,11 @@ class CudaKernel:
         return sorted(times)[len(times) // 2]
 
     def close(self) -> None:
+        """Unload the module and free the tensor maps (idempotent)."""
         if getattr(self, "module", None) is not None:
             self.device.make_current()
+            for address in self._tensor_maps.values():
+                _check(_driver().cuMemFree(address), "cuMemFree(tensor map)")
+            self._tensor_maps.clear()
             _check(_driver().cuModuleUnload(self.module), "cuModuleUnload")
             self.module = None

@@ -29,16 +29,21 @@ _SCALARS = ("f32", "f64", "i32", "i64")
 
 @dataclass(frozen=True)
 class Param:
-    """One kernel argument: a tensor (`shape`, `dtype`) passed as a memref, or a scalar (shape
-    None); `output`: the kernel writes it (outputs follow the inputs)."""
+    """One kernel argument: a tensor (`shape`, `dtype`) passed as a memref, a scalar (shape
+    None), or (dtype "tensormap") the device address of a TMA descriptor of tensor parameter
+    `tensor_map[0]`, for boxes of tensor_map[1:3] elements (innermost first) with a
+    tensor_map[3]-byte swizzle; `output`: the kernel writes it (outputs follow the inputs)."""
     name: str
     dtype: str
     shape: tuple[int, ...] | None = None
     output: bool = False
+    tensor_map: tuple[int, int, int, int] | None = None
 
     @property
     def fields(self) -> list[str]:
         """The C types of the values this argument expands to ("ptr", "i64", or the scalar type)."""
+        if self.tensor_map is not None:
+            return ["ptr"]
         if self.shape is None:
             return [self.dtype]
         return ["ptr", "ptr", "i64"] + ["i64"] * (2 * len(self.shape))
@@ -76,18 +81,26 @@ class GpuKernelArtifact:
         if meta.pop("format", None) != FORMAT:
             raise TraceaError(f"{path}.json is not a Tracea GPU kernel description")
         params = tuple(Param(p["name"], p["dtype"], None if p["shape"] is None else tuple(p["shape"]),
-                             p.get("output", False)) for p in meta.pop("params"))
+                             p.get("output", False), tuple(p["tensor_map"]) if p.get("tensor_map") else None)
+                       for p in meta.pop("params"))
         return GpuKernelArtifact(cubin=cubin, params=params, grid=tuple(meta.pop("grid")),
                                  block=tuple(meta.pop("block")), **meta)
 
     def launch_arguments(self, values: list) -> list[tuple[str, int | float]]:
         """(C type, value) for every kernel parameter, from one value per Param: a device
-        address (int) with a contiguous layout for tensors, a number for scalars."""
+        address (int) with a contiguous layout for tensors, a number for scalars, a device
+        address of the encoded descriptor for tensor maps."""
         if len(values) != len(self.params):
             raise ArgumentError(f"{self.name} takes {len(self.params)} argument(s) "
                                 f"({', '.join(p.name for p in self.params)}), got {len(values)}")
         out: list[tuple[str, int | float]] = []
         for param, value in zip(self.params, values):
+            if param.tensor_map is not None:
+                if not isinstance(value, int) or value <= 0:
+                    raise ArgumentError(f"{self.name}: argument {param.name} must be the device address of a "
+                                        f"TMA descriptor, got {value!r}")
+                out.append(("ptr", value))
+                continue
             if param.shape is None:
                 if param.dtype not in _SCALARS or not isinstance(value, (int, float)):
                     raise ArgumentError(f"{self.name}: argument {param.name} must be a {param.dtype} number")

@@ -4,8 +4,9 @@ back end, in the forked compiler child) -> cubin through `ptxas`, whose resource
 launched.
 
 `kernel_artifact` (tracea.compile_gpu) runs tracea-gpu-kernels (passes/gpu_kernels.py: the
-Tensor Core kernel of passes/gpu_mma.py, or the SIMT one) and packages cubin + launch metadata.
-Still to come (issue 5): wgmma + TMA for sm_90a, attention and conv kernels, the CUDA launcher.
+Hopper kernel of passes/gpu_wgmma.py on sm_90a, the Tensor Core kernel of passes/gpu_mma.py on
+sm_80, or the SIMT one) and packages cubin + launch metadata (runtime/cuda_launcher.py runs it).
+Still to come (issue 5): attention and conv kernels.
 """
 from __future__ import annotations
 
@@ -66,7 +67,7 @@ def to_ptx(gpu_module_text: str, chip: str, source_name: str = "<gpu kernels>") 
     toolkit = cuda_toolkit()
     pipeline = parse_pipeline(f"nvvm-attach-target{{chip={chip} features={limits.ptx_features}}}, "
                               "gpu.module(convert-nvgpu-to-nvvm, expand-strided-metadata, convert-vector-to-llvm, "
-                              "convert-scf-to-cf, convert-gpu-to-nvvm, reconcile-unrealized-casts), "
+                              "convert-scf-to-cf, convert-gpu-to-nvvm, convert-nvvm-to-llvm, reconcile-unrealized-casts), "
                               f"gpu-module-to-binary{{format=isa{f' toolkit={toolkit}' if toolkit else ''}}}")
     result = compile_or_raise(gpu_module_text, [("ptx", pipeline)], source_name=source_name, verify_each=False,
                               finish=_assembly_of_binary)
@@ -178,5 +179,7 @@ def kernel_artifact(text: str, signature, chip: str, source_name: str = "<input>
     params = [Param(n, s.dtype, s.shape) for n, s in zip(names, signature.inputs)]
     params += [Param("out" if len(signature.outputs) == 1 else f"out{i}", s.dtype, s.shape, output=True)
                for i, s in enumerate(signature.outputs)]
+    params += [Param(f"{params[m.operand].name}.tensor_map", "tensormap", None, False, (m.operand, *m.box, m.swizzle_bytes))
+               for m in launch.tensor_maps]
     return GpuKernelArtifact(signature.name, chip, cubin.image, ptx, launch.grid, launch.block,
                              launch.dynamic_shared_bytes, tuple(params), cubin.registers, cubin.static_shared_bytes)

@@ -1,0 +1,110 @@
+"""The Hopper GEMM (passes/gpu_wgmma.py) without a GPU: its pipeline is the checked TMA/wgmma
+phase plan, ptxas accepts it for sm_90a and the machine code has what the mapping promises
+(HGMMA from shared-memory descriptors, TMA copies, mbarrier waits), and compile_gpu describes the
+tensor maps the launcher must encode."""
+from __future__ import annotations
+
+import re
+
+import pytest
+
+import tracea
+from tracea import dialects as td
+from tracea.dialects.ops import Epilogue
+from tracea.passes import gpu_wgmma, phase_cycle
+from tracea.passes.gpu_mma import MmaGemm
+from tracea.passes.gpu_wgmma import WgmmaTiles, wgmma_gemm_module_text
+from tracea.targets import nvvm
+
+
+def _tools_or_skip():
+    try:
+        nvvm.ptxas_path()
+    except tracea.CompileError:
+        pytest.skip("ptxas not found (pip install nvidia-cuda-nvcc==13.0.88)")
+
+
+@pytest.mark.parametrize("dtype,transpose_b,epilogue", [
+    ("f16", False, ()),
+    ("bf16", True, (Epilogue("bias_add"), Epilogue("gelu", approximate="tanh"))),
+], ids=["f16-nn", "bf16-linear-bias-gelu"])
+def test_wgmma_gemm_machine_code(dtype, transpose_b, epilogue):
+    _tools_or_skip()
+    g = MmaGemm(200, 264, 104, dtype, "f32", transpose_b, epilogue, "f32" if epilogue else None)
+    tiles = WgmmaTiles()
+    ptx = nvvm.to_ptx(wgmma_gemm_module_text(g, tiles), "sm_90a")
+    # B's layout: K-major for nn.Linear's B^T (imm-trans-b 0), N-major for a row-major B (1)
+    wgmmas = re.findall(rf"wgmma\.mma_async\.sync\.aligned\.m64n128k16\.f32\.{dtype}\.{dtype}\s.*,\s*(\d);", ptx)
+    assert wgmmas and set(wgmmas) == {"0" if transpose_b else "1"}
+    assert "cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes" in ptx
+    assert "mbarrier.try_wait.parity" in ptx and "mbarrier.arrive.expect_tx" in ptx
+    assert re.search(r"wgmma\.wait_group\.sync\.aligned\s+1;", ptx) and re.search(r"wait_group\.sync\.aligned\s+0;", ptx)
+    cubin = nvvm.assemble(ptx, "sm_90a")
+    try:
+        sass = nvvm.sass(cubin)
+    except tracea.CompileError as e:
+        pytest.skip(f"no SASS disassembler: {e}")
+    hgmma = "HGMMA.64x128x16.F32.BF16" if dtype == "bf16" else "HGMMA.64x128x16.F32"
+    # one K tile: 64 / 16 steps x 2 m64 blocks
+    assert len(re.findall(rf"\b{re.escape(hgmma)}\b", sass)) == 8
+    assert "UTMALDG.2D" in sass and "SYNCS.PHASECHK.TRANS64.TRYWAIT" in sass
+    assert "WARPGROUP.ARRIVE" in sass and "WARPGROUP.DEPBAR.LE" in sass
+    assert "STG.E.64" in sass  # accumulator pairs stored as one 64-bit access
+    assert cubin.spilled_bytes == 0
+    nvvm.check_launch("gemm", cubin, tiles.threads, tiles.shared_bytes())
+
+
+def test_the_emitted_pipeline_is_the_checked_plan(monkeypatch):
+    """The waits, loads and MMA groups come from phase_cycle.tma_wgmma_plan, proved for the
+    kernel's trip count; a plan that reloads a buffer its MMAs may still read is refused."""
+    g = MmaGemm(128, 128, 64 * 7, "f16", "f32")
+    for stages in (1, 2, 4):
+        text = wgmma_gemm_module_text(g, WgmmaTiles(stages=stages))
+        loop = text[text.index("scf.for"):]
+        assert loop.count("nvvm.wgmma.wait.group.sync.aligned") == (1 if stages == 1 else 2)
+        assert text[:text.index("scf.for")].count("nvgpu.mbarrier.arrive.expect_tx") == stages - 1
+    plan = phase_cycle.tma_wgmma_plan(3)
+    broken = phase_cycle.LoopPlan(3, plan.prologue, (phase_cycle.WaitFull(0, 0), phase_cycle.Compute(0, 0),
+                                                    phase_cycle.WaitMma(2), phase_cycle.Load(2, 2)),
+                                  plan.epilogue, plan.mechanism)
+    monkeypatch.setattr(gpu_wgmma, "tma_wgmma_plan", lambda stages: broken)
+    with pytest.raises(phase_cycle.PhaseError, match="while the MMAs of tile 0 may still read it"):
+        wgmma_gemm_module_text(g, WgmmaTiles(stages=3))
+
+
+def test_bad_tiles_are_named():
+    with pytest.raises(tracea.TraceaError, match="block_k must be 64"):
+        WgmmaTiles(block_k=32).validate(True)
+    with pytest.raises(tracea.TraceaError, match="block_n 96 must be a multiple of 64"):
+        WgmmaTiles(block_n=96).validate(False)  # a row-major B arrives in 64-column boxes
+    WgmmaTiles(block_n=96).validate(True)
+    with pytest.raises(tracea.TraceaError, match="256 accumulator registers"):
+        WgmmaTiles(block_m=256, block_n=128).validate(True)
+
+
+def test_compile_gpu_for_hopper_describes_the_tensor_maps(tmp_path):
+    _tools_or_skip()
+    fn = td.function(td.tensor((300, 256), "bf16"), td.tensor((512, 256), "bf16"), name="linear")(
+        lambda x, w: td.gemm(x, w, transpose_b=True, out_dtype="f32"))
+    art = tracea.compile_gpu(fn, chip="sm_90a")
+    tiles = WgmmaTiles()
+    assert (art.grid, art.block, art.dynamic_shared_bytes) == ((4, 3, 1), (128, 1, 1), tiles.shared_bytes())
+    assert [(p.name, p.dtype, p.tensor_map) for p in art.params[3:]] == [
+        ("x.tensor_map", "tensormap", (0, 64, 128, 128)), ("w.tensor_map", "tensormap", (1, 64, 128, 128))]
+    assert art.launch_arguments([0x100, 0x200, 0x300, 0x400, 0x500])[-2:] == [("ptr", 0x400), ("ptr", 0x500)]
+    assert ".param .u64 .ptr .align 1 linear_param_22" in art.ptx  # 3 x 7 memref fields, then the 2 maps
+    art.save(tmp_path / "linear")
+    assert type(art).load(tmp_path / "linear") == art
+
+
+def test_tensor_map_arguments_are_what_cuda_bindings_takes():
+    """Without a driver the call fails at loading libcuda, after cuda-bindings accepted every
+    argument's type (a wrong one raises TypeError first)."""
+    driver = pytest.importorskip("cuda.bindings.driver")
+    from tracea.runtime import cuda_launcher as cl
+    arguments = cl.tensor_map_arguments(0x10000, (300, 256), "bf16", (0, 64, 128, 128))
+    assert [int(x) for x in arguments[3]] == [256, 300] and [int(x) for x in arguments[4]] == [512]
+    try:
+        driver.cuTensorMapEncodeTiled(*arguments)
+    except RuntimeError as e:  # no libcuda here
+        assert "libcuda" in str(e)

@@ -1,0 +1,297 @@
+"""The Hopper (sm_90a) Tensor Core GEMM: TMA copies into 128-byte-swizzled shared memory, paced
+by mbarriers, and `wgmma.mma_async` reading both operands from shared memory through matrix
+descriptors. One warpgroup (128 threads) per block. A gpu.module text, lowered by
+targets/nvvm.py.
+
+    block (bx, by) computes C[by BM : +BM, bx BN : +BN] as BM / 64 accumulators of m64 x BN
+    (BN / 2 f32 registers per thread each)
+    pipeline (phase_cycle.tma_wgmma_plan, proved for this K by its checker before emission):
+        thread 0 issues, per K tile, the TMA copies of A (BM x 64) and B (BN x 64 for nn.Linear's
+        B^T; 64 x 64 boxes of a row-major B) and arms the buffer's mbarrier with their bytes;
+        the warpgroup waits on that barrier with the parity of the buffer's use, issues the
+        tile's wgmma group, and refills the buffer its previous group read once
+        `wgmma.wait_group 1` has retired that group
+    epilogue: the fused_gemm steps on accumulator pairs in registers, cast, stored (the m64nNk16
+    accumulator layout: warp w holds rows 16 w + lane / 4 (+ 8), columns 8 j + 2 (lane % 4) + {0, 1})
+
+TMA zero-fills whatever part of a box falls outside the matrix, so M, N and K need not be
+multiples of the tile; K (and N for a row-major B) must be multiples of 8: TMA needs 16-byte
+row strides. The kernel takes one extra `!llvm.ptr` parameter per operand (A, then B): the
+address of its CUtensorMap in device memory, which the launcher encodes (Launch.tensor_maps
+says for which operand and box).
+
+Descriptors (PTX ISA, "matrix descriptor"): start address >> 4 in bits 0-13, leading byte
+offset >> 4 in 16-29, stride byte offset >> 4 in 32-45, swizzle mode in 62-63 (1: 128 bytes).
+A K-major tile with 128-byte rows (64 two-byte elements) is 8-row atoms of 1024 bytes: stride
+offset 1024, and a k16 step is +32 bytes. A row-major B is N-major: 64-column boxes of 8192
+bytes (leading offset) made of 8-row atoms (stride offset 1024), a k16 step +2048 bytes.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from ..errors import OpError
+from .cpu_gemm import _Text
+from .gpu_mma import WORKGROUP, MmaGemm, kernel_params, store_pair
+from .phase_cycle import Compute, Load, LoopPlan, WaitFull, WaitMma, tma_wgmma_plan
+
+ELEM_BYTES = 2
+SWIZZLE_BYTES = 128
+BOX_K = SWIZZLE_BYTES // ELEM_BYTES  # 64 elements: one swizzled row
+WARPGROUP = 128
+_ALIGN = 1024  # a 128-byte-swizzle atom: TMA's and the descriptors' swizzle start there
+_SWIZZLE_128B = 1 << 62
+_ATOM_STRIDE = (8 * SWIZZLE_BYTES >> 4) << 32
+_K_MAJOR = _SWIZZLE_128B | _ATOM_STRIDE | (1 << 16)  # leading offset unused for swizzled K-major
+_N_MAJOR = _SWIZZLE_128B | _ATOM_STRIDE | ((BOX_K * SWIZZLE_BYTES >> 4) << 16)
+
+
+@dataclass(frozen=True)
+class WgmmaTiles:
+    block_m: int = 128
+    block_n: int = 128
+    stages: int = 4
+    block_k: int = BOX_K
+
+    threads = WARPGROUP
+
+    def a_bytes(self) -> int:
+        return self.block_m * self.block_k * ELEM_BYTES
+
+    def b_bytes(self) -> int:
+        return self.block_n * self.block_k * ELEM_BYTES
+
+    def shared_bytes(self) -> int:
+        """The buffers, plus room to align them to a swizzle atom (the dynamic shared memory's
+        own alignment is only 16 bytes)."""
+        return self.stages * (self.a_bytes() + self.b_bytes()) + _ALIGN
+
+    def validate(self, transpose_b: bool) -> None:
+        problems = []
+        if self.block_k != BOX_K:
+            problems.append(f"block_k must be {BOX_K} (one 128-byte swizzled row of 2-byte elements), "
+                            f"got {self.block_k}")
+        if self.block_m % 64 or not 64 <= self.block_m <= 256:
+            problems.append(f"block_m {self.block_m} must be 64, 128, 192 or 256 (m64 wgmma blocks, one TMA box)")
+        step = 8 if transpose_b else BOX_K  # a row-major B arrives in 64-column boxes
+        if self.block_n % step or not step <= self.block_n <= 256:
+            problems.append(f"block_n {self.block_n} must be a multiple of {step} up to 256")
+        if self.block_m * self.block_n // WARPGROUP > 192:
+            problems.append(f"a {self.block_m}x{self.block_n} tile needs {self.block_m * self.block_n // WARPGROUP} "
+                            "accumulator registers per thread of the warpgroup; keep it at most 192")
+        if self.stages < 1:
+            problems.append(f"stages must be >= 1, got {self.stages}")
+        if problems:
+            raise OpError("wgmma tiles: " + "; ".join(problems))
+
+
+@dataclass(frozen=True)
+class TensorMap:
+    """The TMA descriptor a kernel parameter points to: of kernel operand `operand` (an index
+    into its tensor parameters), `box` elements per copy (innermost first), 128-byte swizzle."""
+    operand: int
+    box: tuple[int, int]
+    swizzle_bytes: int = SWIZZLE_BYTES
+
+
+def tensor_maps(tiles: WgmmaTiles, transpose_b: bool) -> tuple[TensorMap, TensorMap]:
+    b_box = (BOX_K, tiles.block_n) if transpose_b else (BOX_K, BOX_K)
+    return TensorMap(0, (BOX_K, tiles.block_m)), TensorMap(1, b_box)
+
+
+def trips(g: MmaGemm, tiles: WgmmaTiles) -> int:
+    return -(-g.k // tiles.block_k)
+
+
+def grid(g: MmaGemm, tiles: WgmmaTiles) -> tuple[int, int, int]:
+    return -(-g.n // tiles.block_n), -(-g.m // tiles.block_m), 1
+
+
+def wgmma_gemm_module_text(g: MmaGemm, tiles: WgmmaTiles = WgmmaTiles(), name: str = "gemm") -> str:
+    """A gpu.module with kernel @name(A, B[, bias][, residual], C, A's tensor map, B's tensor
+    map), 128 threads, tiles.shared_bytes() of dynamic shared memory."""
+    g.validate()
+    tiles.validate(g.transpose_b)
+    plan = tma_wgmma_plan(tiles.stages)
+    plan.verify(trips(g, tiles))
+    return _Writer(g, tiles, plan).module_text(name)
+
+
+def _tensormap_type(dtype: str, box: tuple[int, int]) -> str:
+    return (f"!nvgpu.tensormap.descriptor<tensor = memref<{box[1]}x{box[0]}x{dtype}, 3>, swizzle = swizzle_128b, "
+            "l2promo = none, oob = zero, interleave = none>")
+
+
+class _Writer:
+    def __init__(self, g: MmaGemm, tiles: WgmmaTiles, plan: LoopPlan):
+        self.g, self.tiles, self.plan = g, tiles, plan
+        self.t = _Text()
+        self.t.depth = 3
+        self.maps = tensor_maps(tiles, g.transpose_b)
+        self.mbar_t = f"!nvgpu.mbarrier.group<memorySpace = {WORKGROUP}, num_barriers = {tiles.stages}>"
+        self.acc_t = "!llvm.struct<(" + ", ".join(["f32"] * (tiles.block_n // 2)) + ")>"
+        self.m_blocks = tiles.block_m // 64
+
+    def smem_view(self, offset: str, rows: int, cols: int) -> str:
+        return self.t.op(f"memref.view %smem[{offset}][] : memref<?xi8, {WORKGROUP}> to "
+                         f"memref<{rows}x{cols}x{self.g.dtype}, {WORKGROUP}>", "v")
+
+    def buffer_offsets(self, tile: str) -> tuple[str, str]:
+        """Byte offsets (from the aligned base) of the A and B buffers K tile `tile` uses."""
+        t, T = self.t, self.tiles
+        buffer = t.op(f"arith.remui {tile}, {t.c(T.stages)} : index", "i")
+        a = t.add("%pad", t.mul(buffer, t.c(T.a_bytes())))
+        b = t.add(t.add("%pad", t.c(T.stages * T.a_bytes())), t.mul(buffer, t.c(T.b_bytes())))
+        return a, b
+
+    # -- events --------------------------------------------------------------------------
+    def load(self, tile: str, predicate: str) -> None:
+        """Thread 0 (`predicate`) arms the buffer's barrier with the tile's bytes and issues its copies."""
+        t, g, T = self.t, self.g, self.tiles
+        buffer = t.op(f"arith.remui {tile}, {t.c(T.stages)} : index", "i")
+        a_off, b_off = self.buffer_offsets(tile)
+        k0 = t.mul(tile, t.c(T.block_k))
+        t.line(f"nvgpu.mbarrier.arrive.expect_tx %mbar[{buffer}], {t.c(T.a_bytes() + T.b_bytes())}, "
+               f"predicate = {predicate} : {self.mbar_t}")
+        a_map, b_map = self.maps
+        self.tma(self.smem_view(a_off, T.block_m, T.block_k), "%tmaA", a_map, [k0, "%row0"], buffer, predicate)
+        if g.transpose_b:
+            self.tma(self.smem_view(b_off, T.block_n, T.block_k), "%tmaB", b_map, [k0, "%col0"], buffer, predicate)
+        else:
+            for c in range(0, T.block_n, BOX_K):  # 64-column boxes, one after the other
+                view = self.smem_view(t.add(b_off, t.c(c * T.block_k * ELEM_BYTES)), T.block_k, BOX_K)
+                self.tma(view, "%tmaB", b_map, [t.add("%col0", t.c(c)), k0], buffer, predicate)
+
+    def tma(self, dst: str, desc: str, tmap: TensorMap, coords: list[str], buffer: str, predicate: str) -> None:
+        rows, cols = tmap.box[1], tmap.box[0]
+        self.t.line(f"nvgpu.tma.async.load {desc}[{', '.join(coords)}], %mbar[{buffer}] to {dst}, predicate = "
+                    f"{predicate} : {_tensormap_type(self.g.dtype, tmap.box)}, {self.mbar_t} -> "
+                    f"memref<{rows}x{cols}x{self.g.dtype}, {WORKGROUP}>")
+
+    def wait_full(self, tile: str) -> None:
+        t, T = self.t, self.tiles
+        buffer = t.op(f"arith.remui {tile}, {t.c(T.stages)} : index", "i")
+        use = t.op(f"arith.divui {tile}, {t.c(T.stages)} : index", "i")
+        parity = t.op(f"arith.index_cast {t.op(f'arith.remui {use}, {t.c(2)} : index', 'i')} : index to i1", "p")
+        t.line(f"nvgpu.mbarrier.try_wait.parity %mbar[{buffer}], {parity}, %ticks : {self.mbar_t}")
+
+    def descriptor(self, address: str, bits: int) -> str:
+        t = self.t
+        addr = t.op(f"arith.index_cast {address} : index to i64", "d")
+        start = t.op(f"arith.andi {t.op(f'arith.shrui {addr}, %i64_4 : i64', 'd')}, %i64_start_mask : i64", "d")
+        return t.op(f"arith.ori {start}, {t.op(f'arith.constant {bits} : i64', 'd')} : i64", "d")
+
+    def compute(self, tile: str, accs: list[str]) -> list[str]:
+        """The tile's wgmma group: BK / 16 steps of BM / 64 m64 x BN x k16 MMAs, committed as one."""
+        t, g, T = self.t, self.g, self.tiles
+        a_off, b_off = self.buffer_offsets(tile)
+        a_base, b_base = t.add("%base", a_off), t.add("%base", b_off)
+        t.line("nvvm.wgmma.fence.aligned")
+        b_layout = "col" if g.transpose_b else "row"  # NVVM: B "col" is K-major, "row" N-major
+        new = list(accs)
+        for kk in range(T.block_k // 16):
+            b_step = kk * 16 * ELEM_BYTES if g.transpose_b else kk * 16 * SWIZZLE_BYTES
+            db = self.descriptor(t.add(b_base, t.c(b_step)), _K_MAJOR if g.transpose_b else _N_MAJOR)
+            for i in range(self.m_blocks):
+                da = self.descriptor(t.add(a_base, t.c(i * 64 * SWIZZLE_BYTES + kk * 16 * ELEM_BYTES)), _K_MAJOR)
+                new[i] = t.op(f"nvvm.wgmma.mma_async {da}, {db}, {new[i]}, <m = 64, n = {T.block_n}, k = 16>, "
+                              f"D[<f32>, <one>, <wrapped>], A[<{g.dtype}>, <one>, <row>], "
+                              f"B[<{g.dtype}>, <one>, <{b_layout}>] : {self.acc_t} -> {self.acc_t}", "acc")
+        t.line("nvvm.wgmma.commit.group.sync.aligned")
+        return new
+
+    def emit(self, events, k: str | None, accs: list[str]) -> list[str]:
+        """Plan events; in the loop body tiles are relative to `k` (LoopPlan's convention)."""
+        t = self.t
+        n_trips = trips(self.g, self.tiles)
+        for e in events:
+            if isinstance(e, WaitMma):
+                t.line(f"nvvm.wgmma.wait.group.sync.aligned {e.pending}")
+                continue
+            offset = e.buffer if isinstance(e, WaitFull) else e.tile
+            if k is None:
+                if offset >= n_trips:
+                    continue
+                tile = t.c(offset)
+            else:
+                tile = t.add(k, t.c(offset)) if offset else k
+            if isinstance(e, Load):
+                predicate = "%is0"
+                if k is not None and offset:  # a tile past the last is not loaded
+                    inside = t.cmp("ult", tile, t.c(n_trips))
+                    predicate = t.op(f"arith.andi %is0, {inside} : i1", "p")
+                self.load(tile, predicate)
+            elif isinstance(e, WaitFull):
+                self.wait_full(tile)
+            elif isinstance(e, Compute):
+                accs = self.compute(tile, accs)
+            else:
+                raise OpError(f"the wgmma kernel cannot emit {e}")
+        return accs
+
+    # -- epilogue ------------------------------------------------------------------------
+    def store(self, accs: list[str]) -> None:
+        t, g, T = self.t, self.g, self.tiles
+        for i in range(self.m_blocks):
+            for half in range(2):
+                grow = t.add("%row0", t.add(t.add("%wrow", t.c(64 * i + 8 * half)), "%lane_group"))
+                t.open(f"scf.if {t.cmp('ult', grow, t.c(g.m))}")
+                for j in range(T.block_n // 8):
+                    gcol = t.add("%col0", t.add("%lane_pair", t.c(8 * j)))
+                    values = [t.op(f"llvm.extractvalue {accs[i]}[{4 * j + 2 * half + e}] : {self.acc_t}", "x")
+                              for e in range(2)]
+                    pair = t.op(f"vector.from_elements {values[0]}, {values[1]} : vector<2xf32>", "v")
+                    store_pair(t, g, pair, grow, gcol, f"%ep{i}_{half}_{j}_")
+                t.close()
+
+    def module_text(self, name: str) -> str:
+        t, g, T = self.t, self.g, self.tiles
+        a_map, b_map = self.maps
+        t.line(f"%tmaA = builtin.unrealized_conversion_cast %tmaA_ptr : !llvm.ptr to "
+               f"{_tensormap_type(g.dtype, a_map.box)}")
+        t.line(f"%tmaB = builtin.unrealized_conversion_cast %tmaB_ptr : !llvm.ptr to "
+               f"{_tensormap_type(g.dtype, b_map.box)}")
+        t.line("%i64_4 = arith.constant 4 : i64")
+        t.line("%i64_start_mask = arith.constant 16383 : i64")
+        t.line("%ticks = arith.constant 10000000 : index")
+        t.line("%tid = gpu.thread_id x")
+        t.line("%bx = gpu.block_id x")
+        t.line("%by = gpu.block_id y")
+        t.line(f"%lane = arith.remui %tid, {t.c(32)} : index")
+        t.line(f"%wrow = arith.muli {t.op(f'arith.divui %tid, {t.c(32)} : index', 'i')}, {t.c(16)} : index")
+        t.line(f"%lane_group = arith.divui %lane, {t.c(4)} : index")
+        t.line(f"%lane_pair = arith.muli {t.op(f'arith.remui %lane, {t.c(4)} : index', 'i')}, {t.c(2)} : index")
+        t.line(f"%row0 = arith.muli %by, {t.c(T.block_m)} : index")
+        t.line(f"%col0 = arith.muli %bx, {t.c(T.block_n)} : index")
+        t.line(f"%is0 = arith.cmpi eq, %tid, {t.c(0)} : index")
+        t.line(f"%mbar = nvgpu.mbarrier.create -> {self.mbar_t}")
+        t.open("scf.if %is0")
+        for s in range(T.stages):
+            t.line(f"nvgpu.mbarrier.init %mbar[{t.c(s)}], {t.c(1)} : {self.mbar_t}")
+        t.line(f"nvgpu.tma.prefetch.descriptor %tmaA : {_tensormap_type(g.dtype, a_map.box)}")
+        t.line(f"nvgpu.tma.prefetch.descriptor %tmaB : {_tensormap_type(g.dtype, b_map.box)}")
+        t.close()
+        t.line("gpu.barrier")  # the barriers are initialized before anyone arrives or waits
+        t.line(f"%smem = gpu.dynamic_shared_memory : memref<?xi8, {WORKGROUP}>")
+        t.line(f"%base = memref.extract_aligned_pointer_as_index %smem : memref<?xi8, {WORKGROUP}> -> index")
+        misalign = t.op(f"arith.remui %base, {t.c(_ALIGN)} : index", "i")
+        t.line(f"%pad = arith.remui {t.op(f'arith.subi {t.c(_ALIGN)}, {misalign} : index', 'i')}, {t.c(_ALIGN)} : index")
+
+        self.emit(self.plan.prologue, None, [])
+        accs = [f"%acc{i}" for i in range(self.m_blocks)]
+        zero = t.op(f"llvm.mlir.zero : {self.acc_t}", "z")
+        types = ", ".join([self.acc_t] * self.m_blocks)
+        t.open(f"%res:{self.m_blocks} = scf.for %k = {t.c(0)} to {t.c(trips(g, T))} step {t.c(1)} iter_args("
+               + ", ".join(f"{a} = {zero}" for a in accs) + f") -> ({types})")
+        new = self.emit(self.plan.body, "%k", accs)
+        t.line(f"scf.yield {', '.join(new)} : {types}")
+        t.close()
+        self.emit(self.plan.epilogue, None, [])
+        self.store([f"%res#{i}" for i in range(self.m_blocks)])
+
+        params = kernel_params(g) + ["%tmaA_ptr: !llvm.ptr", "%tmaB_ptr: !llvm.ptr"]
+        consts = [f"      {n} = arith.constant {value} : index" for value, n in sorted(t.consts.items())]
+        return ("module attributes {gpu.container_module} {\n  gpu.module @kernels {\n"
+                f"    gpu.func @{name}({', '.join(params)}) kernel\n"
+                f"        attributes {{known_block_size = array<i32: {T.threads}, 1, 1>}} {{\n"
+                + "\n".join(consts + t.lines) + "\n      gpu.return\n    }\n  }\n}\n")
