@@ -1,5 +1,6 @@
-"""NVIDIA benchmark: Tracea's GEMM kernels against torch.matmul (cuBLAS), in two steps, since the
-compiler (MLIR) and the GPU are on different machines here:
+"""NVIDIA benchmark: Tracea's GEMM kernels against torch.matmul (cuBLAS) and its NHWC convolutions
+against torch's conv2d (cuDNN, channels-last), in two steps, since the compiler (MLIR) and the GPU
+are on different machines here:
 
     .venv/bin/python bench/gpu.py build .gpu-bench            # here: compile, write the artifacts
     python3 bench/gpu.py run .gpu-bench [--markdown]          # on the GPU machine: check, time
@@ -21,6 +22,8 @@ RUNTIME = os.path.join(HERE, "..", "tracea", "runtime")
 
 SIZES = (1024, 2048, 4096, 8192)
 CASES = [(dtype, transpose_b, size) for dtype in ("f16", "bf16") for transpose_b in (False, True) for size in SIZES]
+# NHWC f16 convolutions (implicit GEMM on the mma.sync kernel): batch, H = W, C, F, kernel, stride, padding
+CONVS = [(32, 56, 64, 64, 3, 1, 1), (32, 28, 128, 128, 3, 1, 1), (32, 14, 256, 256, 3, 1, 1)]
 
 
 def case_name(dtype: str, transpose_b: bool, size: int, chip: str) -> str:
@@ -45,6 +48,14 @@ def build(directory: str, chips: list[str]) -> int:
                           "registers": artifact.registers, "shared_bytes": artifact.dynamic_shared_bytes})
             print(f"built {name}: {artifact.registers} registers, {artifact.dynamic_shared_bytes // 1024} KB "
                   f"shared memory, grid {artifact.grid}", flush=True)
+    for batch, hw, c, f, kk, stride, pad in CONVS:
+        name = f"conv_f16_n{batch}_{hw}x{hw}_c{c}_f{f}_k{kk}"
+        fn = td.function(td.tensor((batch, hw, hw, c), "f16"), td.tensor((kk, kk, c, f), "f16"), name="conv")(
+            lambda x, w, s=stride, p=pad: td.conv2d(x, w, stride=s, padding=p, layout="nhwc", out_dtype="f32"))
+        artifact = tracea.compile_gpu(fn, chip="sm_80")
+        artifact.save(os.path.join(directory, name))
+        cases.append({"name": name, "chip": "sm_80", "dtype": "f16", "conv": [batch, hw, c, f, kk, stride, pad]})
+        print(f"built {name}: {artifact.registers} registers", flush=True)
     with open(os.path.join(directory, "cases.json"), "w") as f:
         json.dump(cases, f, indent=1)
     return 0
@@ -67,30 +78,47 @@ def run(directory: str, markdown: bool, iterations: int) -> int:
             print(f"skip {case['name']}: {device} cannot run {case['chip']} code", flush=True)
             continue
         kernel = cl.CudaKernel(artifact, device)
-        size, transpose_b = case["size"], case["transpose_b"]
         dtype = torch.float16 if case["dtype"] == "f16" else torch.bfloat16
         torch.manual_seed(0)
-        a = torch.randn(size, size, device="cuda", dtype=dtype)
-        b = torch.randn(size, size, device="cuda", dtype=dtype)
-        out = kernel(a, b)
+        if "conv" in case:
+            batch, hw, c, f, kk, stride, pad = case["conv"]
+            x = torch.randn(batch, hw, hw, c, device="cuda", dtype=dtype)
+            w = torch.randn(kk, kk, c, f, device="cuda", dtype=dtype)
+            inputs = (x, w)
+            x_t = x.permute(0, 3, 1, 2)  # NCHW view of channels-last memory: cuDNN's NHWC kernels
+            w_t = w.permute(3, 2, 0, 1).contiguous(memory_format=torch.channels_last)
+            expected = torch.nn.functional.conv2d(x_t.float(), w_t.float(), stride=stride,
+                                                  padding=pad).permute(0, 2, 3, 1)
+            peer_call = lambda: torch.nn.functional.conv2d(x_t, w_t, stride=stride, padding=pad)  # noqa: E731
+            out_hw = (hw + 2 * pad - kk) // stride + 1
+            flops = 2.0 * batch * out_hw * out_hw * f * c * kk * kk
+        else:
+            size, transpose_b = case["size"], case["transpose_b"]
+            a = torch.randn(size, size, device="cuda", dtype=dtype)
+            b = torch.randn(size, size, device="cuda", dtype=dtype)
+            inputs = (a, b)
+            expected = a.float() @ (b.float().T if transpose_b else b.float())
+            peer_call = lambda a=a, b=b, t=transpose_b: torch.matmul(a, b.T if t else b)  # noqa: E731
+            flops = 2.0 * size ** 3
+        out = kernel(*inputs)
         torch.cuda.synchronize()
-        expected = a.float() @ (b.float().T if transpose_b else b.float())
         error = ((out - expected).abs().max() / expected.abs().max()).item()
         ok = error < 1e-2
-        ours = kernel.time(a, b, iterations=iterations, warmup=10)
-        peer = _time_torch(lambda: torch.matmul(a, b.T if transpose_b else b), iterations)
-        flops = 2.0 * size ** 3
+        ours = kernel.time(*inputs, iterations=iterations, warmup=10)
+        peer = _time_torch(peer_call, iterations)
         row = {**case, "loaded_from": kernel.loaded_from, "ok": ok, "max_rel_error": error,
                "tracea_tflops": flops / ours / 1e12, "cublas_tflops": flops / peer / 1e12}
         rows.append(row)
-        print(f"{case['name']:<28} {'ok ' if ok else 'BAD'} err {error:.1e}  tracea {row['tracea_tflops']:7.1f} "
-              f"TFLOP/s  cuBLAS {row['cublas_tflops']:7.1f}  (x{peer / ours:.2f})  [{kernel.loaded_from}]", flush=True)
+        print(f"{case['name']:<34} {'ok ' if ok else 'BAD'} err {error:.1e}  tracea {row['tracea_tflops']:7.1f} "
+              f"TFLOP/s  torch {row['cublas_tflops']:7.1f}  (x{peer / ours:.2f})  [{kernel.loaded_from}]", flush=True)
         kernel.close()
     if markdown:
-        print("\n| kernel | chip (loaded as) | correct (max rel. error) | Tracea TFLOP/s | torch.matmul (cuBLAS) TFLOP/s | ratio |")
+        print("\n| kernel | chip (loaded as) | correct (max rel. error) | Tracea TFLOP/s | torch (cuBLAS / cuDNN) TFLOP/s | ratio |")
         print("| --- | --- | --- | --- | --- | --- |")
         for r in rows:
-            print(f"| {r['dtype']} {'A B^T' if r['transpose_b'] else 'A B'} {r['size']}^3 | {r['chip']} ({r['loaded_from']}) "
+            what = (f"conv {r['conv']} (N, HW, C, F, k, stride, pad)" if "conv" in r else
+                    f"{r['dtype']} {'A B^T' if r['transpose_b'] else 'A B'} {r['size']}^3")
+            print(f"| {what} | {r['chip']} ({r['loaded_from']}) "
                   f"| {'yes' if r['ok'] else 'NO'} ({r['max_rel_error']:.1e}) | {r['tracea_tflops']:.1f} "
                   f"| {r['cublas_tflops']:.1f} | **{r['tracea_tflops'] / r['cublas_tflops']:.2f}x** |")
     return 0 if all(r["ok"] for r in rows) else 1

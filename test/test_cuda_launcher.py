@@ -120,3 +120,22 @@ def test_tensor_core_gemm_matches_torch(gpu, chip, dtype, transpose_b):
     assert a_buffer.ptr == 0  # freed on leaving the block
     with pytest.raises(tracea.ArgumentError, match=r"must be"):
         kernel(a[:, :-1].contiguous(), b)
+
+
+@pytest.mark.parametrize("stride,padding", [(1, 1), (2, 0)])
+def test_nhwc_conv2d_matches_torch(gpu, stride, padding):
+    import torch
+    from tracea import dialects as td
+    n, h, w, c, f = 2, 20, 18, 32, 48
+    fn = td.function(td.tensor((n, h, w, c), "f16"), td.tensor((3, 3, c, f), "f16"), td.tensor((f,), "f32"),
+                     name="conv")(lambda x, k, b: td.conv2d(x, k, b, stride=stride, padding=padding, layout="nhwc",
+                                                            out_dtype="f32"))
+    kernel = cl.CudaKernel(tracea.compile_gpu(fn, chip="sm_80"), gpu)
+    x = torch.randn(n, h, w, c, device="cuda", dtype=torch.float16)
+    k = torch.randn(3, 3, c, f, device="cuda", dtype=torch.float16)
+    b = torch.randn(f, device="cuda", dtype=torch.float32)
+    out = kernel(x, k, b)
+    torch.cuda.synchronize()
+    expected = torch.nn.functional.conv2d(x.float().permute(0, 3, 1, 2), k.float().permute(3, 2, 0, 1), b,
+                                          stride=stride, padding=padding).permute(0, 2, 3, 1)
+    torch.testing.assert_close(out, expected, rtol=2e-2, atol=5e-2)

@@ -123,3 +123,41 @@ def test_a_schedule_that_does_not_fit_names_the_fix():
     with pytest.raises(tracea.CompileError, match=r"needs 192 KB shared memory, sm_80 allows 163 KB per block; "
                                                   "reduce stages"):
         tracea.compile_gpu(fn, chip="sm_80")
+
+
+def test_nhwc_conv2d_is_an_implicit_gemm_on_tensor_cores():
+    """conv2d NHWC (filter HWCF) + bias: the mma.sync kernel with its A tiles gathered from the
+    image while copying (zero-filled in the padding); on sm_90a too."""
+    fn = td.function(td.tensor((2, 28, 28, 64), "f16"), td.tensor((3, 3, 64, 96), "f16"), td.tensor((96,), "f32"),
+                     name="conv")(lambda x, w, b: td.conv2d(x, w, b, stride=2, padding=1, layout="nhwc",
+                                                           out_dtype="f32"))
+    try:
+        nvvm.ptxas_path()
+    except tracea.CompileError:
+        pytest.skip("ptxas not found (pip install nvidia-cuda-nvcc==13.0.88)")
+    art = tracea.compile_gpu(fn, chip="sm_80")
+    m = 2 * 14 * 14
+    assert (art.grid, art.block) == ((1, -(-m // 128), 1), (128, 1, 1))
+    assert [(p.name, p.shape) for p in art.params] == [("x", (2, 28, 28, 64)), ("w", (3, 3, 64, 96)), ("b", (96,)),
+                                                       ("out", (2, 14, 14, 96))]
+    sass = nvvm.sass(nvvm.Cubin("sm_80", art.cubin, art.registers, art.static_shared_bytes, 0, ""))
+    assert "HMMA.16816.F32" in sass and "LDGSTS.E.BYPASS.128" in sass and "LDSM.16.MT88.4" in sass
+    assert "sm_90a" == tracea.compile_gpu(fn, chip="sm_90a").chip
+
+
+@pytest.mark.parametrize("build,message", [
+    (lambda x, w: td.conv2d(x, w, layout="nchw"), "takes layout='nhwc'"),
+    (lambda x, w: td.conv2d(x, w, layout="nhwc", groups=2), "groups=1"),
+])
+def test_conv2d_the_gpu_cannot_take_is_named(build, message):
+    shapes = ((1, 8, 8, 16), (3, 3, 8, 16)) if "groups" in message else ((1, 16, 8, 8), (16, 16, 3, 3))
+    fn = td.function(td.tensor(shapes[0], "f16"), td.tensor(shapes[1], "f16"), name="conv")(build)
+    with pytest.raises(tracea.CompileError, match=message):
+        tracea.compile_gpu(fn, chip="sm_80")
+
+
+def test_conv2d_with_channels_not_in_16_byte_runs_is_named():
+    fn = td.function(td.tensor((1, 32, 32, 3), "f16"), td.tensor((7, 7, 3, 64), "f16"), name="stem")(
+        lambda x, w: td.conv2d(x, w, stride=2, padding=3, layout="nhwc"))
+    with pytest.raises(tracea.CompileError, match=r"C \(3\) must be a multiple of 8; pad the channels"):
+        tracea.compile_gpu(fn, chip="sm_80")

@@ -1,10 +1,11 @@
-"""tracea-gpu-kernels: each function computing one GEMM becomes an NVIDIA kernel.
+"""tracea-gpu-kernels: each function computing one GEMM or NHWC conv2d becomes an NVIDIA kernel.
 
 The function's gemm / fused_gemm is tiled onto thread blocks and warps: f16 / bf16 inputs onto
 Tensor Cores — on sm_90a the Hopper kernel (gpu_wgmma.py: TMA + mbarrier pipeline, wgmma from
 swizzled shared memory), on sm_80 gpu_mma.py (cp.async pipeline, swizzled shared memory,
 ldmatrix + mma.sync m16n8k16), both with the fused epilogue — and f32 onto the SIMT kernel
-(gpu_gemm.py). The result is a `gpu.module @kernels` holding one `gpu.func` per function, named
+(gpu_gemm.py). An NHWC conv2d (f16 / bf16, groups 1) is an implicit GEMM on the mma.sync kernel,
+its A tiles gathered from the image. The result is a `gpu.module @kernels` holding one `gpu.func` per function, named
 after it, whose parameters are the op's operands then the result buffer (then, for the Hopper
 kernel, a pointer to each TMA descriptor); its launch configuration is the attribute
 `tracea.launch = {grid, block, dynamic_shared_bytes[, tensor_maps]}`. The host function is
@@ -19,9 +20,10 @@ from dataclasses import dataclass
 
 import mlir.ir as ir
 
-from ..dialects.ops import OpView, view
+from ..dialects.ops import Conv2dDef, Epilogue, OpView, TensorSpec, view
 from ..dialects.verify import tracea_ops
 from ..errors import OpError
+from .cpu_gemm import ConvGather
 from .gpu_gemm import SimtTiles, simt_gemm_module_text
 from .gpu_gemm import grid as simt_grid
 from .gpu_mma import MMA_DTYPES, MmaGemm, MmaTiles, mma_gemm_module_text
@@ -116,14 +118,39 @@ def gemm_kernel(v: OpView, name: str, chip: str = "sm_80") -> tuple[str, Launch]
     return simt_gemm_module_text(m, n, k, tiles, name), Launch(simt_grid(m, n, tiles), (x, y, 1), 0)
 
 
-def _single_gemm(func: ir.Operation) -> ir.Operation:
+def conv_kernel(v: OpView, name: str) -> tuple[str, Launch]:
+    """An NHWC conv2d as an implicit GEMM on the mma.sync kernel (on sm_90a too: its A tiles are
+    gathers, which TMA's tiled mode does not do)."""
+    x, f = v.operands["input"], v.operands["filter"]
+    if v.attrs["layout"] != "nhwc" or v.attrs["groups"] != 1:
+        raise OpError("the NVIDIA conv2d takes layout='nhwc' (filter HWCF) with groups=1; transpose an NCHW "
+                      "input to NHWC first")
+    if x.dtype not in MMA_DTYPES:
+        raise OpError(f"the NVIDIA conv2d runs on Tensor Cores: f16 or bf16 inputs, got {x.dtype}")
+    n, h, w, c = x.shape
+    kh, kw, _, nf = f.shape
+    _, oh, ow, _ = v.result.shape
+    top, _, left, _ = Conv2dDef.pads(v.attrs)
+    gather = ConvGather(TensorSpec((n, h, w, c), x.dtype), (kh, kw), (oh, ow), tuple(v.attrs["stride"]),
+                        tuple(v.attrs["dilation"]), (top, left))
+    bias = v.operands.get("bias")
+    g = MmaGemm(n * oh * ow, nf, kh * kw * c, x.dtype, v.result.dtype, False,
+                (Epilogue("bias_add"),) if bias else (), bias.dtype if bias else None, None, gather)
+    tiles = mma_tiles(v)
+    return mma_gemm_module_text(g, tiles, name), Launch(mma_grid(g, tiles), (tiles.threads, 1, 1), tiles.shared_bytes())
+
+
+KERNEL_OPS = ("tracea.gemm", "tracea.fused_gemm", "tracea.conv2d")
+
+
+def _single_kernel_op(func: ir.Operation) -> ir.Operation:
     ops = tracea_ops(func)
-    gemms = [op for op in ops if op.name in ("tracea.gemm", "tracea.fused_gemm")]
-    if len(ops) != 1 or len(gemms) != 1:
-        raise OpError(f"an NVIDIA kernel is made from a function computing one gemm / fused_gemm; "
+    kernels = [op for op in ops if op.name in KERNEL_OPS]
+    if len(ops) != 1 or len(kernels) != 1:
+        raise OpError(f"an NVIDIA kernel is made from a function computing one gemm / fused_gemm / conv2d; "
                       f"@{ir.StringAttr(func.attributes['sym_name']).value} has "
                       f"{', '.join(op.name for op in ops) or 'no tracea op'}")
-    op = gemms[0]
+    op = kernels[0]
     args = list(func.regions[0].blocks[0].arguments)
     operands = list(op.operands)
     if len(operands) != len(args) or any(not (x == arg) for x, arg in zip(operands, args)):
@@ -136,9 +163,10 @@ def _single_gemm(func: ir.Operation) -> ir.Operation:
 @dataclass(frozen=True)
 class GpuKernelsPass(TraceaPass):
     NAME = "tracea-gpu-kernels"
-    SUMMARY = ("tile each function's gemm / fused_gemm onto NVIDIA thread blocks and warps: a gpu.module "
-               "kernel (f16/bf16 on sm_90a: TMA + mbarrier pipeline, wgmma; on sm_80: cp.async pipeline, "
-               "swizzled shared memory, ldmatrix + mma.sync; f32: SIMT) with its launch configuration")
+    SUMMARY = ("tile each function's gemm / fused_gemm / NHWC conv2d onto NVIDIA thread blocks and warps: a "
+               "gpu.module kernel (f16/bf16 GEMMs on sm_90a: TMA + mbarrier pipeline, wgmma; on sm_80, and convs "
+               "as implicit GEMMs: cp.async pipeline, swizzled shared memory, ldmatrix + mma.sync; f32: SIMT) with "
+               "its launch configuration")
     chip: str = option("sm_80", "the NVIDIA architecture the kernels are for", CHIPS)
 
     def run(self, module: ir.Operation) -> None:
@@ -149,8 +177,9 @@ class GpuKernelsPass(TraceaPass):
         for func in funcs:
             name = ir.StringAttr(func.attributes["sym_name"]).value
             try:
-                op = _single_gemm(func)
-                text, launch = gemm_kernel(view(op), name, self.chip)
+                op = view(_single_kernel_op(func))
+                text, launch = (conv_kernel(op, name) if op.op.name == "tracea.conv2d"
+                                else gemm_kernel(op, name, self.chip))
             except OpError as e:
                 func.location.emit_error(f"{self.NAME}: {e}")
                 failed = True

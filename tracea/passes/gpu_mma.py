@@ -24,7 +24,7 @@ from ..dialects.ops import Epilogue
 from ..dialects.schedule import Swizzle
 from ..errors import OpError
 from .bank_conflicts import CHUNK_BYTES, TileLayout, conflict_free_swizzle, report
-from .cpu_gemm import _memref, _Text
+from .cpu_gemm import ConvGather, _memref, _Text
 from .kernel_text import fused_epilogue
 from .phase_cycle import Barrier, Commit, Compute, Load, LoopPlan, WaitGroups, cp_async_plan
 
@@ -80,7 +80,9 @@ class MmaTiles:
 @dataclass(frozen=True)
 class MmaGemm:
     """What the kernel computes: C[M, N] = A[M, K] B (B is [K, N], or [N, K] with transpose_b),
-    then `epilogue` (bias [N], residual [M, N] operands in that order, when used)."""
+    then `epilogue` (bias [N], residual [M, N] operands in that order, when used). With `conv`,
+    an NHWC conv2d as an implicit GEMM: A is the im2col of the image [N, H, W, C] (gathered while
+    copying, never stored), B the HWCF filter as [K, F], C the output [N, OH, OW, F]."""
     m: int
     n: int
     k: int
@@ -90,13 +92,24 @@ class MmaGemm:
     epilogue: tuple[Epilogue, ...] = ()
     bias_dtype: str | None = None
     residual_dtype: str | None = None
+    conv: ConvGather | None = None
 
     def validate(self) -> None:
         if self.dtype not in MMA_DTYPES:
             raise OpError(f"the mma.sync GEMM takes f16 or bf16 inputs, got {self.dtype}; f32 runs the SIMT GEMM")
+        if self.conv is not None and self.conv.image.shape[3] % PER_CHUNK:
+            raise OpError(f"the NVIDIA conv2d gathers 16-byte runs of channels: C ({self.conv.image.shape[3]}) must "
+                          f"be a multiple of {PER_CHUNK}; pad the channels")
         if self.k % PER_CHUNK or self.n % PER_CHUNK:
             raise OpError(f"the mma.sync GEMM copies 16-byte chunks of rows: K ({self.k}) and N ({self.n}) "
                           f"must be multiples of {PER_CHUNK}; pad them")
+
+    def operand_shapes(self) -> tuple[tuple[int, ...], tuple[int, ...], tuple[int, ...]]:
+        """The A, B and C parameters' shapes."""
+        if self.conv is not None:
+            (n, h, w, c), (kh, kw), (oh, ow) = self.conv.image.shape, self.conv.kernel, self.conv.out_hw
+            return (n, h, w, c), (kh, kw, c, self.n), (n, oh, ow, self.n)
+        return (self.m, self.k), ((self.n, self.k) if self.transpose_b else (self.k, self.n)), (self.m, self.n)
 
 
 def swizzles(tiles: MmaTiles, transpose_b: bool) -> tuple[Swizzle, Swizzle]:
@@ -158,13 +171,26 @@ def store_pair(t: _Text, g: MmaGemm, pair: str, grow: str, gcol: str, tag: str) 
 
 def kernel_params(g: MmaGemm) -> list[str]:
     """The kernel's tensor parameters, in the order tracea-gpu-kernels promises: A, B, the
-    epilogue's bias and residual when used, C."""
-    params = [f"%A: {_memref((g.m, g.k), g.dtype)}", f"%B: {_memref((g.n, g.k) if g.transpose_b else (g.k, g.n), g.dtype)}"]
+    epilogue's bias and residual when used, C. A conv's filter and output are 4-D parameters,
+    named %B4 / %C4 and seen as the GEMM's B and C through collapse_views(g)."""
+    a, b, c = g.operand_shapes()
+    conv = "4" if g.conv is not None else ""
+    params = [f"%A: {_memref(a, g.dtype)}", f"%B{conv}: {_memref(b, g.dtype)}"]
     if g.bias_dtype:
         params.append(f"%bias: {_memref((g.n,), g.bias_dtype)}")
     if g.residual_dtype:
         params.append(f"%residual: {_memref((g.m, g.n), g.residual_dtype)}")
-    return params + [f"%C: {_memref((g.m, g.n), g.out_dtype)}"]
+    return params + [f"%C{conv}: {_memref(c, g.out_dtype)}"]
+
+
+def collapse_views(g: MmaGemm) -> list[str]:
+    """A conv's HWCF filter as B [K, F] and NHWC output as C [M, F] (both contiguous)."""
+    if g.conv is None:
+        return []
+    _, b, c = g.operand_shapes()
+    return [f"%B = memref.collapse_shape %B4 [[0, 1, 2], [3]] : {_memref(b, g.dtype)} into {_memref((g.k, g.n), g.dtype)}",
+            f"%C = memref.collapse_shape %C4 [[0, 1, 2], [3]] : {_memref(c, g.out_dtype)} into "
+            f"{_memref((g.m, g.n), g.out_dtype)}"]
 
 
 def _aligned_pair(dtype: str) -> str:
@@ -181,9 +207,8 @@ class _Writer:
         self.t.depth = 3
         T = g.dtype
         S, BM, BN, BK = tiles.stages, tiles.block_m, tiles.block_n, tiles.block_k
-        self.A_t = _memref((g.m, g.k), T)
+        self.A_t = _memref(g.operand_shapes()[0], T)
         self.B_t = _memref((g.n, g.k) if g.transpose_b else (g.k, g.n), T)
-        self.C_t = _memref((g.m, g.n), g.out_dtype)
         self.As_t = f"memref<{S}x{BM}x{BK}x{T}, {WORKGROUP}>"
         b_rows, b_cols = (BN, BK) if g.transpose_b else (BK, BN)
         self.Bs_t = f"memref<{S}x{b_rows}x{b_cols}x{T}, {WORKGROUP}>"
@@ -228,12 +253,46 @@ class _Writer:
             t.op(f"nvgpu.device_async_copy {src}[{srow}, {scol}], {dst}[{buffer}, {drow}, {dcol}], "
                  f"{PER_CHUNK}, {count} {{bypassL1}} : {src_t} to {dst_t}", "cp")
 
+    def gather_tile(self, buffer: str, k0: str) -> None:
+        """cp.async of the A tile of an implicit-GEMM conv: chunk (row m, column k) of the im2col
+        is channels c..c+7 of image pixel (n, oy*sy + ky*dy - top, ox*sx + kx*dx - left), for
+        m = (n, oy, ox) and k = (ky, kx, c); zero-filled outside the image (the padding)."""
+        t, g, T, cv = self.t, self.g, self.tiles, self.g.conv
+        (_, h, w, c), (_, kw), (oh, ow) = cv.image.shape, cv.kernel, cv.out_hw
+        chunks_per_row = T.block_k // PER_CHUNK
+        for i in range(T.block_m * chunks_per_row // T.threads):
+            idx = t.add("%tid", t.c(i * T.threads))
+            r = t.op(f"arith.divui {idx}, {t.c(chunks_per_row)} : index", "i")
+            col = t.mul(t.op(f"arith.remui {idx}, {t.c(chunks_per_row)} : index", "i"), t.c(PER_CHUNK))
+            m, k = t.add("%row0", r), t.add(k0, col)
+            image, pixel = t.op(f"arith.divui {m}, {t.c(oh * ow)} : index", "i"), t.op(f"arith.remui {m}, {t.c(oh * ow)} : index", "i")
+            oy, ox = t.op(f"arith.divui {pixel}, {t.c(ow)} : index", "i"), t.op(f"arith.remui {pixel}, {t.c(ow)} : index", "i")
+            tap, ch = t.op(f"arith.divui {k}, {t.c(c)} : index", "i"), t.op(f"arith.remui {k}, {t.c(c)} : index", "i")
+            ky, kx = t.op(f"arith.divui {tap}, {t.c(kw)} : index", "i"), t.op(f"arith.remui {tap}, {t.c(kw)} : index", "i")
+            y = t.op(f"arith.subi {t.add(t.mul(oy, t.c(cv.stride[0])), t.mul(ky, t.c(cv.dilation[0])))}, "
+                     f"{t.c(cv.top_left[0])} : index", "i")
+            x = t.op(f"arith.subi {t.add(t.mul(ox, t.c(cv.stride[1])), t.mul(kx, t.c(cv.dilation[1])))}, "
+                     f"{t.c(cv.top_left[1])} : index", "i")
+            checks = [t.cmp("ult", m, t.c(g.m)), t.cmp("ult", k, t.c(g.k)), t.cmp("sge", y, t.c(0)),
+                      t.cmp("slt", y, t.c(h)), t.cmp("sge", x, t.c(0)), t.cmp("slt", x, t.c(w))]
+            inside = checks[0]
+            for check in checks[1:]:
+                inside = t.op(f"arith.andi {inside}, {check} : i1", "p")
+            count = self.select(inside, t.c(PER_CHUNK), t.c(0))
+            src = [self.select(inside, v, t.c(0)) for v in (image, y, x, ch)]
+            drow, dcol = self.swizzled(self.a_layout, r, col)
+            t.op(f"nvgpu.device_async_copy %A[{', '.join(src)}], %As[{buffer}, {drow}, {dcol}], {PER_CHUNK}, {count} "
+                 f"{{bypassL1}} : {self.A_t} to {self.As_t}", "cp")
+
     def load_tile(self, tile: str) -> None:
         """The copies of K tile `tile` (an index value) into buffer tile % stages."""
         t, g, T = self.t, self.g, self.tiles
         buffer = t.op(f"arith.remui {tile}, {t.c(T.stages)} : index", "i")
         k0 = t.mul(tile, t.c(T.block_k))
-        self.copy_tile("%A", self.A_t, "%As", self.As_t, self.a_layout, buffer, "%row0", k0, g.m, g.k)
+        if g.conv is not None:
+            self.gather_tile(buffer, k0)
+        else:
+            self.copy_tile("%A", self.A_t, "%As", self.As_t, self.a_layout, buffer, "%row0", k0, g.m, g.k)
         if g.transpose_b:
             self.copy_tile("%B", self.B_t, "%Bs", self.Bs_t, self.b_layout, buffer, "%col0", k0, g.n, g.k)
         else:
@@ -356,6 +415,8 @@ class _Writer:
 
     def module_text(self, name: str) -> str:
         t, g, T = self.t, self.g, self.tiles
+        for line in collapse_views(g):
+            t.line(line)
         zero = t.op("arith.constant dense<0.0> : vector<2x2xf32>", "z")
         t.line("%tid = gpu.thread_id x")
         t.line("%bx = gpu.block_id x")

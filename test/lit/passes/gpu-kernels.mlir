@@ -51,3 +51,17 @@ func.func @simt(%a: tensor<64x32xf32>, %b: tensor<32x48xf32>) -> tensor<64x48xf3
   %c = "tracea.gemm"(%a, %b) : (tensor<64x32xf32>, tensor<32x48xf32>) -> tensor<64x48xf32>
   return %c : tensor<64x48xf32>
 }
+
+// NHWC conv2d + bias as an implicit GEMM: the filter and output seen as [K, F] / [M, F]; A's
+// chunks gathered from the image (zero-filled where the padding is), on Tensor Cores.
+// CHECK: gpu.func @conv(%{{.*}}: memref<1x16x16x32xf16>, %{{.*}}: memref<3x3x32x64xf16>, %{{.*}}: memref<64xf32>, %{{.*}}: memref<1x16x16x64xf16>) kernel
+// CHECK: memref.collapse_shape %{{.*}} {{\[\[}}0, 1, 2], [3]] : memref<3x3x32x64xf16> into memref<288x64xf16>
+// CHECK: memref.collapse_shape %{{.*}} {{\[\[}}0, 1, 2], [3]] : memref<1x16x16x64xf16> into memref<256x64xf16>
+// CHECK: arith.cmpi sge
+// CHECK: nvgpu.device_async_copy %arg0[%{{.*}}, %{{.*}}, %{{.*}}, %{{.*}}], %{{.*}}[{{.*}}], 8, %{{.*}} {bypassL1} : memref<1x16x16x32xf16> to memref<3x128x32xf16, #gpu.address_space<workgroup>>
+// CHECK: nvgpu.mma.sync
+func.func @conv(%x: tensor<1x16x16x32xf16>, %w: tensor<3x3x32x64xf16>, %b: tensor<64xf32>) -> tensor<1x16x16x64xf16> {
+  %y = "tracea.conv2d"(%x, %w, %b) {layout = "nhwc", padding = array<i64: 1, 1>, operandSegmentSizes = array<i32: 1, 1, 1>}
+       : (tensor<1x16x16x32xf16>, tensor<3x3x32x64xf16>, tensor<64xf32>) -> tensor<1x16x16x64xf16>
+  return %y : tensor<1x16x16x64xf16>
+}
