@@ -1,6 +1,6 @@
-"""NVIDIA benchmark: Tracea's GEMM kernels against torch.matmul (cuBLAS) and its NHWC convolutions
-against torch's conv2d (cuDNN, channels-last), in two steps, since the compiler (MLIR) and the GPU
-are on different machines here:
+"""NVIDIA benchmark: Tracea's GEMM kernels against torch.matmul (cuBLAS), its NHWC convolutions
+against torch's conv2d (cuDNN, channels-last) and its attention against torch SDPA (flash), in two
+steps, since the compiler (MLIR) and the GPU are on different machines here:
 
     .venv/bin/python bench/gpu.py build .gpu-bench            # here: compile, write the artifacts
     python3 bench/gpu.py run .gpu-bench [--markdown]          # on the GPU machine: check, time
@@ -24,6 +24,8 @@ SIZES = (1024, 2048, 4096, 8192)
 CASES = [(dtype, transpose_b, size) for dtype in ("f16", "bf16") for transpose_b in (False, True) for size in SIZES]
 # NHWC f16 convolutions (implicit GEMM on the mma.sync kernel): batch, H = W, C, F, kernel, stride, padding
 CONVS = [(32, 56, 64, 64, 3, 1, 1), (32, 28, 128, 128, 3, 1, 1), (32, 14, 256, 256, 3, 1, 1)]
+# f16 attention (flash, mma.sync): batch, heads, sequence, head dim, causal
+ATTENTIONS = [(4, 16, 1024, 64, False), (4, 16, 4096, 64, False), (4, 16, 4096, 128, False), (4, 16, 4096, 64, True)]
 
 
 def case_name(dtype: str, transpose_b: bool, size: int, chip: str) -> str:
@@ -56,6 +58,14 @@ def build(directory: str, chips: list[str]) -> int:
         artifact.save(os.path.join(directory, name))
         cases.append({"name": name, "chip": "sm_80", "dtype": "f16", "conv": [batch, hw, c, f, kk, stride, pad]})
         print(f"built {name}: {artifact.registers} registers", flush=True)
+    for batch, heads, seq, dim, causal in ATTENTIONS:
+        name = f"attention_f16_b{batch}_h{heads}_s{seq}_d{dim}{'_causal' if causal else ''}"
+        fn = td.function(*[td.tensor((batch, heads, seq, dim), "f16")] * 3, name="attention")(
+            lambda q, k, v, c=causal: td.attention(q, k, v, causal=c))
+        artifact = tracea.compile_gpu(fn, chip="sm_80")
+        artifact.save(os.path.join(directory, name))
+        cases.append({"name": name, "chip": "sm_80", "dtype": "f16", "attention": [batch, heads, seq, dim, causal]})
+        print(f"built {name}: {artifact.registers} registers", flush=True)
     with open(os.path.join(directory, "cases.json"), "w") as f:
         json.dump(cases, f, indent=1)
     return 0
@@ -80,7 +90,15 @@ def run(directory: str, markdown: bool, iterations: int) -> int:
         kernel = cl.CudaKernel(artifact, device)
         dtype = torch.float16 if case["dtype"] == "f16" else torch.bfloat16
         torch.manual_seed(0)
-        if "conv" in case:
+        if "attention" in case:
+            batch, heads, seq, dim, causal = case["attention"]
+            q, k, v = (torch.randn(batch, heads, seq, dim, device="cuda", dtype=dtype) for _ in range(3))
+            inputs = (q, k, v)
+            expected = torch.nn.functional.scaled_dot_product_attention(q.float(), k.float(), v.float(),
+                                                                        is_causal=causal)
+            peer_call = lambda: torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=causal)  # noqa: E731
+            flops = 4.0 * batch * heads * seq * seq * dim / (2 if causal else 1)
+        elif "conv" in case:
             batch, hw, c, f, kk, stride, pad = case["conv"]
             x = torch.randn(batch, hw, hw, c, device="cuda", dtype=dtype)
             w = torch.randn(kk, kk, c, f, device="cuda", dtype=dtype)
@@ -116,7 +134,8 @@ def run(directory: str, markdown: bool, iterations: int) -> int:
         print("\n| kernel | chip (loaded as) | correct (max rel. error) | Tracea TFLOP/s | torch (cuBLAS / cuDNN) TFLOP/s | ratio |")
         print("| --- | --- | --- | --- | --- | --- |")
         for r in rows:
-            what = (f"conv {r['conv']} (N, HW, C, F, k, stride, pad)" if "conv" in r else
+            what = (f"attention {r['attention']} (B, H, S, D, causal)" if "attention" in r else
+                    f"conv {r['conv']} (N, HW, C, F, k, stride, pad)" if "conv" in r else
                     f"{r['dtype']} {'A B^T' if r['transpose_b'] else 'A B'} {r['size']}^3")
             print(f"| {what} | {r['chip']} ({r['loaded_from']}) "
                   f"| {'yes' if r['ok'] else 'NO'} ({r['max_rel_error']:.1e}) | {r['tracea_tflops']:.1f} "

@@ -139,3 +139,18 @@ def test_nhwc_conv2d_matches_torch(gpu, stride, padding):
     expected = torch.nn.functional.conv2d(x.float().permute(0, 3, 1, 2), k.float().permute(3, 2, 0, 1), b,
                                           stride=stride, padding=padding).permute(0, 2, 3, 1)
     torch.testing.assert_close(out, expected, rtol=2e-2, atol=5e-2)
+
+
+@pytest.mark.parametrize("dtype,causal,seq", [("f16", False, 200), ("bf16", True, 129)])
+def test_flash_attention_matches_torch_sdpa(gpu, dtype, causal, seq):
+    import torch
+    from tracea import dialects as td
+    shape = (2, 3, seq, 64)
+    fn = td.function(*[td.tensor(shape, dtype)] * 3, name="attn")(lambda q, k, v: td.attention(q, k, v, causal=causal))
+    kernel = cl.CudaKernel(tracea.compile_gpu(fn, chip="sm_80"), gpu)
+    torch_dtype = torch.float16 if dtype == "f16" else torch.bfloat16
+    q, k, v = (torch.randn(*shape, device="cuda", dtype=torch_dtype) for _ in range(3))
+    out = kernel(q, k, v)
+    torch.cuda.synchronize()
+    expected = torch.nn.functional.scaled_dot_product_attention(q.float(), k.float(), v.float(), is_causal=causal)
+    torch.testing.assert_close(out.float(), expected, rtol=2e-2, atol=2e-2)

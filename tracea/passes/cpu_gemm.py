@@ -150,6 +150,8 @@ class _Text:
 
     def fresh(self, hint: str = "t") -> str:
         self._n += 1
+        if hint == "c":  # "%c<n>" names the index constants
+            hint = "c_"
         return f"%{hint}{self._n}"
 
     def line(self, text: str) -> None:

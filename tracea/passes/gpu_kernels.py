@@ -1,11 +1,13 @@
-"""tracea-gpu-kernels: each function computing one GEMM or NHWC conv2d becomes an NVIDIA kernel.
+"""tracea-gpu-kernels: each function computing one GEMM, NHWC conv2d or attention becomes an
+NVIDIA kernel.
 
 The function's gemm / fused_gemm is tiled onto thread blocks and warps: f16 / bf16 inputs onto
 Tensor Cores — on sm_90a the Hopper kernel (gpu_wgmma.py: TMA + mbarrier pipeline, wgmma from
 swizzled shared memory), on sm_80 gpu_mma.py (cp.async pipeline, swizzled shared memory,
 ldmatrix + mma.sync m16n8k16), both with the fused epilogue — and f32 onto the SIMT kernel
 (gpu_gemm.py). An NHWC conv2d (f16 / bf16, groups 1) is an implicit GEMM on the mma.sync kernel,
-its A tiles gathered from the image. The result is a `gpu.module @kernels` holding one `gpu.func` per function, named
+its A tiles gathered from the image; attention is a flash-attention kernel on mma.sync
+(gpu_attention.py: online softmax, S x S never stored). The result is a `gpu.module @kernels` holding one `gpu.func` per function, named
 after it, whose parameters are the op's operands then the result buffer (then, for the Hopper
 kernel, a pointer to each TMA descriptor); its launch configuration is the attribute
 `tracea.launch = {grid, block, dynamic_shared_bytes[, tensor_maps]}`. The host function is
@@ -24,6 +26,8 @@ from ..dialects.ops import Conv2dDef, Epilogue, OpView, TensorSpec, view
 from ..dialects.verify import tracea_ops
 from ..errors import OpError
 from .cpu_gemm import ConvGather
+from .gpu_attention import AttentionTiles, MmaAttention, attention_module_text
+from .gpu_attention import grid as attention_grid
 from .gpu_gemm import SimtTiles, simt_gemm_module_text
 from .gpu_gemm import grid as simt_grid
 from .gpu_mma import MMA_DTYPES, MmaGemm, MmaTiles, mma_gemm_module_text
@@ -140,14 +144,29 @@ def conv_kernel(v: OpView, name: str) -> tuple[str, Launch]:
     return mma_gemm_module_text(g, tiles, name), Launch(mma_grid(g, tiles), (tiles.threads, 1, 1), tiles.shared_bytes())
 
 
-KERNEL_OPS = ("tracea.gemm", "tracea.fused_gemm", "tracea.conv2d")
+def attention_kernel(v: OpView, name: str) -> tuple[str, Launch]:
+    """Flash attention on mma.sync (sm_80 and sm_90a)."""
+    q, k, val = v.operands["query"], v.operands["key"], v.operands["value"]
+    if val.shape[-1] != q.shape[-1]:
+        raise OpError(f"the NVIDIA attention kernel needs value's head dim ({val.shape[-1]}) equal to the "
+                      f"query's ({q.shape[-1]})")
+    scale = v.attrs.get("scale")
+    a = MmaAttention(q.shape[:-2], q.shape[-2], k.shape[-2], q.shape[-1], q.dtype, v.result.dtype,
+                     q.shape[-1] ** -0.5 if scale is None else scale, v.attrs["causal"])
+    tiles = AttentionTiles()
+    return attention_module_text(a, tiles, name), Launch(attention_grid(a, tiles), (tiles.threads, 1, 1),
+                                                         tiles.shared_bytes(a.head_dim))
+
+
+KERNEL_OPS = ("tracea.gemm", "tracea.fused_gemm", "tracea.conv2d", "tracea.attention")
 
 
 def _single_kernel_op(func: ir.Operation) -> ir.Operation:
     ops = tracea_ops(func)
     kernels = [op for op in ops if op.name in KERNEL_OPS]
     if len(ops) != 1 or len(kernels) != 1:
-        raise OpError(f"an NVIDIA kernel is made from a function computing one gemm / fused_gemm / conv2d; "
+        raise OpError(f"an NVIDIA kernel is made from a function computing one gemm / fused_gemm / conv2d / "
+                      f"attention; "
                       f"@{ir.StringAttr(func.attributes['sym_name']).value} has "
                       f"{', '.join(op.name for op in ops) or 'no tracea op'}")
     op = kernels[0]
@@ -163,10 +182,10 @@ def _single_kernel_op(func: ir.Operation) -> ir.Operation:
 @dataclass(frozen=True)
 class GpuKernelsPass(TraceaPass):
     NAME = "tracea-gpu-kernels"
-    SUMMARY = ("tile each function's gemm / fused_gemm / NHWC conv2d onto NVIDIA thread blocks and warps: a "
+    SUMMARY = ("tile each function's gemm / fused_gemm / NHWC conv2d / attention onto NVIDIA thread blocks and warps: a "
                "gpu.module kernel (f16/bf16 GEMMs on sm_90a: TMA + mbarrier pipeline, wgmma; on sm_80, and convs "
-               "as implicit GEMMs: cp.async pipeline, swizzled shared memory, ldmatrix + mma.sync; f32: SIMT) with "
-               "its launch configuration")
+               "as implicit GEMMs: cp.async pipeline, swizzled shared memory, ldmatrix + mma.sync; attention: flash "
+               "attention on mma.sync; f32: SIMT) with its launch configuration")
     chip: str = option("sm_80", "the NVIDIA architecture the kernels are for", CHIPS)
 
     def run(self, module: ir.Operation) -> None:
@@ -178,8 +197,9 @@ class GpuKernelsPass(TraceaPass):
             name = ir.StringAttr(func.attributes["sym_name"]).value
             try:
                 op = view(_single_kernel_op(func))
-                text, launch = (conv_kernel(op, name) if op.op.name == "tracea.conv2d"
-                                else gemm_kernel(op, name, self.chip))
+                builders = {"tracea.conv2d": conv_kernel, "tracea.attention": attention_kernel}
+                build = builders.get(op.op.name)
+                text, launch = build(op, name) if build else gemm_kernel(op, name, self.chip)
             except OpError as e:
                 func.location.emit_error(f"{self.NAME}: {e}")
                 failed = True

@@ -357,7 +357,7 @@ class _Writer:
         if self.g.dtype == "f16":
             return t.op(f"nvgpu.mma.sync({a}, {b}, {acc}) {{mmaShape = [16, 8, 16]}} : (vector<4x2xf16>, "
                         "vector<2x2xf16>, vector<2x2xf32>) -> vector<2x2xf32>", "d")
-        c = [t.op(f"vector.extract {acc}[{r}, {e}] : f32 from vector<2x2xf32>", "c") for r in range(2) for e in range(2)]
+        c = [t.op(f"vector.extract {acc}[{r}, {e}] : f32 from vector<2x2xf32>", "a") for r in range(2) for e in range(2)]
         struct = "!llvm.struct<(f32, f32, f32, f32)>"
         d = t.op(f"nvvm.mma.sync A[{', '.join(a)}] B[{', '.join(b)}] C[{', '.join(c)}] {{layoutA = "
                  "#nvvm.mma_layout<row>, layoutB = #nvvm.mma_layout<col>, multiplicandAPtxType = #nvvm.mma_type<bf16>, "

@@ -5,8 +5,8 @@ launched.
 
 `kernel_artifact` (tracea.compile_gpu) runs tracea-gpu-kernels (passes/gpu_kernels.py: the
 Hopper kernel of passes/gpu_wgmma.py on sm_90a, the Tensor Core kernel of passes/gpu_mma.py on
-sm_80, or the SIMT one) and packages cubin + launch metadata (runtime/cuda_launcher.py runs it).
-Still to come (issue 5): attention and conv kernels.
+sm_80, the implicit-GEMM conv, flash attention, or the SIMT GEMM) and packages cubin + launch
+metadata (runtime/cuda_launcher.py runs it).
 """
 from __future__ import annotations
 
@@ -66,7 +66,7 @@ def to_ptx(gpu_module_text: str, chip: str, source_name: str = "<gpu kernels>") 
     limits = device_limits(chip)
     toolkit = cuda_toolkit()
     pipeline = parse_pipeline(f"nvvm-attach-target{{chip={chip} features={limits.ptx_features}}}, "
-                              "gpu.module(convert-nvgpu-to-nvvm, expand-strided-metadata, convert-vector-to-llvm, "
+                              "gpu.module(convert-nvgpu-to-nvvm, expand-strided-metadata, lower-affine, convert-vector-to-llvm, "
                               "convert-scf-to-cf, convert-gpu-to-nvvm, convert-nvvm-to-llvm, reconcile-unrealized-casts), "
                               f"gpu-module-to-binary{{format=isa{f' toolkit={toolkit}' if toolkit else ''}}}")
     result = compile_or_raise(gpu_module_text, [("ptx", pipeline)], source_name=source_name, verify_each=False,

@@ -1,7 +1,7 @@
 // tracea-gpu-kernels rejects what it cannot tile, at the function, naming the fix.
 // RUN: tracea-opt %s --split-input-file --verify-diagnostics --pass-pipeline='builtin.module(tracea-gpu-kernels{chip=sm_90a})' -o /dev/null
 
-// expected-error @+1 {{an NVIDIA kernel is made from a function computing one gemm / fused_gemm / conv2d; @two has tracea.gemm, tracea.gemm}}
+// expected-error @+1 {{an NVIDIA kernel is made from a function computing one gemm / fused_gemm / conv2d / attention; @two has tracea.gemm, tracea.gemm}}
 func.func @two(%a: tensor<16x16xf16>, %b: tensor<16x16xf16>) -> tensor<16x16xf16> {
   %c = "tracea.gemm"(%a, %b) : (tensor<16x16xf16>, tensor<16x16xf16>) -> tensor<16x16xf16>
   %d = "tracea.gemm"(%c, %b) : (tensor<16x16xf16>, tensor<16x16xf16>) -> tensor<16x16xf16>

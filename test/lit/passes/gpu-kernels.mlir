@@ -65,3 +65,25 @@ func.func @conv(%x: tensor<1x16x16x32xf16>, %w: tensor<3x3x32x64xf16>, %b: tenso
        : (tensor<1x16x16x32xf16>, tensor<3x3x32x64xf16>, tensor<64xf32>) -> tensor<1x16x16x64xf16>
   return %y : tensor<1x16x16x64xf16>
 }
+
+// Attention: flash attention on mma.sync: Q fragments kept in registers, per key block S = Q K^T,
+// the online softmax (row max across a quad of lanes, exp, rescaled sums), then O += P V with P's
+// accumulators as the A fragments; causal blocks past the diagonal are not visited.
+// CHECK: gpu.func @attn(%{{.*}}: memref<2x4x96x64xf16>, %{{.*}}: memref<2x4x96x64xf16>, %{{.*}}: memref<2x4x96x64xf16>, %{{.*}}: memref<2x4x96x64xf16>) kernel
+// CHECK-SAME: tracea.launch = {block = array<i64: 128, 1, 1>, dynamic_shared_bytes = 24576 : i64, grid = array<i64: 2, 8, 1>}
+// CHECK: memref.subview
+// CHECK: arith.minui
+// CHECK: scf.for %{{.*}} = %c0 to %{{.*}} step %c1 iter_args(
+// CHECK: nvgpu.mma.sync
+// CHECK: arith.cmpi ule
+// CHECK: gpu.shuffle xor
+// CHECK: math.exp
+// CHECK: vector.from_elements {{.*}} : vector<4x2xf16>
+// CHECK: nvgpu.ldmatrix %{{.*}} {numTiles = 4 : i32, transpose = true}
+// CHECK: scf.yield
+// CHECK: arith.divf
+// CHECK: vector.store
+func.func @attn(%q: tensor<2x4x96x64xf16>, %k: tensor<2x4x96x64xf16>, %v: tensor<2x4x96x64xf16>) -> tensor<2x4x96x64xf16> {
+  %o = "tracea.attention"(%q, %k, %v) {causal = true} : (tensor<2x4x96x64xf16>, tensor<2x4x96x64xf16>, tensor<2x4x96x64xf16>) -> tensor<2x4x96x64xf16>
+  return %o : tensor<2x4x96x64xf16>
+}
