@@ -154,3 +154,16 @@ def test_flash_attention_matches_torch_sdpa(gpu, dtype, causal, seq):
     torch.cuda.synchronize()
     expected = torch.nn.functional.scaled_dot_product_attention(q.float(), k.float(), v.float(), is_causal=causal)
     torch.testing.assert_close(out.float(), expected, rtol=2e-2, atol=2e-2)
+
+
+def test_simt_linear_with_epilogue_matches_torch(gpu):
+    import torch
+    from tracea import dialects as td
+    m, n, k = 70, 96, 40
+    fn = td.function(td.tensor((m, k)), td.tensor((n, k)), td.tensor((n,)), name="linear")(
+        lambda x, w, b: td.fused_gemm(x, w, [td.bias_add(b), td.gelu()], transpose_b=True))
+    kernel = cl.CudaKernel(tracea.compile_gpu(fn, chip="sm_80"), gpu)
+    x, w, b = torch.randn(m, k, device="cuda"), torch.randn(n, k, device="cuda"), torch.randn(n, device="cuda")
+    out = kernel(x, w, b)
+    torch.cuda.synchronize()
+    torch.testing.assert_close(out, torch.nn.functional.gelu(torch.nn.functional.linear(x, w, b)), rtol=1e-4, atol=1e-4)

@@ -7,6 +7,7 @@ import dataclasses
 import pytest
 
 import tracea
+from tracea.passes.gpu_mma import MmaGemm
 from tracea.targets import nvvm
 
 SAXPY = """
@@ -73,7 +74,7 @@ def test_simt_gemm_assembles(chip, shape):
     and reports the shared memory of its two tiles; the FMAs are fused in the PTX."""
     from tracea.passes.gpu_gemm import SimtTiles, grid, simt_gemm_module_text
     tiles = SimtTiles()
-    ptx = nvvm.to_ptx(simt_gemm_module_text(*shape, tiles), chip)
+    ptx = nvvm.to_ptx(simt_gemm_module_text(MmaGemm(*shape, "f32", "f32"), tiles), chip)
     assert ptx.count("fma.rn.f32") >= tiles.thread_m * tiles.thread_n and "bar.sync" in ptx and ".shared" in ptx
     assert grid(shape[0], shape[1], tiles) == (-(-shape[1] // 64), -(-shape[0] // 64), 1)
     _ptxas_or_skip()
@@ -108,7 +109,7 @@ def test_gpu_kernel_artifact_loads_without_mlir(tmp_path):
     _ptxas_or_skip()
     m, n, k = 100, 70, 37
     tiles = SimtTiles()
-    ptx = nvvm.to_ptx(simt_gemm_module_text(m, n, k, tiles), "sm_80")
+    ptx = nvvm.to_ptx(simt_gemm_module_text(MmaGemm(m, n, k, "f32", "f32"), tiles), "sm_80")
     cubin = nvvm.assemble(ptx, "sm_80")
     art = ga.GpuKernelArtifact("gemm", "sm_80", cubin.image, ptx, grid(m, n, tiles), (*tiles.threads, 1), 0,
                                (ga.Param("A", "f32", (m, k)), ga.Param("B", "f32", (k, n)),
@@ -129,3 +130,19 @@ def test_gpu_kernel_artifact_loads_without_mlir(tmp_path):
     done = subprocess.run([sys.executable, "-S", "-c", script], capture_output=True, text=True)
     assert done.returncode == 0, done.stderr
     assert done.stdout.split()[:2] == ["gemm", "sm_80"] and done.stdout.split()[-2:] == [str(len(cubin.image)), "21"]
+
+
+@pytest.mark.parametrize("dtype,shape", [("f32", (70, 96, 40)), ("f16", (64, 30, 36))],
+                         ids=["f32-linear-bias-gelu", "f16-fallback"])
+def test_simt_gemm_takes_b_transposed_and_the_epilogue(dtype, shape):
+    """f32 nn.Linear + bias + GELU, and an f16 GEMM whose N is not a multiple of 8 (no Tensor Core
+    copies): both on the SIMT kernel, the epilogue applied to each accumulator before the store."""
+    from tracea import dialects as td
+    _ptxas_or_skip()
+    m, n, k = shape
+    fn = td.function(td.tensor((m, k), dtype), td.tensor((n, k), dtype), td.tensor((n,), dtype), name="linear")(
+        lambda x, w, b: td.fused_gemm(x, w, [td.bias_add(b), td.gelu()], transpose_b=True))
+    art = tracea.compile_gpu(fn, chip="sm_80")
+    assert art.block == (16, 16, 1) and art.dynamic_shared_bytes == 0
+    assert [(p.name, p.shape) for p in art.params] == [("x", (m, k)), ("w", (n, k)), ("b", (n,)), ("out", (m, n))]
+    assert "fma.rn.f32" in art.ptx

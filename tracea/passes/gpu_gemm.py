@@ -1,21 +1,25 @@
 """The SIMT (FMA) GEMM for NVIDIA GPUs: the f32 path and the fallback where no matrix
-instruction applies. A gpu.module text, lowered by targets/nvvm.py.
+instruction applies (f16 / bf16 whose K or N are not multiples of 8). A gpu.module text,
+lowered by targets/nvvm.py.
 
     block (bx, by) computes C[by BM : +BM, bx BN : +BN]; thread (tx, ty) its TM x TN sub-tile
     for each K block of BK:
-        the threads copy A[., k0 : k0 + BK] (transposed, As[kk][m]) and B[k0 : k0 + BK, .] (Bs[kk][n])
-        into shared memory, zero outside the matrices; barrier
+        the threads copy A[., k0 : k0 + BK] (transposed, As[kk][m]) and B[k0 : k0 + BK, .] (Bs[kk][n];
+        from B[n][k] for nn.Linear's B^T) into shared memory as f32, zero outside the matrices; barrier
         for kk < BK: a[TM] = As[kk][ty TM + i], b[TN] = Bs[kk][tx TN + j]; acc[i][j] += a[i] b[j]
         barrier
-    store the accumulators inside C
+    the fused_gemm epilogue on each accumulator, cast, stored inside C
 
-tracea-gpu-kernels (gpu_kernels.py) uses it for f32 GEMMs; f16 / bf16 go to gpu_mma.py.
+tracea-gpu-kernels (gpu_kernels.py) uses it for f32 GEMMs; f16 / bf16 go to the Tensor Core
+kernels when their shapes allow.
 """
 from __future__ import annotations
 
 from dataclasses import dataclass
 
 from .cpu_gemm import _memref, _Text
+from .gpu_mma import MmaGemm, kernel_params
+from .kernel_text import fused_epilogue
 
 
 @dataclass(frozen=True)
@@ -40,15 +44,17 @@ class SimtTiles:
             raise ValueError(f"{x * y} threads per block; at most 1024")
 
 
-def simt_gemm_module_text(m: int, n: int, k: int, tiles: SimtTiles = SimtTiles(), name: str = "gemm") -> str:
-    """A gpu.module with kernel @name(A: MxK, B: KxN, C: MxN), f32, C = A B."""
+def simt_gemm_module_text(g: MmaGemm, tiles: SimtTiles = SimtTiles(), name: str = "gemm") -> str:
+    """A gpu.module with kernel @name(A, B[, bias][, residual], C) (the parameters of
+    gpu_mma.kernel_params), any float inputs, f32 accumulation."""
     tiles.validate()
+    m, n, k = g.m, g.n, g.k
     BM, BN, BK, TM, TN = tiles.block_m, tiles.block_n, tiles.block_k, tiles.thread_m, tiles.thread_n
     TX, TY = tiles.threads
     nthreads = TX * TY
     ws = "#gpu.address_space<workgroup>"
     As_t, Bs_t = f"memref<{BK}x{BM}xf32, {ws}>", f"memref<{BK}x{BN}xf32, {ws}>"
-    A_t, B_t, C_t = _memref((m, k), "f32"), _memref((k, n), "f32"), _memref((m, n), "f32")
+    A_t, B_t, C_t = (_memref(shape, dtype) for shape, dtype in zip(g.operand_shapes(), (g.dtype, g.dtype, g.out_dtype)))
     t = _Text()
     t.depth = 3
     zero = t.op("arith.constant 0.0 : f32", "z")
@@ -64,7 +70,7 @@ def simt_gemm_module_text(m: int, n: int, k: int, tiles: SimtTiles = SimtTiles()
         inside = t.op(f"arith.andi {t.cmp('ult', r, t.c(rows))}, {t.cmp('ult', c, t.c(cols))} : i1", "p")
         value = t.fresh("v")
         t.open(f"{value} = scf.if {inside} -> (f32)")
-        t.line(f"scf.yield {t.op(f'memref.load {mem}[{r}, {c}] : {mem_t}', 'x')} : f32")
+        t.line(f"scf.yield {t.load_f32(mem, mem_t, [r, c], g.dtype)} : f32")
         t.else_()
         t.line(f"scf.yield {zero} : f32")
         t.close()
@@ -82,7 +88,10 @@ def simt_gemm_module_text(m: int, n: int, k: int, tiles: SimtTiles = SimtTiles()
     t.close()
     t.for_("%e", tid, t.c(BK * BN), t.c(nthreads))
     kk, nn = t.op(f"arith.divui %e, {t.c(BN)} : index", "i"), t.op(f"arith.remui %e, {t.c(BN)} : index", "i")
-    b = guarded_load("%B", B_t, t.add("%k0", kk), t.add(col0, nn), k, n)
+    if g.transpose_b:
+        b = guarded_load("%B", B_t, t.add(col0, nn), t.add("%k0", kk), n, k)
+    else:
+        b = guarded_load("%B", B_t, t.add("%k0", kk), t.add(col0, nn), k, n)
     t.line(f"memref.store {b}, %Bs[{kk}, {nn}] : {Bs_t}")
     t.close()
     t.line("gpu.barrier")
@@ -103,13 +112,22 @@ def simt_gemm_module_text(m: int, n: int, k: int, tiles: SimtTiles = SimtTiles()
             c = t.add(col0, t.add(t.mul("%tx", t.c(TN)), t.c(j)))
             inside = t.op(f"arith.andi {t.cmp('ult', r, t.c(m))}, {t.cmp('ult', c, t.c(n))} : i1", "p")
             t.open(f"scf.if {inside}")
-            t.line(f"memref.store %res#{i * TN + j}, %C[{r}, {c}] : {C_t}")
+            operands = {}
+            if g.bias_dtype:
+                operands["bias_add"] = (t.op(f"memref.load %bias[{c}] : {_memref((n,), g.bias_dtype)}", "e"), g.bias_dtype)
+            if g.residual_dtype:
+                operands["residual_add"] = (t.op(f"memref.load %residual[{r}, {c}] : "
+                                                 f"{_memref((m, n), g.residual_dtype)}", "e"), g.residual_dtype)
+            lines, x = fused_epilogue(f"%res#{i * TN + j}", g.epilogue, operands, g.out_dtype, None, f"%ep{i}_{j}_")
+            for line in lines:
+                t.line(line)
+            t.line(f"memref.store {x}, %C[{r}, {c}] : {C_t}")
             t.close()
     consts = [f"      {name_} = arith.constant {value} : index" for value, name_ in sorted(t.consts.items())]
     return (
         "module attributes {gpu.container_module} {\n"
         "  gpu.module @kernels {\n"
-        f"    gpu.func @{name}(%A: {A_t}, %B: {B_t}, %C: {C_t}) workgroup(%As: {As_t}, %Bs: {Bs_t}) kernel\n"
+        f"    gpu.func @{name}({', '.join(kernel_params(g))}) workgroup(%As: {As_t}, %Bs: {Bs_t}) kernel\n"
         f"        attributes {{known_block_size = array<i32: {TX}, {TY}, 1>}} {{\n"
         + "\n".join(consts + t.lines) + "\n      gpu.return\n    }\n  }\n}\n")
 

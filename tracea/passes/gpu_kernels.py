@@ -103,10 +103,10 @@ def gemm_kernel(v: OpView, name: str, chip: str = "sm_80") -> tuple[str, Launch]
         raise OpError("the NVIDIA GEMM kernels read A as [M, K]; transpose_a is not supported on this target yet")
     m, k = a.shape
     n = b.shape[0] if v.attrs["transpose_b"] else b.shape[1]
-    if a.dtype in MMA_DTYPES:
-        g = MmaGemm(m, n, k, a.dtype, v.result.dtype, v.attrs["transpose_b"], tuple(v.attrs.get("epilogue", ())),
-                    v.operands["bias"].dtype if "bias" in v.operands else None,
-                    v.operands["residual"].dtype if "residual" in v.operands else None)
+    g = MmaGemm(m, n, k, a.dtype, v.result.dtype, v.attrs["transpose_b"], tuple(v.attrs.get("epilogue", ())),
+                v.operands["bias"].dtype if "bias" in v.operands else None,
+                v.operands["residual"].dtype if "residual" in v.operands else None)
+    if a.dtype in MMA_DTYPES and k % 8 == 0 and n % 8 == 0:  # rows in 16-byte chunks: Tensor Cores
         if chip == "sm_90a":
             tiles = wgmma_tiles(v)
             return wgmma_gemm_module_text(g, tiles, name), Launch(
@@ -114,12 +114,9 @@ def gemm_kernel(v: OpView, name: str, chip: str = "sm_80") -> tuple[str, Launch]
         tiles = mma_tiles(v)
         return mma_gemm_module_text(g, tiles, name), Launch(mma_grid(g, tiles), (tiles.threads, 1, 1),
                                                             tiles.shared_bytes())
-    if v.attrs["transpose_b"] or v.attrs.get("epilogue") or v.result.dtype != "f32":
-        raise OpError("the f32 (SIMT) NVIDIA GEMM takes B as [K, N] with an f32 result and no epilogue; "
-                      "use f16 / bf16 inputs for the Tensor Core kernel, which has them")
-    tiles = SimtTiles()
+    tiles = SimtTiles()  # f32, or rows the matrix instructions' copies cannot take
     x, y = tiles.threads
-    return simt_gemm_module_text(m, n, k, tiles, name), Launch(simt_grid(m, n, tiles), (x, y, 1), 0)
+    return simt_gemm_module_text(g, tiles, name), Launch(simt_grid(m, n, tiles), (x, y, 1), 0)
 
 
 def conv_kernel(v: OpView, name: str) -> tuple[str, Launch]:
