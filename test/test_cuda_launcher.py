@@ -167,3 +167,21 @@ def test_simt_linear_with_epilogue_matches_torch(gpu):
     out = kernel(x, w, b)
     torch.cuda.synchronize()
     torch.testing.assert_close(out, torch.nn.functional.gelu(torch.nn.functional.linear(x, w, b)), rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.parametrize("chip", ["sm_80", "sm_90a"])
+def test_batched_linear_with_residual_matches_torch(gpu, chip):
+    import torch
+    from tracea import dialects as td
+    if gpu.runs(chip) is None:
+        pytest.skip(f"{gpu} cannot run {chip} code")
+    fn = td.function(td.tensor((4, 50, 64), "f16"), td.tensor((96, 64), "f16"), td.tensor((96,), "f16"),
+                     td.tensor((4, 50, 96), "f16"), name="linear")(
+        lambda x, w, b, r: td.fused_gemm(x, w, [td.bias_add(b), td.gelu(), td.residual_add(r)], transpose_b=True))
+    kernel = cl.CudaKernel(tracea.compile_gpu(fn, chip=chip), gpu)
+    x, w = torch.randn(4, 50, 64, device="cuda", dtype=torch.half), torch.randn(96, 64, device="cuda", dtype=torch.half)
+    b, r = torch.randn(96, device="cuda", dtype=torch.half), torch.randn(4, 50, 96, device="cuda", dtype=torch.half)
+    out = kernel(x, w, b, r)
+    torch.cuda.synchronize()
+    expected = torch.nn.functional.gelu(torch.nn.functional.linear(x.float(), w.float(), b.float())) + r.float()
+    torch.testing.assert_close(out.float(), expected, rtol=2e-2, atol=5e-2)

@@ -161,3 +161,24 @@ def test_conv2d_with_channels_not_in_16_byte_runs_is_named():
         lambda x, w: td.conv2d(x, w, stride=2, padding=3, layout="nhwc"))
     with pytest.raises(tracea.CompileError, match=r"C \(3\) must be a multiple of 8; pad the channels"):
         tracea.compile_gpu(fn, chip="sm_80")
+
+
+@pytest.mark.parametrize("chip", ["sm_80", "sm_90a"])
+def test_batched_activations_times_shared_weights_is_one_gemm(chip):
+    """x [B, S, D] @ W^T + bias, GELU, + residual [B, S, N] (a transformer's nn.Linear): one GEMM over
+    B x S rows, the N-d parameters seen as matrices; a batched B is named as unsupported."""
+    try:
+        nvvm.ptxas_path()
+    except tracea.CompileError:
+        pytest.skip("ptxas not found (pip install nvidia-cuda-nvcc==13.0.88)")
+    fn = td.function(td.tensor((4, 50, 64), "f16"), td.tensor((96, 64), "f16"), td.tensor((96,), "f16"),
+                     td.tensor((4, 50, 96), "f16"), name="linear")(
+        lambda x, w, b, r: td.fused_gemm(x, w, [td.bias_add(b), td.gelu(), td.residual_add(r)], transpose_b=True))
+    art = tracea.compile_gpu(fn, chip=chip)
+    assert art.grid[:2] == (1, -(-200 // 128))
+    assert [p.shape for p in art.params[:5]] == [(4, 50, 64), (96, 64), (96,), (4, 50, 96), (4, 50, 96)]
+    fields = sum(len(p.fields) for p in art.params)
+    assert f"linear_param_{fields - 1}" in art.ptx and f"linear_param_{fields}" not in art.ptx
+    batched_b = td.function(td.tensor((4, 50, 64), "f16"), td.tensor((4, 64, 96), "f16"), name="bmm")(td.gemm)
+    with pytest.raises(tracea.CompileError, match="not a batched B"):
+        tracea.compile_gpu(batched_b, chip=chip)

@@ -18,7 +18,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from .cpu_gemm import _memref, _Text
-from .gpu_mma import MmaGemm, kernel_params
+from .gpu_mma import MmaGemm, collapse_views, kernel_params
 from .kernel_text import fused_epilogue
 
 
@@ -54,9 +54,12 @@ def simt_gemm_module_text(g: MmaGemm, tiles: SimtTiles = SimtTiles(), name: str 
     nthreads = TX * TY
     ws = "#gpu.address_space<workgroup>"
     As_t, Bs_t = f"memref<{BK}x{BM}xf32, {ws}>", f"memref<{BK}x{BN}xf32, {ws}>"
-    A_t, B_t, C_t = (_memref(shape, dtype) for shape, dtype in zip(g.operand_shapes(), (g.dtype, g.dtype, g.out_dtype)))
+    A_t, C_t = _memref((m, k), g.dtype), _memref((m, n), g.out_dtype)
+    B_t = _memref((n, k) if g.transpose_b else (k, n), g.dtype)
     t = _Text()
     t.depth = 3
+    for line in collapse_views(g):
+        t.line(line)
     zero = t.op("arith.constant 0.0 : f32", "z")
     t.line("%tx = gpu.thread_id x")
     t.line("%ty = gpu.thread_id y")

@@ -18,6 +18,7 @@ stages), else from the defaults of the chosen kernel.
 """
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import mlir.ir as ir
@@ -96,16 +97,17 @@ def wgmma_tiles(v: OpView) -> WgmmaTiles:
 def gemm_kernel(v: OpView, name: str, chip: str = "sm_80") -> tuple[str, Launch]:
     """The gpu.module text of the kernel for a gemm / fused_gemm on `chip`, and its launch."""
     a, b = v.operands["a"], v.operands["b"]
-    if a.rank != 2 or b.rank != 2:
-        raise OpError(f"the NVIDIA GEMM kernels take rank-2 operands, got {a} and {b}; batched GEMMs are not "
-                      "supported on this target yet")
+    if b.rank != 2:
+        raise OpError(f"the NVIDIA GEMM kernels take a batched A ([..., M, K]) with a shared B, not a batched B "
+                      f"({b}); batched B is not supported on this target yet")
     if v.attrs["transpose_a"]:
         raise OpError("the NVIDIA GEMM kernels read A as [M, K]; transpose_a is not supported on this target yet")
-    m, k = a.shape
+    lead, (rows, k) = a.shape[:-2], a.shape[-2:]
+    m = math.prod(lead) * rows  # a batched A times a shared B is one GEMM over all its rows
     n = b.shape[0] if v.attrs["transpose_b"] else b.shape[1]
     g = MmaGemm(m, n, k, a.dtype, v.result.dtype, v.attrs["transpose_b"], tuple(v.attrs.get("epilogue", ())),
                 v.operands["bias"].dtype if "bias" in v.operands else None,
-                v.operands["residual"].dtype if "residual" in v.operands else None)
+                v.operands["residual"].dtype if "residual" in v.operands else None, lead=lead)
     if a.dtype in MMA_DTYPES and k % 8 == 0 and n % 8 == 0:  # rows in 16-byte chunks: Tensor Cores
         if chip == "sm_90a":
             tiles = wgmma_tiles(v)

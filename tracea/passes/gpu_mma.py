@@ -18,6 +18,7 @@ rows), rank-2 operands; M, N and K need not be multiples of the tile.
 """
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 from ..dialects.ops import Epilogue
@@ -82,7 +83,9 @@ class MmaGemm:
     """What the kernel computes: C[M, N] = A[M, K] B (B is [K, N], or [N, K] with transpose_b),
     then `epilogue` (bias [N], residual [M, N] operands in that order, when used). With `conv`,
     an NHWC conv2d as an implicit GEMM: A is the im2col of the image [N, H, W, C] (gathered while
-    copying, never stored), B the HWCF filter as [K, F], C the output [N, OH, OW, F]."""
+    copying, never stored), B the HWCF filter as [K, F], C the output [N, OH, OW, F]. With `lead`
+    (a batched A times a shared B), A, C and the residual are [*lead, rows, .] seen as one matrix
+    of m = prod(lead) x rows rows."""
     m: int
     n: int
     k: int
@@ -93,6 +96,7 @@ class MmaGemm:
     bias_dtype: str | None = None
     residual_dtype: str | None = None
     conv: ConvGather | None = None
+    lead: tuple[int, ...] = ()
 
     def validate(self) -> None:
         if self.dtype not in MMA_DTYPES:
@@ -109,7 +113,9 @@ class MmaGemm:
         if self.conv is not None:
             (n, h, w, c), (kh, kw), (oh, ow) = self.conv.image.shape, self.conv.kernel, self.conv.out_hw
             return (n, h, w, c), (kh, kw, c, self.n), (n, oh, ow, self.n)
-        return (self.m, self.k), ((self.n, self.k) if self.transpose_b else (self.k, self.n)), (self.m, self.n)
+        rows = self.m // math.prod(self.lead)
+        return ((*self.lead, rows, self.k), ((self.n, self.k) if self.transpose_b else (self.k, self.n)),
+                (*self.lead, rows, self.n))
 
 
 def swizzles(tiles: MmaTiles, transpose_b: bool) -> tuple[Swizzle, Swizzle]:
@@ -169,28 +175,35 @@ def store_pair(t: _Text, g: MmaGemm, pair: str, grow: str, gcol: str, tag: str) 
     t.close()
 
 
-def kernel_params(g: MmaGemm) -> list[str]:
-    """The kernel's tensor parameters, in the order tracea-gpu-kernels promises: A, B, the
-    epilogue's bias and residual when used, C. A conv's filter and output are 4-D parameters,
-    named %B4 / %C4 and seen as the GEMM's B and C through collapse_views(g)."""
+def _operands(g: MmaGemm) -> list[tuple[str, tuple[int, ...], str, bool]]:
+    """(name, parameter shape, dtype, seen as a matrix through collapse_shape) of the kernel's
+    tensor parameters, in the order tracea-gpu-kernels promises: A, B, the epilogue's bias and
+    residual when used, C. A conv's image stays 4-D (its tiles are gathers)."""
     a, b, c = g.operand_shapes()
-    conv = "4" if g.conv is not None else ""
-    params = [f"%A: {_memref(a, g.dtype)}", f"%B{conv}: {_memref(b, g.dtype)}"]
+    out = [("A", a, g.dtype, g.conv is None and len(a) > 2), ("B", b, g.dtype, len(b) > 2)]
     if g.bias_dtype:
-        params.append(f"%bias: {_memref((g.n,), g.bias_dtype)}")
+        out.append(("bias", (g.n,), g.bias_dtype, False))
     if g.residual_dtype:
-        params.append(f"%residual: {_memref((g.m, g.n), g.residual_dtype)}")
-    return params + [f"%C{conv}: {_memref(c, g.out_dtype)}"]
+        out.append(("residual", c, g.residual_dtype, len(c) > 2))
+    return out + [("C", c, g.out_dtype, len(c) > 2)]
+
+
+def kernel_params(g: MmaGemm) -> list[str]:
+    """The kernel's tensor parameters; one seen as a matrix is named %<name>_nd (collapse_views)."""
+    return [f"%{name}{'_nd' if nd else ''}: {_memref(shape, dtype)}" for name, shape, dtype, nd in _operands(g)]
 
 
 def collapse_views(g: MmaGemm) -> list[str]:
-    """A conv's HWCF filter as B [K, F] and NHWC output as C [M, F] (both contiguous)."""
-    if g.conv is None:
-        return []
-    _, b, c = g.operand_shapes()
-    return [f"%B = memref.collapse_shape %B4 [[0, 1, 2], [3]] : {_memref(b, g.dtype)} into {_memref((g.k, g.n), g.dtype)}",
-            f"%C = memref.collapse_shape %C4 [[0, 1, 2], [3]] : {_memref(c, g.out_dtype)} into "
-            f"{_memref((g.m, g.n), g.out_dtype)}"]
+    """The N-d parameters as the matrices the kernel indexes (all contiguous): %A [M, K], %B [K, N],
+    %C and %residual [M, N]."""
+    lines = []
+    for name, shape, dtype, nd in _operands(g):
+        if nd:
+            rows = math.prod(shape[:-1])
+            groups = f"[[{', '.join(map(str, range(len(shape) - 1)))}], [{len(shape) - 1}]]"
+            lines.append(f"%{name} = memref.collapse_shape %{name}_nd {groups} : {_memref(shape, dtype)} into "
+                         f"{_memref((rows, shape[-1]), dtype)}")
+    return lines
 
 
 def _aligned_pair(dtype: str) -> str:
@@ -207,7 +220,7 @@ class _Writer:
         self.t.depth = 3
         T = g.dtype
         S, BM, BN, BK = tiles.stages, tiles.block_m, tiles.block_n, tiles.block_k
-        self.A_t = _memref(g.operand_shapes()[0], T)
+        self.A_t = _memref(g.operand_shapes()[0] if g.conv is not None else (g.m, g.k), T)
         self.B_t = _memref((g.n, g.k) if g.transpose_b else (g.k, g.n), T)
         self.As_t = f"memref<{S}x{BM}x{BK}x{T}, {WORKGROUP}>"
         b_rows, b_cols = (BN, BK) if g.transpose_b else (BK, BN)

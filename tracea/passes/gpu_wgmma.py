@@ -32,7 +32,7 @@ from dataclasses import dataclass
 
 from ..errors import OpError
 from .cpu_gemm import _Text
-from .gpu_mma import WORKGROUP, MmaGemm, kernel_params, store_pair
+from .gpu_mma import WORKGROUP, MmaGemm, collapse_views, kernel_params, store_pair
 from .phase_cycle import Compute, Load, LoopPlan, WaitFull, WaitMma, tma_wgmma_plan
 
 ELEM_BYTES = 2
@@ -249,6 +249,8 @@ class _Writer:
     def module_text(self, name: str) -> str:
         t, g, T = self.t, self.g, self.tiles
         a_map, b_map = self.maps
+        for line in collapse_views(g):
+            t.line(line)
         t.line(f"%tmaA = builtin.unrealized_conversion_cast %tmaA_ptr : !llvm.ptr to "
                f"{_tensormap_type(g.dtype, a_map.box)}")
         t.line(f"%tmaB = builtin.unrealized_conversion_cast %tmaB_ptr : !llvm.ptr to "

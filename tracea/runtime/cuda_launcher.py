@@ -271,8 +271,8 @@ def pack_parameters(arguments: list[tuple[str, int | float]]):
 
 
 def tensor_map_arguments(ptr: int, shape: tuple[int, ...], dtype: str, spec: tuple[int, int, int, int]) -> tuple:
-    """cuTensorMapEncodeTiled's arguments for a row-major rank-2 tensor at `ptr` and a
-    Param.tensor_map spec (operand, box inner, box outer, swizzle bytes)."""
+    """cuTensorMapEncodeTiled's arguments for a row-major tensor at `ptr`, seen as a matrix of
+    its last dim's columns, and a Param.tensor_map spec (operand, box inner, box outer, swizzle bytes)."""
     driver = _driver()
     types = driver.CUtensorMapDataType
     data_type = {"f16": types.CU_TENSOR_MAP_DATA_TYPE_FLOAT16, "bf16": types.CU_TENSOR_MAP_DATA_TYPE_BFLOAT16,
@@ -280,7 +280,7 @@ def tensor_map_arguments(ptr: int, shape: tuple[int, ...], dtype: str, spec: tup
     swizzles = driver.CUtensorMapSwizzle
     swizzle = {0: swizzles.CU_TENSOR_MAP_SWIZZLE_NONE, 32: swizzles.CU_TENSOR_MAP_SWIZZLE_32B,
                64: swizzles.CU_TENSOR_MAP_SWIZZLE_64B, 128: swizzles.CU_TENSOR_MAP_SWIZZLE_128B}[spec[3]]
-    rows, cols = shape
+    rows, cols = math.prod(shape[:-1]), shape[-1]
     u64, u32 = driver.cuuint64_t, driver.cuuint32_t
     return (data_type, 2, ptr, [u64(cols), u64(rows)], [u64(cols * _ITEM_BYTES[dtype])], [u32(spec[1]), u32(spec[2])],
             [u32(1), u32(1)], driver.CUtensorMapInterleave.CU_TENSOR_MAP_INTERLEAVE_NONE, swizzle,
