@@ -185,3 +185,26 @@ def test_batched_linear_with_residual_matches_torch(gpu, chip):
     torch.cuda.synchronize()
     expected = torch.nn.functional.gelu(torch.nn.functional.linear(x.float(), w.float(), b.float())) + r.float()
     torch.testing.assert_close(out.float(), expected, rtol=2e-2, atol=5e-2)
+
+
+def test_compile_for_cuda_names_what_is_missing_or_runs():
+    from tracea import dialects as td
+    fn = td.function(td.tensor((64, 64), "f16"), td.tensor((64, 64), "f16"), name="gemm")(
+        lambda a, b: td.gemm(a, b, out_dtype="f32"))
+    if _cuda_device_or_none() is None:
+        with pytest.raises(tracea.TraceaError, match="no CUDA driver on this machine|there is no CUDA device|cuda-bindings"):
+            tracea.compile(fn, target="cuda")
+        return
+    kernel = tracea.compile(fn, target="cuda")
+    assert kernel.artifact.chip == kernel.device.chip and tracea.compile(fn, target="cuda") is kernel
+
+
+def test_device_chip_is_the_target_tracea_builds_for():
+    def device(major, minor):
+        d = object.__new__(cl.Device)
+        d.compute_capability, d.ordinal, d.name = (major, minor), 0, "test"
+        return d
+
+    assert device(9, 0).chip == "sm_90a" and device(8, 6).chip == "sm_80" and device(12, 0).chip == "sm_80"
+    with pytest.raises(cl.CudaError, match="older than sm_80"):
+        device(7, 5).chip

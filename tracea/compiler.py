@@ -61,7 +61,7 @@ def _signature(text: str, entry: str | None, source_name: str) -> Signature:
 
 
 def compile(program, example_inputs=None, *, target: str = "cpu", entry: str | None = None, strategy: str = "tiled",
-            threads: int | None = None, keep_stages: bool = False):
+            threads: int | None = None, keep_stages: bool = False, chip: str | None = None):
     """Compile `program` for `target`; the result is cached for this exact input and options.
 
     `program` is IR text, a Path, an MLIR module, a tracea Function, or a torch.nn.Module; a module
@@ -72,6 +72,10 @@ def compile(program, example_inputs=None, *, target: str = "cpu", entry: str | N
     loops, the ground truth for tests). threads: worker threads for parallel loops (default:
     $TRACEA_NUM_THREADS or the host's cores).
 
+    target="cuda": a kernel for the NVIDIA GPU 0 (its architecture detected, or `chip`), launched
+    through runtime/cuda_launcher.py with torch / cupy tensors or DeviceBuffers (one gemm /
+    fused_gemm / NHWC conv2d / attention per function, see compile_gpu).
+
     keep_stages=True keeps the IR after every stage in `kernel.stages` (also written to
     $TRACEA_DUMP_DIR when set). CPU kernels also persist on disk ($TRACEA_CACHE_DIR), so the same
     compile in a later process is a load (kept-stage and dumped compiles always compile). Raises CompileError with file:line:col diagnostics for invalid
@@ -81,6 +85,8 @@ def compile(program, example_inputs=None, *, target: str = "cpu", entry: str | N
         return compile_model(program, example_inputs, target=target, threads=threads, strategy=strategy)
     if example_inputs is not None:
         raise TypeError("example_inputs is for torch.nn.Module programs; tracea IR carries its own shapes")
+    if target == "cuda":
+        return _compile_cuda(program, entry, chip)
     text, source_name = _source(program)
     threads = threads or knobs.num_threads() or host_cpu().cores
     if threads < 1:
@@ -139,6 +145,21 @@ def compile_gpu(program, *, chip: str = "sm_80", entry: str | None = None):
     if isinstance(program, Function):
         signature.arg_names = program.arg_names
     return nvvm.kernel_artifact(text, signature, chip, source_name)
+
+
+def _compile_cuda(program, entry: str | None, chip: str | None):
+    from .runtime.cuda_launcher import CudaKernel, Device
+    device = Device.get(0)  # CudaError naming what is missing on a machine without one
+    text, _ = _source(program)
+    chip = chip or device.chip
+    key = hashlib.sha256("\0".join([text, "cuda", str(entry), chip]).encode()).hexdigest()
+    with _CACHE_LOCK:
+        if key in _CACHE:
+            return _CACHE[key]
+    kernel = CudaKernel(compile_gpu(program, chip=chip, entry=entry), device)
+    with _CACHE_LOCK:
+        _CACHE[key] = kernel
+    return kernel
 
 
 def clear_cache() -> None:

@@ -105,6 +105,16 @@ class Device:
         self.make_current()
         _check(_driver().cuCtxSynchronize(), "cuCtxSynchronize (a kernel may have faulted)")
 
+    @property
+    def chip(self) -> str:
+        """The Tracea NVIDIA target for this device: sm_90a on Hopper (wgmma, TMA), sm_80 on the
+        other GPUs from Ampere on."""
+        if self.compute_capability == (9, 0):
+            return "sm_90a"
+        if self.compute_capability >= (8, 0):
+            return "sm_80"
+        raise CudaError(f"{self} is older than sm_80 (Ampere); Tracea's NVIDIA kernels need sm_80 or newer")
+
     def runs(self, chip: str) -> str | None:
         """How this device runs code built for `chip`: "cubin", "ptx" (compiled by the driver
         for this device), or None (it cannot)."""
