@@ -208,3 +208,17 @@ def test_device_chip_is_the_target_tracea_builds_for():
     assert device(9, 0).chip == "sm_90a" and device(8, 6).chip == "sm_80" and device(12, 0).chip == "sm_80"
     with pytest.raises(cl.CudaError, match="older than sm_80"):
         device(7, 5).chip
+
+
+@pytest.mark.parametrize("dtype", ["f16", "f32"])
+def test_batched_matmul_matches_torch(gpu, dtype):
+    import torch
+    from tracea import dialects as td
+    fn = td.function(td.tensor((2, 3, 50, 64), dtype), td.tensor((2, 3, 64, 40), dtype), name="bmm")(
+        lambda a, b: td.gemm(a, b, out_dtype="f32"))
+    kernel = cl.CudaKernel(tracea.compile_gpu(fn, chip=gpu.chip), gpu)
+    torch_dtype = torch.float16 if dtype == "f16" else torch.float32
+    a, b = (torch.randn(*s, device="cuda", dtype=torch_dtype) for s in ((2, 3, 50, 64), (2, 3, 64, 40)))
+    out = kernel(a, b)
+    torch.cuda.synchronize()
+    torch.testing.assert_close(out, a.float() @ b.float(), rtol=2e-2, atol=2e-2)

@@ -54,8 +54,7 @@ def simt_gemm_module_text(g: MmaGemm, tiles: SimtTiles = SimtTiles(), name: str 
     nthreads = TX * TY
     ws = "#gpu.address_space<workgroup>"
     As_t, Bs_t = f"memref<{BK}x{BM}xf32, {ws}>", f"memref<{BK}x{BN}xf32, {ws}>"
-    A_t, C_t = _memref((m, k), g.dtype), _memref((m, n), g.out_dtype)
-    B_t = _memref((n, k) if g.transpose_b else (k, n), g.dtype)
+    A_t, B_t, C_t = g.matrix_type("A", g.dtype), g.matrix_type("B", g.dtype), g.matrix_type("C", g.out_dtype)
     t = _Text()
     t.depth = 3
     for line in collapse_views(g):
@@ -120,7 +119,7 @@ def simt_gemm_module_text(g: MmaGemm, tiles: SimtTiles = SimtTiles(), name: str 
                 operands["bias_add"] = (t.op(f"memref.load %bias[{c}] : {_memref((n,), g.bias_dtype)}", "e"), g.bias_dtype)
             if g.residual_dtype:
                 operands["residual_add"] = (t.op(f"memref.load %residual[{r}, {c}] : "
-                                                 f"{_memref((m, n), g.residual_dtype)}", "e"), g.residual_dtype)
+                                                 f"{g.matrix_type('residual', g.residual_dtype)}", "e"), g.residual_dtype)
             lines, x = fused_epilogue(f"%res#{i * TN + j}", g.epilogue, operands, g.out_dtype, None, f"%ep{i}_{j}_")
             for line in lines:
                 t.line(line)
@@ -135,5 +134,5 @@ def simt_gemm_module_text(g: MmaGemm, tiles: SimtTiles = SimtTiles(), name: str 
         + "\n".join(consts + t.lines) + "\n      gpu.return\n    }\n  }\n}\n")
 
 
-def grid(m: int, n: int, tiles: SimtTiles = SimtTiles()) -> tuple[int, int, int]:
-    return -(-n // tiles.block_n), -(-m // tiles.block_m), 1
+def grid(m: int, n: int, tiles: SimtTiles = SimtTiles(), batch: int = 1) -> tuple[int, int, int]:
+    return -(-n // tiles.block_n), -(-m // tiles.block_m), batch

@@ -97,19 +97,18 @@ def wgmma_tiles(v: OpView) -> WgmmaTiles:
 def gemm_kernel(v: OpView, name: str, chip: str = "sm_80") -> tuple[str, Launch]:
     """The gpu.module text of the kernel for a gemm / fused_gemm on `chip`, and its launch."""
     a, b = v.operands["a"], v.operands["b"]
-    if b.rank != 2:
-        raise OpError(f"the NVIDIA GEMM kernels take a batched A ([..., M, K]) with a shared B, not a batched B "
-                      f"({b}); batched B is not supported on this target yet")
     if v.attrs["transpose_a"]:
         raise OpError("the NVIDIA GEMM kernels read A as [M, K]; transpose_a is not supported on this target yet")
     lead, (rows, k) = a.shape[:-2], a.shape[-2:]
-    m = math.prod(lead) * rows  # a batched A times a shared B is one GEMM over all its rows
-    n = b.shape[0] if v.attrs["transpose_b"] else b.shape[1]
+    batched_b = b.rank > 2
+    # a batched A times a shared B is one GEMM over all its rows; with a batched B, block z does matrix z
+    m = rows if batched_b else math.prod(lead) * rows
+    n = b.shape[-2] if v.attrs["transpose_b"] else b.shape[-1]
     g = MmaGemm(m, n, k, a.dtype, v.result.dtype, v.attrs["transpose_b"], tuple(v.attrs.get("epilogue", ())),
                 v.operands["bias"].dtype if "bias" in v.operands else None,
-                v.operands["residual"].dtype if "residual" in v.operands else None, lead=lead)
+                v.operands["residual"].dtype if "residual" in v.operands else None, lead=lead, batched_b=batched_b)
     if a.dtype in MMA_DTYPES and k % 8 == 0 and n % 8 == 0:  # rows in 16-byte chunks: Tensor Cores
-        if chip == "sm_90a":
+        if chip == "sm_90a" and not batched_b:
             tiles = wgmma_tiles(v)
             return wgmma_gemm_module_text(g, tiles, name), Launch(
                 wgmma_grid(g, tiles), (tiles.threads, 1, 1), tiles.shared_bytes(), tensor_maps(tiles, g.transpose_b))
@@ -118,7 +117,8 @@ def gemm_kernel(v: OpView, name: str, chip: str = "sm_80") -> tuple[str, Launch]
                                                             tiles.shared_bytes())
     tiles = SimtTiles()  # f32, or rows the matrix instructions' copies cannot take
     x, y = tiles.threads
-    return simt_gemm_module_text(g, tiles, name), Launch(simt_grid(m, n, tiles), (x, y, 1), 0)
+    return simt_gemm_module_text(g, tiles, name), Launch(
+        simt_grid(m, n, tiles, math.prod(lead) if batched_b else 1), (x, y, 1), 0)
 
 
 def conv_kernel(v: OpView, name: str) -> tuple[str, Launch]:

@@ -85,7 +85,8 @@ class MmaGemm:
     an NHWC conv2d as an implicit GEMM: A is the im2col of the image [N, H, W, C] (gathered while
     copying, never stored), B the HWCF filter as [K, F], C the output [N, OH, OW, F]. With `lead`
     (a batched A times a shared B), A, C and the residual are [*lead, rows, .] seen as one matrix
-    of m = prod(lead) x rows rows."""
+    of m = prod(lead) x rows rows. With `lead` and `batched_b`, every operand but the bias has
+    the leading dims, m is the rows of one matrix, and block z computes matrix z."""
     m: int
     n: int
     k: int
@@ -97,6 +98,7 @@ class MmaGemm:
     residual_dtype: str | None = None
     conv: ConvGather | None = None
     lead: tuple[int, ...] = ()
+    batched_b: bool = False
 
     def validate(self) -> None:
         if self.dtype not in MMA_DTYPES:
@@ -113,9 +115,18 @@ class MmaGemm:
         if self.conv is not None:
             (n, h, w, c), (kh, kw), (oh, ow) = self.conv.image.shape, self.conv.kernel, self.conv.out_hw
             return (n, h, w, c), (kh, kw, c, self.n), (n, oh, ow, self.n)
-        rows = self.m // math.prod(self.lead)
-        return ((*self.lead, rows, self.k), ((self.n, self.k) if self.transpose_b else (self.k, self.n)),
-                (*self.lead, rows, self.n))
+        rows = self.m if self.batched_b else self.m // math.prod(self.lead)
+        b = (self.n, self.k) if self.transpose_b else (self.k, self.n)
+        return (*self.lead, rows, self.k), (*self.lead, *b) if self.batched_b else b, (*self.lead, rows, self.n)
+
+    def matrix_type(self, name: str, dtype: str) -> str:
+        """The type of matrix %A / %B / %C / %residual as the kernel indexes it: one matrix of a
+        batch is a strided view at a dynamic offset."""
+        shape = {"A": (self.m, self.k), "B": (self.n, self.k) if self.transpose_b else (self.k, self.n),
+                 "C": (self.m, self.n), "residual": (self.m, self.n)}[name]
+        if not self.batched_b:
+            return _memref(shape, dtype)
+        return f"memref<{shape[0]}x{shape[1]}x{dtype}, strided<[{shape[1]}, 1], offset: ?>>"
 
 
 def swizzles(tiles: MmaTiles, transpose_b: bool) -> tuple[Swizzle, Swizzle]:
@@ -136,7 +147,7 @@ def trips(g: MmaGemm, tiles: MmaTiles) -> int:
 
 
 def grid(g: MmaGemm, tiles: MmaTiles) -> tuple[int, int, int]:
-    return -(-g.n // tiles.block_n), -(-g.m // tiles.block_m), 1
+    return -(-g.n // tiles.block_n), -(-g.m // tiles.block_m), math.prod(g.lead) if g.batched_b else 1
 
 
 def mma_gemm_module_text(g: MmaGemm, tiles: MmaTiles = MmaTiles(), name: str = "gemm") -> str:
@@ -165,12 +176,12 @@ def store_pair(t: _Text, g: MmaGemm, pair: str, grow: str, gcol: str, tag: str) 
                                      f"{_memref((g.n,), g.bias_dtype)}, vector<2x{g.bias_dtype}>", "e"), g.bias_dtype)
     if g.residual_dtype:
         operands["residual_add"] = (t.op(f"vector.load %residual[{grow}, {gcol}] {_aligned_pair(g.residual_dtype)} : "
-                                         f"{_memref((g.m, g.n), g.residual_dtype)}, vector<2x{g.residual_dtype}>",
+                                         f"{g.matrix_type('residual', g.residual_dtype)}, vector<2x{g.residual_dtype}>",
                                          "e"), g.residual_dtype)
     lines, x = fused_epilogue(pair, g.epilogue, operands, g.out_dtype, 2, tag)
     for line in lines:
         t.line(line)
-    t.line(f"vector.store {x}, %C[{grow}, {gcol}] {_aligned_pair(g.out_dtype)} : {_memref((g.m, g.n), g.out_dtype)}, "
+    t.line(f"vector.store {x}, %C[{grow}, {gcol}] {_aligned_pair(g.out_dtype)} : {g.matrix_type('C', g.out_dtype)}, "
            f"vector<2x{g.out_dtype}>")
     t.close()
 
@@ -180,7 +191,7 @@ def _operands(g: MmaGemm) -> list[tuple[str, tuple[int, ...], str, bool]]:
     tensor parameters, in the order tracea-gpu-kernels promises: A, B, the epilogue's bias and
     residual when used, C. A conv's image stays 4-D (its tiles are gathers)."""
     a, b, c = g.operand_shapes()
-    out = [("A", a, g.dtype, g.conv is None and len(a) > 2), ("B", b, g.dtype, len(b) > 2)]
+    out = [("A", a, g.dtype, g.conv is None and len(a) > 2), ("B", b, g.dtype, len(b) > 2 or g.batched_b)]
     if g.bias_dtype:
         out.append(("bias", (g.n,), g.bias_dtype, False))
     if g.residual_dtype:
@@ -195,10 +206,24 @@ def kernel_params(g: MmaGemm) -> list[str]:
 
 def collapse_views(g: MmaGemm) -> list[str]:
     """The N-d parameters as the matrices the kernel indexes (all contiguous): %A [M, K], %B [K, N],
-    %C and %residual [M, N]."""
+    %C and %residual [M, N]; with a batched B, this block's matrix of each (block z)."""
     lines = []
+    if g.batched_b:
+        lines.append("%batch = gpu.block_id z")
+        rest = "%batch"
+        for i in reversed(range(len(g.lead))):
+            lines += [f"%lead_size{i} = arith.constant {g.lead[i]} : index",
+                      f"%lead{i} = arith.remui {rest}, %lead_size{i} : index",
+                      f"%lead_rest{i} = arith.divui {rest}, %lead_size{i} : index"]
+            rest = f"%lead_rest{i}"
     for name, shape, dtype, nd in _operands(g):
-        if nd:
+        if nd and g.batched_b:
+            lead = len(g.lead)
+            offsets = ", ".join([f"%lead{i}" for i in range(lead)] + ["0", "0"])
+            sizes = ", ".join(["1"] * lead + [str(d) for d in shape[-2:]])
+            lines.append(f"%{name} = memref.subview %{name}_nd[{offsets}] [{sizes}] [{', '.join(['1'] * (lead + 2))}] "
+                         f": {_memref(shape, dtype)} to {g.matrix_type(name, dtype)}")
+        elif nd:
             rows = math.prod(shape[:-1])
             groups = f"[[{', '.join(map(str, range(len(shape) - 1)))}], [{len(shape) - 1}]]"
             lines.append(f"%{name} = memref.collapse_shape %{name}_nd {groups} : {_memref(shape, dtype)} into "
@@ -220,8 +245,8 @@ class _Writer:
         self.t.depth = 3
         T = g.dtype
         S, BM, BN, BK = tiles.stages, tiles.block_m, tiles.block_n, tiles.block_k
-        self.A_t = _memref(g.operand_shapes()[0] if g.conv is not None else (g.m, g.k), T)
-        self.B_t = _memref((g.n, g.k) if g.transpose_b else (g.k, g.n), T)
+        self.A_t = _memref(g.operand_shapes()[0], T) if g.conv is not None else g.matrix_type("A", T)
+        self.B_t = g.matrix_type("B", T)
         self.As_t = f"memref<{S}x{BM}x{BK}x{T}, {WORKGROUP}>"
         b_rows, b_cols = (BN, BK) if g.transpose_b else (BK, BN)
         self.Bs_t = f"memref<{S}x{b_rows}x{b_cols}x{T}, {WORKGROUP}>"
