@@ -222,3 +222,17 @@ def test_batched_matmul_matches_torch(gpu, dtype):
     out = kernel(a, b)
     torch.cuda.synchronize()
     torch.testing.assert_close(out, a.float() @ b.float(), rtol=2e-2, atol=2e-2)
+
+
+@pytest.mark.parametrize("dtype", ["f16", "f32"])
+def test_transposed_a_matches_torch(gpu, dtype):
+    import torch
+    from tracea import dialects as td
+    fn = td.function(td.tensor((72, 136), dtype), td.tensor((72, 40), dtype), name="at_b")(
+        lambda a, b: td.gemm(a, b, transpose_a=True, out_dtype="f32"))
+    kernel = cl.CudaKernel(tracea.compile_gpu(fn, chip=gpu.chip), gpu)
+    torch_dtype = torch.float16 if dtype == "f16" else torch.float32
+    a, b = torch.randn(72, 136, device="cuda", dtype=torch_dtype), torch.randn(72, 40, device="cuda", dtype=torch_dtype)
+    out = kernel(a, b)
+    torch.cuda.synchronize()
+    torch.testing.assert_close(out, a.float().T @ b.float(), rtol=2e-2, atol=2e-2)

@@ -53,8 +53,8 @@ def test_mma_gemm_machine_code(chip, dtype, transpose_b, epilogue):
 def test_shared_memory_layouts_are_conflict_free():
     """The swizzles the kernel uses leave no bank conflicts for its cp.async stores and ldmatrix
     reads; the same tiles unswizzled conflict."""
-    for transpose_b in (False, True):
-        for layout in gpu_mma.tile_layouts(MmaTiles(), transpose_b):
+    for transpose_a, transpose_b in ((False, False), (False, True), (True, False)):
+        for layout in gpu_mma.tile_layouts(MmaTiles(), transpose_b, transpose_a):
             assert bank_conflicts.report(layout) == {"store": 0, "ldmatrix": 0}
     plain_b = bank_conflicts.TileLayout(32, 128, 2, Swizzle())
     assert bank_conflicts.report(plain_b)["ldmatrix"] > 0
@@ -183,3 +183,23 @@ def test_batched_activations_times_shared_weights_is_one_gemm(chip):
     bmm = td.function(td.tensor((2, 3, 50, 64), "f16"), td.tensor((2, 3, 64, 40), "f16"), name="bmm")(td.gemm)
     art = tracea.compile_gpu(bmm, chip=chip)
     assert art.grid == (1, 1, 6) and "HMMA" in nvvm.sass(nvvm.Cubin(chip, art.cubin, 0, 0, 0, ""))
+
+
+@pytest.mark.parametrize("chip", ["sm_80", "sm_90a"])
+@pytest.mark.parametrize("dtype", ["f16", "f32"])
+def test_transposed_a(chip, dtype):
+    """C = A^T B with A stored [K, M]: on Tensor Cores its tiles are copied as they lie and
+    transposed by ldmatrix (the mma.sync kernel on sm_90a too); f32 on the SIMT kernel."""
+    try:
+        nvvm.ptxas_path()
+    except tracea.CompileError:
+        pytest.skip("ptxas not found (pip install nvidia-cuda-nvcc==13.0.88)")
+    fn = td.function(td.tensor((72, 136), dtype), td.tensor((72, 40), dtype), name="at_b")(
+        lambda a, b: td.gemm(a, b, transpose_a=True, out_dtype="f32"))
+    art = tracea.compile_gpu(fn, chip=chip)
+    assert [p.shape for p in art.params] == [(72, 136), (72, 40), (136, 40)]
+    sass = nvvm.sass(nvvm.Cubin(chip, art.cubin, 0, 0, 0, ""))
+    if dtype == "f16":
+        assert "HMMA.16816.F32" in sass and "LDSM.16.MT88.4" in sass and art.block == (128, 1, 1)
+    else:
+        assert "FFMA" in sass and art.block == (16, 16, 1)

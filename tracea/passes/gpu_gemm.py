@@ -85,7 +85,10 @@ def simt_gemm_module_text(g: MmaGemm, tiles: SimtTiles = SimtTiles(), name: str 
     # cooperative copies: element e of the tile for e = tid, tid + threads, ...
     t.for_("%e", tid, t.c(BM * BK), t.c(nthreads))
     mm, kk = t.op(f"arith.divui %e, {t.c(BK)} : index", "i"), t.op(f"arith.remui %e, {t.c(BK)} : index", "i")
-    a = guarded_load("%A", A_t, t.add(row0, mm), t.add("%k0", kk), m, k)
+    if g.transpose_a:
+        a = guarded_load("%A", A_t, t.add("%k0", kk), t.add(row0, mm), k, m)
+    else:
+        a = guarded_load("%A", A_t, t.add(row0, mm), t.add("%k0", kk), m, k)
     t.line(f"memref.store {a}, %As[{kk}, {mm}] : {As_t}")
     t.close()
     t.for_("%e", tid, t.c(BK * BN), t.c(nthreads))

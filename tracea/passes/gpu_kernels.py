@@ -97,18 +97,24 @@ def wgmma_tiles(v: OpView) -> WgmmaTiles:
 def gemm_kernel(v: OpView, name: str, chip: str = "sm_80") -> tuple[str, Launch]:
     """The gpu.module text of the kernel for a gemm / fused_gemm on `chip`, and its launch."""
     a, b = v.operands["a"], v.operands["b"]
-    if v.attrs["transpose_a"]:
-        raise OpError("the NVIDIA GEMM kernels read A as [M, K]; transpose_a is not supported on this target yet")
+    transpose_a = v.attrs["transpose_a"]
     lead, (rows, k) = a.shape[:-2], a.shape[-2:]
+    if transpose_a:
+        if lead:
+            raise OpError("the NVIDIA GEMM kernels take a transposed A without batch dims; batched A^T is not "
+                          "supported on this target yet")
+        k, rows = rows, k
     batched_b = b.rank > 2
     # a batched A times a shared B is one GEMM over all its rows; with a batched B, block z does matrix z
     m = rows if batched_b else math.prod(lead) * rows
     n = b.shape[-2] if v.attrs["transpose_b"] else b.shape[-1]
     g = MmaGemm(m, n, k, a.dtype, v.result.dtype, v.attrs["transpose_b"], tuple(v.attrs.get("epilogue", ())),
                 v.operands["bias"].dtype if "bias" in v.operands else None,
-                v.operands["residual"].dtype if "residual" in v.operands else None, lead=lead, batched_b=batched_b)
-    if a.dtype in MMA_DTYPES and k % 8 == 0 and n % 8 == 0:  # rows in 16-byte chunks: Tensor Cores
-        if chip == "sm_90a" and not batched_b:
+                v.operands["residual"].dtype if "residual" in v.operands else None, lead=lead, batched_b=batched_b,
+                transpose_a=transpose_a)
+    if a.dtype in MMA_DTYPES and k % 8 == 0 and n % 8 == 0 and (m % 8 == 0 or not transpose_a):
+        # rows in 16-byte chunks: Tensor Cores
+        if chip == "sm_90a" and not (batched_b or transpose_a):
             tiles = wgmma_tiles(v)
             return wgmma_gemm_module_text(g, tiles, name), Launch(
                 wgmma_grid(g, tiles), (tiles.threads, 1, 1), tiles.shared_bytes(), tensor_maps(tiles, g.transpose_b))

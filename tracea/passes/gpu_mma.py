@@ -22,7 +22,6 @@ import math
 from dataclasses import dataclass
 
 from ..dialects.ops import Epilogue
-from ..dialects.schedule import Swizzle
 from ..errors import OpError
 from .bank_conflicts import CHUNK_BYTES, TileLayout, conflict_free_swizzle, report
 from .cpu_gemm import ConvGather, _memref, _Text
@@ -99,6 +98,7 @@ class MmaGemm:
     conv: ConvGather | None = None
     lead: tuple[int, ...] = ()
     batched_b: bool = False
+    transpose_a: bool = False  # A stored as [K, M]: its tiles are loaded as they lie, transposed by ldmatrix
 
     def validate(self) -> None:
         if self.dtype not in MMA_DTYPES:
@@ -106,6 +106,9 @@ class MmaGemm:
         if self.conv is not None and self.conv.image.shape[3] % PER_CHUNK:
             raise OpError(f"the NVIDIA conv2d gathers 16-byte runs of channels: C ({self.conv.image.shape[3]}) must "
                           f"be a multiple of {PER_CHUNK}; pad the channels")
+        if self.transpose_a and self.m % PER_CHUNK:
+            raise OpError(f"the mma.sync GEMM copies 16-byte chunks of rows of a transposed A: M ({self.m}) must be "
+                          f"a multiple of {PER_CHUNK}; pad it")
         if self.k % PER_CHUNK or self.n % PER_CHUNK:
             raise OpError(f"the mma.sync GEMM copies 16-byte chunks of rows: K ({self.k}) and N ({self.n}) "
                           f"must be multiples of {PER_CHUNK}; pad them")
@@ -116,30 +119,28 @@ class MmaGemm:
             (n, h, w, c), (kh, kw), (oh, ow) = self.conv.image.shape, self.conv.kernel, self.conv.out_hw
             return (n, h, w, c), (kh, kw, c, self.n), (n, oh, ow, self.n)
         rows = self.m if self.batched_b else self.m // math.prod(self.lead)
+        a = (self.k, rows) if self.transpose_a else (rows, self.k)
         b = (self.n, self.k) if self.transpose_b else (self.k, self.n)
-        return (*self.lead, rows, self.k), (*self.lead, *b) if self.batched_b else b, (*self.lead, rows, self.n)
+        return (*self.lead, *a), (*self.lead, *b) if self.batched_b else b, (*self.lead, rows, self.n)
 
     def matrix_type(self, name: str, dtype: str) -> str:
         """The type of matrix %A / %B / %C / %residual as the kernel indexes it: one matrix of a
         batch is a strided view at a dynamic offset."""
-        shape = {"A": (self.m, self.k), "B": (self.n, self.k) if self.transpose_b else (self.k, self.n),
+        shape = {"A": (self.k, self.m) if self.transpose_a else (self.m, self.k),
+                 "B": (self.n, self.k) if self.transpose_b else (self.k, self.n),
                  "C": (self.m, self.n), "residual": (self.m, self.n)}[name]
         if not self.batched_b:
             return _memref(shape, dtype)
         return f"memref<{shape[0]}x{shape[1]}x{dtype}, strided<[{shape[1]}, 1], offset: ?>>"
 
 
-def swizzles(tiles: MmaTiles, transpose_b: bool) -> tuple[Swizzle, Swizzle]:
-    """The conflict-free layouts of the A and B tiles."""
-    b_cols = tiles.block_k if transpose_b else tiles.block_n
-    return conflict_free_swizzle(tiles.block_k, ELEM_BYTES), conflict_free_swizzle(b_cols, ELEM_BYTES)
-
-
-def tile_layouts(tiles: MmaTiles, transpose_b: bool) -> tuple[TileLayout, TileLayout]:
-    a_swizzle, b_swizzle = swizzles(tiles, transpose_b)
+def tile_layouts(tiles: MmaTiles, transpose_b: bool, transpose_a: bool = False) -> tuple[TileLayout, TileLayout]:
+    """The A and B tiles as they lie in shared memory ([BM, BK] or, transposed, [BK, BM]; [BK, BN]
+    or [BN, BK]), each with the swizzle that makes it conflict-free."""
+    a_shape = (tiles.block_k, tiles.block_m) if transpose_a else (tiles.block_m, tiles.block_k)
     b_shape = (tiles.block_n, tiles.block_k) if transpose_b else (tiles.block_k, tiles.block_n)
-    return (TileLayout(tiles.block_m, tiles.block_k, ELEM_BYTES, a_swizzle),
-            TileLayout(*b_shape, ELEM_BYTES, b_swizzle))
+    return tuple(TileLayout(*shape, ELEM_BYTES, conflict_free_swizzle(shape[1], ELEM_BYTES))
+                 for shape in (a_shape, b_shape))
 
 
 def trips(g: MmaGemm, tiles: MmaTiles) -> int:
@@ -157,7 +158,7 @@ def mma_gemm_module_text(g: MmaGemm, tiles: MmaTiles = MmaTiles(), name: str = "
     tiles.validate()
     plan = cp_async_plan(tiles.stages)
     plan.verify(trips(g, tiles))
-    layouts = tile_layouts(tiles, g.transpose_b)
+    layouts = tile_layouts(tiles, g.transpose_b, g.transpose_a)
     for layout in layouts:
         found = report(layout)
         if any(found.values()):  # the swizzle's contract; a failure is a bug in conflict_free_swizzle
@@ -247,7 +248,8 @@ class _Writer:
         S, BM, BN, BK = tiles.stages, tiles.block_m, tiles.block_n, tiles.block_k
         self.A_t = _memref(g.operand_shapes()[0], T) if g.conv is not None else g.matrix_type("A", T)
         self.B_t = g.matrix_type("B", T)
-        self.As_t = f"memref<{S}x{BM}x{BK}x{T}, {WORKGROUP}>"
+        a_rows, a_cols = (BK, BM) if g.transpose_a else (BM, BK)
+        self.As_t = f"memref<{S}x{a_rows}x{a_cols}x{T}, {WORKGROUP}>"
         b_rows, b_cols = (BN, BK) if g.transpose_b else (BK, BN)
         self.Bs_t = f"memref<{S}x{b_rows}x{b_cols}x{T}, {WORKGROUP}>"
         self.frag_m, self.frag_n = tiles.warp_m // 16, tiles.warp_n // 8  # m16n8 tiles per warp
@@ -330,7 +332,10 @@ class _Writer:
         if g.conv is not None:
             self.gather_tile(buffer, k0)
         else:
-            self.copy_tile("%A", self.A_t, "%As", self.As_t, self.a_layout, buffer, "%row0", k0, g.m, g.k)
+            if g.transpose_a:
+                self.copy_tile("%A", self.A_t, "%As", self.As_t, self.a_layout, buffer, k0, "%row0", g.k, g.m)
+            else:
+                self.copy_tile("%A", self.A_t, "%As", self.As_t, self.a_layout, buffer, "%row0", k0, g.m, g.k)
         if g.transpose_b:
             self.copy_tile("%B", self.B_t, "%Bs", self.Bs_t, self.b_layout, buffer, "%col0", k0, g.n, g.k)
         else:
@@ -353,6 +358,13 @@ class _Writer:
             # A: matrices (rows 0-7 | 8-15) x (k 0-7 | 8-15), lane l giving row l % 16 of chunk l / 16
             a_frags = []
             for i in range(self.frag_m):
+                if g.transpose_a:
+                    # A^T tile [k][m], transposed on load: lane l gives row k = l % 8 + 8 (l / 16) of
+                    # the matrix at m offset 8 ((l / 8) % 2), the order of the A fragment's registers
+                    a_frags.append(self.ldmatrix("%As", self.As_t, self.a_layout, buffer,
+                                                 t.add(t.c(kk), "%lane_row8x"),
+                                                 t.add(t.add("%wrow", t.c(i * 16)), "%lane_chunk8"), True))
+                    continue
                 row = t.add("%wrow", t.c(i * 16))
                 row = t.add(row, "%lane_row16")
                 a_frags.append(self.ldmatrix("%As", self.As_t, self.a_layout, buffer, row,

@@ -111,8 +111,9 @@ def wgmma_gemm_module_text(g: MmaGemm, tiles: WgmmaTiles = WgmmaTiles(), name: s
     """A gpu.module with kernel @name(A, B[, bias][, residual], C, A's tensor map, B's tensor
     map), 128 threads, tiles.shared_bytes() of dynamic shared memory."""
     g.validate()
-    if g.conv is not None or g.batched_b:
-        raise OpError("the wgmma kernel reads plain matrices through TMA; convs and batched B run the mma.sync kernel")
+    if g.conv is not None or g.batched_b or g.transpose_a:
+        raise OpError("the wgmma kernel reads plain matrices through TMA; convs, batched B and a transposed A run "
+                      "the mma.sync kernel")
     tiles.validate(g.transpose_b)
     plan = tma_wgmma_plan(tiles.stages)
     plan.verify(trips(g, tiles))

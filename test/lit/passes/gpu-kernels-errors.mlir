@@ -10,8 +10,8 @@ func.func @two(%a: tensor<16x16xf16>, %b: tensor<16x16xf16>) -> tensor<16x16xf16
 
 
 // -----
-// expected-error @+1 {{transpose_a is not supported on this target yet}}
-func.func @transposed_a(%a: tensor<32x16xf16>, %b: tensor<32x16xf16>) -> tensor<16x16xf32> {
-  %c = "tracea.gemm"(%a, %b) {transpose_a = true} : (tensor<32x16xf16>, tensor<32x16xf16>) -> tensor<16x16xf32>
-  return %c : tensor<16x16xf32>
+// expected-error @+1 {{batched A^T is not supported on this target yet}}
+func.func @batched_transposed_a(%a: tensor<2x32x16xf16>, %b: tensor<32x16xf16>) -> tensor<2x16x16xf32> {
+  %c = "tracea.gemm"(%a, %b) {transpose_a = true} : (tensor<2x32x16xf16>, tensor<32x16xf16>) -> tensor<2x16x16xf32>
+  return %c : tensor<2x16x16xf32>
 }
