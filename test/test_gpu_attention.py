@@ -58,3 +58,20 @@ def test_attention_shapes_the_kernel_cannot_take_are_named(shapes, message):
     fn = td.function(*[td.tensor(s, "f16") for s in shapes], name="attn")(lambda q, k, v: td.attention(q, k, v))
     with pytest.raises(tracea.CompileError, match=message):
         tracea.compile_gpu(fn, chip="sm_80")
+
+
+def test_the_key_value_pipeline_is_the_checked_plan(monkeypatch):
+    """K and V stream through phase_cycle's cp.async plan, proved for every block's count of key
+    blocks (causal blocks visit fewer); a plan that refills a buffer still being read is refused."""
+    from tracea.passes import gpu_attention, phase_cycle
+    a = MmaAttention((1, 2), 300, 300, 64, "f16", "f16", 0.125, True)
+    text = attention_module_text(a, AttentionTiles(stages=3))
+    loop = text[text.index("scf.for"):]
+    assert "nvvm.cp.async.wait.group 1" in loop  # 3 stages: one block's copies may stay in flight
+    plan = phase_cycle.cp_async_plan(2)
+    broken = phase_cycle.LoopPlan(2, plan.prologue, (phase_cycle.WaitGroups(0), phase_cycle.Load(1, 1),
+                                                    phase_cycle.Commit(), phase_cycle.Barrier(),
+                                                    phase_cycle.Compute(0, 0)))
+    monkeypatch.setattr(gpu_attention, "cp_async_plan", lambda stages: broken)
+    with pytest.raises(phase_cycle.PhaseError, match="while some threads may still read"):
+        attention_module_text(a)

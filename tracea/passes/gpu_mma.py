@@ -417,23 +417,27 @@ class _Writer:
         return t.op(f"vector.from_elements {', '.join(parts)} : vector<2x2xf32>", "d")
 
     # -- pipeline ----------------------------------------------------------------------
+    def trip_limit(self) -> tuple[int, str]:
+        """(the most K tiles, the SSA value of this block's count): the same for a GEMM."""
+        n = trips(self.g, self.tiles)
+        return n, self.t.c(n)
+
     def emit_events(self, events, k: str | None, accs: list[str]) -> list[str]:
-        """Emit plan events; in the loop body tiles are relative to `k` (LoopPlan's convention)."""
+        """Emit plan events; in the loop body tiles are relative to `k` (LoopPlan's convention).
+        A Load of a tile past the last is not issued (its group is committed empty)."""
         t = self.t
-        n_trips = trips(self.g, self.tiles)
+        most, count = self.trip_limit()
         for e in events:
             if isinstance(e, Load):
-                if k is None:
-                    if e.tile < n_trips:
-                        self.load_tile(t.c(e.tile))
+                if k is None and e.tile >= most:
                     continue
-                tile = t.add(k, t.c(e.tile)) if e.tile else k
-                if e.tile:  # a tile past the last is not loaded (its group is committed empty)
-                    t.open(f"scf.if {t.cmp('ult', tile, t.c(n_trips))}")
-                    self.load_tile(tile)
+                tile = t.c(e.tile) if k is None else (t.add(k, t.c(e.tile)) if e.tile else k)
+                guarded = e.tile and (k is not None or count != t.c(most))
+                if guarded:
+                    t.open(f"scf.if {t.cmp('ult', tile, count)}")
+                self.load_tile(tile)
+                if guarded:
                     t.close()
-                else:
-                    self.load_tile(tile)
             elif isinstance(e, Commit):
                 t.line("nvvm.cp.async.commit.group")
             elif isinstance(e, WaitGroups):

@@ -66,14 +66,23 @@ func.func @conv(%x: tensor<1x16x16x32xf16>, %w: tensor<3x3x32x64xf16>, %b: tenso
   return %y : tensor<1x16x16x64xf16>
 }
 
-// Attention: flash attention on mma.sync: Q fragments kept in registers, per key block S = Q K^T,
-// the online softmax (row max across a quad of lanes, exp, rescaled sums), then O += P V with P's
-// accumulators as the A fragments; causal blocks past the diagonal are not visited.
+// Attention: flash attention on mma.sync: Q fragments kept in registers, K and V blocks through a
+// 2-stage cp.async pipeline (the checked plan: block j + 1's copies in flight while block j is
+// computed), per key block S = Q K^T, the online softmax (row max across a quad of lanes, exp,
+// rescaled sums), then O += P V with P's accumulators as the A fragments; causal blocks past the
+// diagonal are not visited.
 // CHECK: gpu.func @attn(%{{.*}}: memref<2x4x96x64xf16>, %{{.*}}: memref<2x4x96x64xf16>, %{{.*}}: memref<2x4x96x64xf16>, %{{.*}}: memref<2x4x96x64xf16>) kernel
-// CHECK-SAME: tracea.launch = {block = array<i64: 128, 1, 1>, dynamic_shared_bytes = 24576 : i64, grid = array<i64: 2, 8, 1>}
+// CHECK-SAME: tracea.launch = {block = array<i64: 128, 1, 1>, dynamic_shared_bytes = 40960 : i64, grid = array<i64: 2, 8, 1>}
 // CHECK: memref.subview
-// CHECK: arith.minui
-// CHECK: scf.for %{{.*}} = %c0 to %{{.*}} step %c1 iter_args(
+// CHECK: %[[BOUND:.*]] = arith.minui
+// CHECK: nvgpu.device_async_copy {{.*}} to memref<2x64x64xf16, #gpu.address_space<workgroup>>
+// CHECK: nvvm.cp.async.commit.group
+// CHECK: scf.for %{{.*}} = %c0 to %[[BOUND]] step %c1 iter_args(
+// CHECK-NEXT: nvvm.cp.async.wait.group 0
+// CHECK-NEXT: gpu.barrier
+// CHECK: scf.if
+// CHECK: nvgpu.device_async_copy
+// CHECK: nvvm.cp.async.commit.group
 // CHECK: nvgpu.mma.sync
 // CHECK: arith.cmpi ule
 // CHECK: gpu.shuffle xor
