@@ -133,3 +133,26 @@ def test_a_forked_copy_of_the_caller_starts_its_own_compiler_process():
     assert os.WIFEXITED(status) and os.WEXITSTATUS(status) == 0
     assert compiler_process_id() == parent_compiler
     assert run_pipeline(SOFTMAX, parse_pipeline("tracea-to-linalg"), isolate=True).text == expected
+
+
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="the compiler process needs os.fork")
+def test_the_compiler_process_holds_no_pipe_of_the_caller():
+    """A pipe the caller has open when the compiler process is forked (as subprocess.Popen has,
+    between creating its child and that child's exec) must reach end-of-file once the caller
+    closes it: a copy kept by the long-lived compiler process would hang Popen for ever."""
+    import select
+
+    from tracea.passes import isolation
+    with isolation._process_lock:
+        if isolation._process is not None:
+            isolation._process.close()
+            isolation._process = None
+    read_end, write_end = os.pipe()
+    try:
+        assert run_pipeline(SOFTMAX, parse_pipeline("tracea-to-linalg"), isolate=True).ok  # forks one now
+        assert isolation.compiler_process_id() is not None
+        os.close(write_end)
+        ready, _, _ = select.select([read_end], [], [], 10)
+        assert ready and os.read(read_end, 1) == b""
+    finally:
+        os.close(read_end)

@@ -20,6 +20,7 @@ import faulthandler
 import os
 import pickle
 import signal
+import stat
 import struct
 import sys
 import tempfile
@@ -75,6 +76,7 @@ def _fork_child(child_body, keep: tuple[int, ...]) -> int:
         return pid
     status = 0
     try:
+        _close_inherited_pipes(keep)
         faulthandler.disable()  # a crash here is expected and reported by the parent
         child_body()
     except BaseException:  # noqa: BLE001 - the child must never return into the caller
@@ -83,6 +85,26 @@ def _fork_child(child_body, keep: tuple[int, ...]) -> int:
     finally:
         sys.stderr.flush()
         os._exit(status)
+
+
+def _close_inherited_pipes(keep: tuple[int, ...]) -> None:
+    """Close the pipes and sockets this child inherited, but its own and stdin/out/err. Another
+    thread of the caller may have been starting a subprocess at the fork: Popen waits for the end
+    of file on a pipe that only the exec of its child closes, and a copy of that pipe held by a
+    long-lived compiler process would make it wait for ever."""
+    try:
+        fds = [int(name) for name in os.listdir("/proc/self/fd")]
+    except OSError:  # no /proc: the descriptors a process usually has
+        fds = list(range(3, 1024))
+    for fd in fds:
+        if fd < 3 or fd in keep:
+            continue
+        try:
+            mode = os.fstat(fd).st_mode
+        except OSError:
+            continue
+        if stat.S_ISFIFO(mode) or stat.S_ISSOCK(mode):
+            os.close(fd)
 
 
 # Raw descriptors only, no Python file objects: a thread of the caller may be blocked reading one
