@@ -19,6 +19,17 @@ def main(argv: list[str] | None = None) -> int:
     demo.add_argument("--hidden", type=int, default=512)
     demo.add_argument("--vocab", type=int, default=256)
     demo.add_argument("--repeat", type=int, default=5, help="timed runs (median reported)")
+    gpu = sub.add_parser("compile-gpu", help="compile a function of MLIR text (one gemm / fused_gemm / NHWC conv2d / "
+                         "attention) into an NVIDIA kernel artifact: PATH.cubin + PATH.json, for a machine "
+                         "with a GPU (loaded there by tracea/runtime/cuda_launcher.py, no MLIR needed)",
+                         description="Writes OUTPUT.cubin and OUTPUT.json and prints the launch configuration "
+                                     "and the registers and shared memory ptxas reports. Example: "
+                                     "tracea compile-gpu linear.mlir --chip sm_90a -o build/linear")
+    gpu.add_argument("input", help="MLIR file with tracea ops in generic form")
+    gpu.add_argument("--chip", default="sm_80", choices=["sm_80", "sm_90a"],
+                     help="sm_80: Ampere and later (mma.sync, cp.async); sm_90a: Hopper (TMA, wgmma)")
+    gpu.add_argument("--entry", help="the function to compile (default: the only public one)")
+    gpu.add_argument("-o", "--output", required=True, help="artifact path without extension")
     args = parser.parse_args(argv)
     if args.command is None:
         parser.print_help()
@@ -28,6 +39,20 @@ def main(argv: list[str] | None = None) -> int:
             from .demo import run
             ok = run(args.batch, args.seq, args.dim, args.hidden, args.vocab, args.repeat)
             return 0 if ok else 1
+        if args.command == "compile-gpu":
+            from pathlib import Path
+
+            from ..compiler import compile_gpu
+            source = Path(args.input)
+            if not source.is_file():
+                print(f"tracea: error: no such file: {source}", file=sys.stderr)
+                return 1
+            artifact = compile_gpu(source, chip=args.chip, entry=args.entry)
+            Path(args.output).parent.mkdir(parents=True, exist_ok=True)
+            artifact.save(args.output)
+            print(f"{artifact.name} for {artifact.chip}: grid {artifact.grid}, block {artifact.block}, "
+                  f"{artifact.dynamic_shared_bytes} bytes dynamic shared memory, {artifact.registers} registers; "
+                  f"wrote {args.output}.cubin and {args.output}.json")
     except TraceaError as e:
         print(f"tracea: error: {e}", file=sys.stderr)
         return 1
