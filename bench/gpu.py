@@ -4,6 +4,12 @@ steps, since the compiler (MLIR) and the GPU are on different machines here:
 
     .venv/bin/python bench/gpu.py build .gpu-bench            # here: compile, write the artifacts
     python3 bench/gpu.py run .gpu-bench [--markdown]          # on the GPU machine: check, time
+    python3 bench/gpu.py check .gpu-bench                     # on the GPU machine: every kernel variant
+                                                              # (small odd shapes) against torch
+
+`build` also writes the `check` cases: each kernel variant Tracea emits (epilogues, batched and
+transposed operands, the SIMT fallback, causal attention with a ragged sequence, strided convs),
+for every chip the device can run, compared with torch in f32.
 
 `run` needs only numpy, torch (CUDA) and cuda-bindings: it loads tracea/runtime's launcher by
 path. Each kernel is first checked against torch in f32, then Tracea and torch.matmul are timed
@@ -26,6 +32,97 @@ CASES = [(dtype, transpose_b, size) for dtype in ("f16", "bf16") for transpose_b
 CONVS = [(32, 56, 64, 64, 3, 1, 1), (32, 28, 128, 128, 3, 1, 1), (32, 14, 256, 256, 3, 1, 1)]
 # f16 attention (flash, mma.sync): batch, heads, sequence, head dim, causal
 ATTENTIONS = [(4, 16, 1024, 64, False), (4, 16, 4096, 64, False), (4, 16, 4096, 128, False), (4, 16, 4096, 64, True)]
+
+
+# (name, chip, input shapes and dtypes, kind, parameters): small, odd shapes, every variant
+CHECKS = [
+    (f"{chip}_{name}", chip, inputs, kind, params)
+    for chip in ("sm_80", "sm_90a")
+    for name, inputs, kind, params in [
+        ("linear_bias_gelu_residual_f16", [((4, 50, 64), "f16"), ((96, 64), "f16"), ((96,), "f16"), ((4, 50, 96), "f16")],
+         "linear", {}),
+        ("linear_bf16", [((200, 104), "bf16"), ((264, 104), "bf16")], "linear", {}),
+        ("gemm_nn_f16", [((200, 104), "f16"), ((104, 264), "f16")], "gemm", {}),
+        ("gemm_f16_n_not_8", [((64, 36), "f16"), ((36, 30), "f16")], "gemm", {}),  # SIMT fallback
+        ("linear_f32_simt", [((70, 40), "f32"), ((96, 40), "f32"), ((96,), "f32")], "linear", {}),
+        ("bmm_f16", [((2, 3, 50, 64), "f16"), ((2, 3, 64, 40), "f16")], "gemm", {}),
+        ("at_b_f16", [((72, 136), "f16"), ((72, 40), "f16")], "gemm", {"transpose_a": True}),
+        ("conv_s2_f16", [((2, 20, 18, 32), "f16"), ((3, 3, 32, 48), "f16"), ((48,), "f32")], "conv",
+         {"stride": 2, "padding": 1}),
+        ("attention_causal_bf16", [((2, 3, 129, 64), "bf16")] * 3, "attention", {"causal": True}),
+        ("attention_f16_d128", [((1, 2, 200, 128), "f16")] * 3, "attention", {"causal": False}),
+    ]
+]
+
+
+def _check_function(td, inputs, kind, params):
+    tensors = [td.tensor(shape, dtype) for shape, dtype in inputs]
+    if kind == "linear":  # x @ W^T [+ bias, GELU [+ residual]]
+        def body(x, w, *rest):
+            steps = [td.bias_add(rest[0]), td.gelu()] if rest else []
+            steps += [td.residual_add(rest[1])] if len(rest) > 1 else []
+            return td.fused_gemm(x, w, steps, transpose_b=True, out_dtype="f32")
+    elif kind == "gemm":
+        def body(a, b):
+            return td.gemm(a, b, transpose_a=params.get("transpose_a", False), out_dtype="f32")
+    elif kind == "conv":
+        def body(x, w, b):
+            return td.conv2d(x, w, b, stride=params["stride"], padding=params["padding"], layout="nhwc",
+                             out_dtype="f32")
+    else:
+        def body(q, k, v):
+            return td.attention(q, k, v, causal=params["causal"])
+    return td.function(*tensors, name="kernel")(body)
+
+
+def _check_reference(torch, kind, params, xs):
+    f = [x.float() for x in xs]
+    F = torch.nn.functional
+    if kind == "linear":
+        y = F.linear(f[0], f[1], f[2] if len(f) > 2 else None)
+        if len(f) > 2:
+            y = F.gelu(y)
+        return y + f[3] if len(f) > 3 else y
+    if kind == "gemm":
+        return (f[0].transpose(-1, -2) if params.get("transpose_a") else f[0]) @ f[1]
+    if kind == "conv":
+        return F.conv2d(f[0].permute(0, 3, 1, 2), f[1].permute(3, 2, 0, 1), f[2], stride=params["stride"],
+                        padding=params["padding"]).permute(0, 2, 3, 1)
+    return F.scaled_dot_product_attention(f[0], f[1], f[2], is_causal=params["causal"])
+
+
+def check(directory: str) -> int:
+    sys.path.insert(0, RUNTIME)
+    import cuda_launcher as cl  # noqa: E402 - by path: no MLIR on the GPU machine
+    import gpu_artifact
+    import torch
+
+    device = cl.Device.get(0)
+    print(f"device: {device}, torch {torch.__version__}", flush=True)
+    with open(os.path.join(directory, "checks.json")) as f:
+        checks = json.load(f)
+    failed = 0
+    dtypes = {"f16": torch.float16, "bf16": torch.bfloat16, "f32": torch.float32}
+    for name, chip, inputs, kind, params in checks:
+        if device.runs(chip) is None:
+            print(f"skip  {name}: {device} cannot run {chip} code", flush=True)
+            continue
+        torch.manual_seed(0)
+        xs = [torch.randn(*shape, device="cuda", dtype=dtypes[dtype]) for shape, dtype in inputs]
+        try:
+            kernel = cl.CudaKernel(gpu_artifact.GpuKernelArtifact.load(os.path.join(directory, name)), device)
+            out = kernel(*xs)
+            torch.cuda.synchronize()
+            expected = _check_reference(torch, kind, params, xs)
+            error = ((out.float() - expected).abs().max() / expected.abs().max().clamp(min=1e-6)).item()
+            ok = error < 2e-2
+            print(f"{'ok  ' if ok else 'BAD '} {name}: max rel. error {error:.1e} [{kernel.loaded_from}]", flush=True)
+        except Exception as e:  # report every case, not only the first failure
+            ok = False
+            print(f"FAIL {name}: {type(e).__name__}: {e}", flush=True)
+        failed += not ok
+    print(f"{failed} of {len(checks)} checks failed" if failed else "all checks passed", flush=True)
+    return 1 if failed else 0
 
 
 def case_name(dtype: str, transpose_b: bool, size: int, chip: str) -> str:
@@ -68,6 +165,11 @@ def build(directory: str, chips: list[str]) -> int:
         print(f"built {name}: {artifact.registers} registers", flush=True)
     with open(os.path.join(directory, "cases.json"), "w") as f:
         json.dump(cases, f, indent=1)
+    for name, chip, inputs, kind, params in CHECKS:
+        tracea.compile_gpu(_check_function(td, inputs, kind, params), chip=chip).save(os.path.join(directory, name))
+        print(f"built check {name}", flush=True)
+    with open(os.path.join(directory, "checks.json"), "w") as f:
+        json.dump(CHECKS, f, indent=1)
     return 0
 
 
@@ -168,9 +270,13 @@ def main() -> int:
     r.add_argument("directory")
     r.add_argument("--markdown", action="store_true")
     r.add_argument("--iterations", type=int, default=50)
+    c = sub.add_parser("check", help="compare every kernel variant with torch (needs a GPU, torch and cuda-bindings)")
+    c.add_argument("directory")
     args = parser.parse_args()
     if args.step == "build":
         return build(args.directory, args.chips.split(","))
+    if args.step == "check":
+        return check(args.directory)
     return run(args.directory, args.markdown, args.iterations)
 
 
