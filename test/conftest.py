@@ -26,3 +26,28 @@ def crash_dir(tmp_path, monkeypatch):
     """Reproducers of internal compiler errors go to the test's own directory."""
     monkeypatch.setenv("TRACEA_CRASH_DIR", str(tmp_path / "crashes"))
     return tmp_path / "crashes"
+
+
+@pytest.fixture
+def ptxas():
+    """For tests that assemble PTX: skips where NVIDIA's ptxas is not installed."""
+    from tracea.errors import CompileError
+    from tracea.targets import nvvm
+    try:
+        return nvvm.ptxas_path()
+    except CompileError:
+        pytest.skip("ptxas not found (pip install nvidia-cuda-nvcc==13.0.88)")
+
+
+@pytest.fixture
+def sass(ptxas):
+    """sass(cubin) -> its machine code; skips where cuobjdump / nvdisasm are not installed."""
+    from tracea.errors import CompileError
+    from tracea.targets import nvvm
+
+    def disassemble(cubin) -> str:
+        try:
+            return nvvm.sass(cubin)
+        except CompileError as e:
+            pytest.skip(f"no SASS disassembler: {e}")
+    return disassemble

@@ -15,34 +15,23 @@ from tracea.targets import nvvm
 
 @pytest.mark.parametrize("chip", ["sm_80", "sm_90a"])
 @pytest.mark.parametrize("dtype,causal", [("f16", False), ("bf16", True)])
-def test_attention_machine_code(chip, dtype, causal):
-    try:
-        nvvm.ptxas_path()
-    except tracea.CompileError:
-        pytest.skip("ptxas not found (pip install nvidia-cuda-nvcc==13.0.88)")
+def test_attention_machine_code(sass, chip, dtype, causal):
     a = MmaAttention((2, 4), 200, 200, 64, dtype, dtype, 0.125, causal)
     tiles = AttentionTiles()
     cubin = nvvm.assemble(nvvm.to_ptx(attention_module_text(a, tiles), chip), chip)
-    try:
-        sass = nvvm.sass(cubin)
-    except tracea.CompileError as e:
-        pytest.skip(f"no SASS disassembler: {e}")
+    machine_code = sass(cubin)
     hmma = "HMMA.16816.F32.BF16" if dtype == "bf16" else "HMMA.16816.F32"
     # per key block: Q K^T (D/16 x BN/8) and P V (BN/16 x D/8) m16n8k16 MMAs
-    assert len(re.findall(rf"\b{re.escape(hmma)}\b", sass)) == 2 * (64 // 16) * (64 // 8)
-    assert "LDSM.16.M88.4" in sass and "LDSM.16.MT88.4" in sass  # K as B^T, V transposed on load
-    assert "LDGSTS.E.BYPASS.128" in sass
-    assert len(re.findall(r"\bMUFU.EX2\b", sass)) >= 64 // 8 * 4  # one exp per score held
-    assert "SHFL.BFLY" in sass  # row max and sum across the 4 lanes of a row
+    assert len(re.findall(rf"\b{re.escape(hmma)}\b", machine_code)) == 2 * (64 // 16) * (64 // 8)
+    assert "LDSM.16.M88.4" in machine_code and "LDSM.16.MT88.4" in machine_code  # K as B^T, V transposed on load
+    assert "LDGSTS.E.BYPASS.128" in machine_code
+    assert len(re.findall(r"\bMUFU.EX2\b", machine_code)) >= 64 // 8 * 4  # one exp per score held
+    assert "SHFL.BFLY" in machine_code  # row max and sum across the 4 lanes of a row
     assert cubin.spilled_bytes <= 32  # (ptxas spills 28 bytes for bf16 + causal on sm_90a)
     nvvm.check_launch("attention", cubin, tiles.threads, tiles.shared_bytes(64))
 
 
-def test_compile_gpu_attention_artifact():
-    try:
-        nvvm.ptxas_path()
-    except tracea.CompileError:
-        pytest.skip("ptxas not found (pip install nvidia-cuda-nvcc==13.0.88)")
+def test_compile_gpu_attention_artifact(ptxas):
     fn = td.function(*[td.tensor((2, 4, 200, 64), "f16")] * 3, name="attn")(
         lambda q, k, v: td.attention(q, k, v, causal=True))
     art = tracea.compile_gpu(fn, chip="sm_80")

@@ -17,35 +17,24 @@ from tracea.passes.gpu_mma import MmaGemm, MmaTiles, mma_gemm_module_text
 from tracea.targets import nvvm
 
 
-def _machine_code(text: str, chip: str) -> tuple[nvvm.Cubin, str]:
-    try:
-        nvvm.ptxas_path()
-    except tracea.CompileError:
-        pytest.skip("ptxas not found (pip install nvidia-cuda-nvcc==13.0.88)")
-    cubin = nvvm.assemble(nvvm.to_ptx(text, chip), chip)
-    try:
-        return cubin, nvvm.sass(cubin)
-    except tracea.CompileError as e:
-        pytest.skip(f"no SASS disassembler: {e}")
-
-
 @pytest.mark.parametrize("chip", ["sm_80", "sm_90a"])
 @pytest.mark.parametrize("dtype,transpose_b,epilogue", [
     ("f16", False, ()),
     ("bf16", True, (Epilogue("bias_add"), Epilogue("gelu", approximate="tanh"))),
 ], ids=["f16-nn", "bf16-linear-bias-gelu"])
-def test_mma_gemm_machine_code(chip, dtype, transpose_b, epilogue):
+def test_mma_gemm_machine_code(sass, chip, dtype, transpose_b, epilogue):
     g = MmaGemm(200, 264, 104, dtype, "f32", transpose_b, epilogue, "f32" if epilogue else None)
     tiles = MmaTiles()
-    cubin, sass = _machine_code(mma_gemm_module_text(g, tiles), chip)
+    cubin = nvvm.assemble(nvvm.to_ptx(mma_gemm_module_text(g, tiles), chip), chip)
+    machine_code = sass(cubin)
     k16_steps = tiles.block_k // 16
     mma_per_step = (tiles.warp_m // 16) * (tiles.warp_n // 8)
     hmma = "HMMA.16816.F32.BF16" if dtype == "bf16" else "HMMA.16816.F32"
-    assert len(re.findall(rf"\b{re.escape(hmma)}\b", sass)) >= k16_steps * mma_per_step
-    assert "LDSM.16.M88.4" in sass  # ldmatrix.x4 of A (and of B^T)
-    assert ("LDSM.16.MT88.4" in sass) == (not transpose_b)  # .trans for a row-major B
-    assert "LDGSTS.E.BYPASS.128" in sass and "DEPBAR" in sass and "BAR.SYNC" in sass  # cp.async groups
-    assert "STG.E.64" in sass  # accumulator pairs stored as one 64-bit access
+    assert len(re.findall(rf"\b{re.escape(hmma)}\b", machine_code)) >= k16_steps * mma_per_step
+    assert "LDSM.16.M88.4" in machine_code  # ldmatrix.x4 of A (and of B^T)
+    assert ("LDSM.16.MT88.4" in machine_code) == (not transpose_b)  # .trans for a row-major B
+    assert all(op in machine_code for op in ("LDGSTS.E.BYPASS.128", "DEPBAR", "BAR.SYNC"))  # cp.async groups
+    assert "STG.E.64" in machine_code  # accumulator pairs stored as one 64-bit access
     assert cubin.spilled_bytes == 0
     nvvm.check_launch("gemm", cubin, tiles.threads, tiles.shared_bytes())
 
@@ -96,13 +85,9 @@ def test_bad_tiles_and_shapes_are_named():
         MmaGemm(64, 64, 64, "f32", "f32").validate()
 
 
-def test_compile_gpu_gives_a_checked_artifact(tmp_path):
+def test_compile_gpu_gives_a_checked_artifact(ptxas, tmp_path):
     fn = td.function(td.tensor((300, 256), "bf16"), td.tensor((512, 256), "bf16"), name="linear")(
         lambda x, w: td.gemm(x, w, transpose_b=True, out_dtype="f32"))
-    try:
-        nvvm.ptxas_path()
-    except tracea.CompileError:
-        pytest.skip("ptxas not found (pip install nvidia-cuda-nvcc==13.0.88)")
     art = tracea.compile_gpu(fn, chip="sm_80")
     assert (art.name, art.grid, art.block, art.dynamic_shared_bytes) == ("linear", (4, 3, 1), (128, 1, 1), 49152)
     assert [(p.name, p.dtype, p.shape) for p in art.params] == [
@@ -112,36 +97,28 @@ def test_compile_gpu_gives_a_checked_artifact(tmp_path):
     assert type(art).load(tmp_path / "linear") == art
 
 
-def test_a_schedule_that_does_not_fit_names_the_fix():
+def test_a_schedule_that_does_not_fit_names_the_fix(ptxas):
     big = Schedule(tile=(128, 128, 64), warp_tile=(64, 64, 64), stages=6)  # 6 x 32 KB of tiles
     fn = td.function(td.tensor((256, 256), "f16"), td.tensor((256, 256), "f16"), name="gemm")(
         lambda a, b: td.gemm(a, b, schedule=big))
-    try:
-        nvvm.ptxas_path()
-    except tracea.CompileError:
-        pytest.skip("ptxas not found (pip install nvidia-cuda-nvcc==13.0.88)")
     with pytest.raises(tracea.CompileError, match=r"needs 192 KB shared memory, sm_80 allows 163 KB per block; "
                                                   "reduce stages"):
         tracea.compile_gpu(fn, chip="sm_80")
 
 
-def test_nhwc_conv2d_is_an_implicit_gemm_on_tensor_cores():
+def test_nhwc_conv2d_is_an_implicit_gemm_on_tensor_cores(sass):
     """conv2d NHWC (filter HWCF) + bias: the mma.sync kernel with its A tiles gathered from the
     image while copying (zero-filled in the padding); on sm_90a too."""
     fn = td.function(td.tensor((2, 28, 28, 64), "f16"), td.tensor((3, 3, 64, 96), "f16"), td.tensor((96,), "f32"),
                      name="conv")(lambda x, w, b: td.conv2d(x, w, b, stride=2, padding=1, layout="nhwc",
                                                            out_dtype="f32"))
-    try:
-        nvvm.ptxas_path()
-    except tracea.CompileError:
-        pytest.skip("ptxas not found (pip install nvidia-cuda-nvcc==13.0.88)")
     art = tracea.compile_gpu(fn, chip="sm_80")
     m = 2 * 14 * 14
     assert (art.grid, art.block) == ((1, -(-m // 128), 1), (128, 1, 1))
     assert [(p.name, p.shape) for p in art.params] == [("x", (2, 28, 28, 64)), ("w", (3, 3, 64, 96)), ("b", (96,)),
                                                        ("out", (2, 14, 14, 96))]
-    sass = nvvm.sass(nvvm.Cubin("sm_80", art.cubin, art.registers, art.static_shared_bytes, 0, ""))
-    assert "HMMA.16816.F32" in sass and "LDGSTS.E.BYPASS.128" in sass and "LDSM.16.MT88.4" in sass
+    machine_code = sass(nvvm.Cubin("sm_80", art.cubin, art.registers, art.static_shared_bytes, 0, ""))
+    assert all(op in machine_code for op in ("HMMA.16816.F32", "LDGSTS.E.BYPASS.128", "LDSM.16.MT88.4"))
     assert "sm_90a" == tracea.compile_gpu(fn, chip="sm_90a").chip
 
 
@@ -164,14 +141,10 @@ def test_conv2d_with_channels_not_in_16_byte_runs_is_named():
 
 
 @pytest.mark.parametrize("chip", ["sm_80", "sm_90a"])
-def test_batched_activations_times_shared_weights_is_one_gemm(chip):
+def test_batched_activations_times_shared_weights_is_one_gemm(sass, chip):
     """x [B, S, D] @ W^T + bias, GELU, + residual [B, S, N] (a transformer's nn.Linear): one GEMM over
     B x S rows, the N-d parameters seen as matrices. With a batched B (bmm), block z computes
     matrix z through strided views (the mma.sync kernel, on sm_90a too)."""
-    try:
-        nvvm.ptxas_path()
-    except tracea.CompileError:
-        pytest.skip("ptxas not found (pip install nvidia-cuda-nvcc==13.0.88)")
     fn = td.function(td.tensor((4, 50, 64), "f16"), td.tensor((96, 64), "f16"), td.tensor((96,), "f16"),
                      td.tensor((4, 50, 96), "f16"), name="linear")(
         lambda x, w, b, r: td.fused_gemm(x, w, [td.bias_add(b), td.gelu(), td.residual_add(r)], transpose_b=True))
@@ -182,24 +155,20 @@ def test_batched_activations_times_shared_weights_is_one_gemm(chip):
     assert f"linear_param_{fields - 1}" in art.ptx and f"linear_param_{fields}" not in art.ptx
     bmm = td.function(td.tensor((2, 3, 50, 64), "f16"), td.tensor((2, 3, 64, 40), "f16"), name="bmm")(td.gemm)
     art = tracea.compile_gpu(bmm, chip=chip)
-    assert art.grid == (1, 1, 6) and "HMMA" in nvvm.sass(nvvm.Cubin(chip, art.cubin, 0, 0, 0, ""))
+    assert art.grid == (1, 1, 6) and "HMMA" in sass(nvvm.Cubin(chip, art.cubin, 0, 0, 0, ""))
 
 
 @pytest.mark.parametrize("chip", ["sm_80", "sm_90a"])
 @pytest.mark.parametrize("dtype", ["f16", "f32"])
-def test_transposed_a(chip, dtype):
+def test_transposed_a(sass, chip, dtype):
     """C = A^T B with A stored [K, M]: on Tensor Cores its tiles are copied as they lie and
     transposed by ldmatrix (the mma.sync kernel on sm_90a too); f32 on the SIMT kernel."""
-    try:
-        nvvm.ptxas_path()
-    except tracea.CompileError:
-        pytest.skip("ptxas not found (pip install nvidia-cuda-nvcc==13.0.88)")
     fn = td.function(td.tensor((72, 136), dtype), td.tensor((72, 40), dtype), name="at_b")(
         lambda a, b: td.gemm(a, b, transpose_a=True, out_dtype="f32"))
     art = tracea.compile_gpu(fn, chip=chip)
     assert [p.shape for p in art.params] == [(72, 136), (72, 40), (136, 40)]
-    sass = nvvm.sass(nvvm.Cubin(chip, art.cubin, 0, 0, 0, ""))
+    machine_code = sass(nvvm.Cubin(chip, art.cubin, 0, 0, 0, ""))
     if dtype == "f16":
-        assert "HMMA.16816.F32" in sass and "LDSM.16.MT88.4" in sass and art.block == (128, 1, 1)
+        assert "HMMA.16816.F32" in machine_code and "LDSM.16.MT88.4" in machine_code and art.block == (128, 1, 1)
     else:
-        assert "FFMA" in sass and art.block == (16, 16, 1)
+        assert "FFMA" in machine_code and art.block == (16, 16, 1)

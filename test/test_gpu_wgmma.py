@@ -17,19 +17,11 @@ from tracea.passes.gpu_wgmma import WgmmaTiles, wgmma_gemm_module_text
 from tracea.targets import nvvm
 
 
-def _tools_or_skip():
-    try:
-        nvvm.ptxas_path()
-    except tracea.CompileError:
-        pytest.skip("ptxas not found (pip install nvidia-cuda-nvcc==13.0.88)")
-
-
 @pytest.mark.parametrize("dtype,transpose_b,epilogue", [
     ("f16", False, ()),
     ("bf16", True, (Epilogue("bias_add"), Epilogue("gelu", approximate="tanh"))),
 ], ids=["f16-nn", "bf16-linear-bias-gelu"])
-def test_wgmma_gemm_machine_code(dtype, transpose_b, epilogue):
-    _tools_or_skip()
+def test_wgmma_gemm_machine_code(sass, dtype, transpose_b, epilogue):
     g = MmaGemm(200, 264, 104, dtype, "f32", transpose_b, epilogue, "f32" if epilogue else None)
     tiles = WgmmaTiles()
     ptx = nvvm.to_ptx(wgmma_gemm_module_text(g, tiles), "sm_90a")
@@ -40,16 +32,13 @@ def test_wgmma_gemm_machine_code(dtype, transpose_b, epilogue):
     assert "mbarrier.try_wait.parity" in ptx and "mbarrier.arrive.expect_tx" in ptx
     assert re.search(r"wgmma\.wait_group\.sync\.aligned\s+1;", ptx) and re.search(r"wait_group\.sync\.aligned\s+0;", ptx)
     cubin = nvvm.assemble(ptx, "sm_90a")
-    try:
-        sass = nvvm.sass(cubin)
-    except tracea.CompileError as e:
-        pytest.skip(f"no SASS disassembler: {e}")
+    machine_code = sass(cubin)
     hgmma = "HGMMA.64x128x16.F32.BF16" if dtype == "bf16" else "HGMMA.64x128x16.F32"
     # one K tile: 64 / 16 steps x 2 m64 blocks
-    assert len(re.findall(rf"\b{re.escape(hgmma)}\b", sass)) == 8
-    assert "UTMALDG.2D" in sass and "SYNCS.PHASECHK.TRANS64.TRYWAIT" in sass
-    assert "WARPGROUP.ARRIVE" in sass and "WARPGROUP.DEPBAR.LE" in sass
-    assert "STG.E.64" in sass  # accumulator pairs stored as one 64-bit access
+    assert len(re.findall(rf"\b{re.escape(hgmma)}\b", machine_code)) == 8
+    assert "UTMALDG.2D" in machine_code and "SYNCS.PHASECHK.TRANS64.TRYWAIT" in machine_code
+    assert "WARPGROUP.ARRIVE" in machine_code and "WARPGROUP.DEPBAR.LE" in machine_code
+    assert "STG.E.64" in machine_code  # accumulator pairs stored as one 64-bit access
     assert cubin.spilled_bytes == 0
     nvvm.check_launch("gemm", cubin, tiles.threads, tiles.shared_bytes())
 
@@ -82,8 +71,7 @@ def test_bad_tiles_are_named():
         WgmmaTiles(block_m=256, block_n=128).validate(True)
 
 
-def test_compile_gpu_for_hopper_describes_the_tensor_maps(tmp_path):
-    _tools_or_skip()
+def test_compile_gpu_for_hopper_describes_the_tensor_maps(ptxas, tmp_path):
     fn = td.function(td.tensor((300, 256), "bf16"), td.tensor((512, 256), "bf16"), name="linear")(
         lambda x, w: td.gemm(x, w, transpose_b=True, out_dtype="f32"))
     art = tracea.compile_gpu(fn, chip="sm_90a")

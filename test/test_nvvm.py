@@ -134,11 +134,10 @@ def test_gpu_kernel_artifact_loads_without_mlir(tmp_path):
 
 @pytest.mark.parametrize("dtype,shape", [("f32", (70, 96, 40)), ("f16", (64, 30, 36))],
                          ids=["f32-linear-bias-gelu", "f16-fallback"])
-def test_simt_gemm_takes_b_transposed_and_the_epilogue(dtype, shape):
+def test_simt_gemm_takes_b_transposed_and_the_epilogue(ptxas, dtype, shape):
     """f32 nn.Linear + bias + GELU, and an f16 GEMM whose N is not a multiple of 8 (no Tensor Core
     copies): both on the SIMT kernel, the epilogue applied to each accumulator before the store."""
     from tracea import dialects as td
-    _ptxas_or_skip()
     m, n, k = shape
     fn = td.function(td.tensor((m, k), dtype), td.tensor((n, k), dtype), td.tensor((n,), dtype), name="linear")(
         lambda x, w, b: td.fused_gemm(x, w, [td.bias_add(b), td.gelu()], transpose_b=True))

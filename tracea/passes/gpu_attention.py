@@ -27,7 +27,7 @@ from dataclasses import dataclass
 from ..errors import OpError
 from .bank_conflicts import TileLayout, conflict_free_swizzle, report
 from .cpu_gemm import _memref, _Text
-from .gpu_mma import ELEM_BYTES, MMA_DTYPES, PER_CHUNK, WORKGROUP, _Writer
+from .gpu_mma import ELEM_BYTES, MMA_DTYPES, PER_CHUNK, WORKGROUP, _Writer, gpu_module_text
 from .phase_cycle import LoopPlan, cp_async_plan
 
 _MASKED = -1.0e30  # finite: a fully masked row never makes exp(-inf - -inf)
@@ -238,14 +238,7 @@ class _AttentionWriter(_Writer):
         t.line("%by = gpu.block_id y")
         t.line(f"%lane = arith.remui %tid, {t.c(32)} : index")
         t.line(f"%wrow = arith.muli {t.op(f'arith.divui %tid, {t.c(32)} : index', 'i')}, {t.c(16)} : index")
-        t.line(f"%lane_row16 = arith.remui %lane, {t.c(16)} : index")
-        t.line(f"%lane_chunk16 = arith.muli {t.op(f'arith.divui %lane, {t.c(16)} : index', 'i')}, {t.c(8)} : index")
-        t.line(f"%lane_row8x = arith.addi {t.op(f'arith.remui %lane, {t.c(8)} : index', 'i')}, "
-               f"{t.mul(t.op(f'arith.divui %lane, {t.c(16)} : index', 'i'), t.c(8))} : index")
-        eighth = t.op(f"arith.divui %lane, {t.c(8)} : index", "i")
-        t.line(f"%lane_chunk8 = arith.muli {t.op(f'arith.remui {eighth}, {t.c(2)} : index', 'i')}, {t.c(8)} : index")
-        t.line(f"%lane_group = arith.divui %lane, {t.c(4)} : index")
-        t.line(f"%lane_pair = arith.muli {t.op(f'arith.remui %lane, {t.c(4)} : index', 'i')}, {t.c(2)} : index")
+        self.lane_indices()
         t.line(f"%q0 = arith.muli %bx, {t.c(T.block_m)} : index")
         rest = "%by"  # the batch-head index -> its leading indices, last dim fastest
         for i in reversed(range(len(a.lead))):
@@ -312,8 +305,4 @@ class _AttentionWriter(_Writer):
         shape_k = (*a.lead, a.seq_k, d)
         params = [f"%Q: {_memref(shape_q, dt)}", f"%K: {_memref(shape_k, dt)}", f"%V: {_memref(shape_k, dt)}",
                   f"%O: {_memref(shape_q, a.out_dtype)}"]
-        consts = [f"      {n} = arith.constant {value} : index" for value, n in sorted(t.consts.items())]
-        return ("module attributes {gpu.container_module} {\n  gpu.module @kernels {\n"
-                f"    gpu.func @{name}({', '.join(params)}) kernel\n"
-                f"        attributes {{known_block_size = array<i32: {T.threads}, 1, 1>}} {{\n"
-                + "\n".join(consts + t.lines) + "\n      gpu.return\n    }\n  }\n}\n")
+        return gpu_module_text(t, name, params, (T.threads, 1))

@@ -18,7 +18,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from .cpu_gemm import _memref, _Text
-from .gpu_mma import MmaGemm, collapse_views, kernel_params
+from .gpu_mma import MmaGemm, collapse_views, gpu_module_text, kernel_params
 from .kernel_text import fused_epilogue
 
 
@@ -128,13 +128,7 @@ def simt_gemm_module_text(g: MmaGemm, tiles: SimtTiles = SimtTiles(), name: str 
                 t.line(line)
             t.line(f"memref.store {x}, %C[{r}, {c}] : {C_t}")
             t.close()
-    consts = [f"      {name_} = arith.constant {value} : index" for value, name_ in sorted(t.consts.items())]
-    return (
-        "module attributes {gpu.container_module} {\n"
-        "  gpu.module @kernels {\n"
-        f"    gpu.func @{name}({', '.join(kernel_params(g))}) workgroup(%As: {As_t}, %Bs: {Bs_t}) kernel\n"
-        f"        attributes {{known_block_size = array<i32: {TX}, {TY}, 1>}} {{\n"
-        + "\n".join(consts + t.lines) + "\n      gpu.return\n    }\n  }\n}\n")
+    return gpu_module_text(t, name, kernel_params(g), (TX, TY), f"%As: {As_t}, %Bs: {Bs_t}")
 
 
 def grid(m: int, n: int, tiles: SimtTiles = SimtTiles(), batch: int = 1) -> tuple[int, int, int]:

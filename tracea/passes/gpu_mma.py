@@ -232,6 +232,16 @@ def collapse_views(g: MmaGemm) -> list[str]:
     return lines
 
 
+def gpu_module_text(t: _Text, name: str, params: list[str], block: tuple[int, int], workgroup: str = "") -> str:
+    """A gpu.module @kernels holding kernel @name(params) of `block` threads, whose body is `t`
+    (its index constants first); `workgroup`: its workgroup attributions, if any."""
+    consts = [f"      {n} = arith.constant {value} : index" for value, n in sorted(t.consts.items())]
+    return ("module attributes {gpu.container_module} {\n  gpu.module @kernels {\n"
+            f"    gpu.func @{name}({', '.join(params)}){f' workgroup({workgroup})' if workgroup else ''} kernel\n"
+            f"        attributes {{known_block_size = array<i32: {block[0]}, {block[1]}, 1>}} {{\n"
+            + "\n".join(consts + t.lines) + "\n      gpu.return\n    }\n  }\n}\n")
+
+
 def _aligned_pair(dtype: str) -> str:
     """Two consecutive elements at an even column of a row of even length: aligned to their
     size, which lets them move as one 64-bit (f32) or 32-bit access."""
@@ -255,6 +265,20 @@ class _Writer:
         self.frag_m, self.frag_n = tiles.warp_m // 16, tiles.warp_n // 8  # m16n8 tiles per warp
 
     # -- index helpers -------------------------------------------------------------------
+    def lane_indices(self) -> None:
+        """%lane's parts of the ldmatrix addresses (x4: rows l % 16 and chunk l / 16, or rows
+        l % 8 + 8 (l / 16) and chunk (l / 8) % 2) and of the m16n8 accumulator layout (row group
+        l / 4, column pair 2 (l % 4))."""
+        t = self.t
+        t.line(f"%lane_row16 = arith.remui %lane, {t.c(16)} : index")
+        t.line(f"%lane_chunk16 = arith.muli {t.op(f'arith.divui %lane, {t.c(16)} : index', 'i')}, {t.c(8)} : index")
+        t.line(f"%lane_row8x = arith.addi {t.op(f'arith.remui %lane, {t.c(8)} : index', 'i')}, "
+               f"{t.mul(t.op(f'arith.divui %lane, {t.c(16)} : index', 'i'), t.c(8))} : index")
+        eighth = t.op(f"arith.divui %lane, {t.c(8)} : index", "i")
+        t.line(f"%lane_chunk8 = arith.muli {t.op(f'arith.remui {eighth}, {t.c(2)} : index', 'i')}, {t.c(8)} : index")
+        t.line(f"%lane_group = arith.divui %lane, {t.c(4)} : index")
+        t.line(f"%lane_pair = arith.muli {t.op(f'arith.remui %lane, {t.c(4)} : index', 'i')}, {t.c(2)} : index")
+
     def swizzled(self, layout: TileLayout, row: str, col: str) -> tuple[str, str]:
         """(row, col) of element (row, col) of the tile in the swizzled layout: the same
         function bank_conflicts.TileLayout.address applies, on the element offset."""
@@ -482,15 +506,7 @@ class _Writer:
         t.line(f"%wcol = arith.muli {t.op(f'arith.remui %warp, {t.c(warps_n)} : index', 'i')}, {t.c(T.warp_n)} : index")
         t.line(f"%row0 = arith.muli %by, {t.c(T.block_m)} : index")
         t.line(f"%col0 = arith.muli %bx, {t.c(T.block_n)} : index")
-        # per-lane parts of the ldmatrix addresses and of the accumulator layout
-        t.line(f"%lane_row16 = arith.remui %lane, {t.c(16)} : index")
-        t.line(f"%lane_chunk16 = arith.muli {t.op(f'arith.divui %lane, {t.c(16)} : index', 'i')}, {t.c(8)} : index")
-        t.line(f"%lane_row8x = arith.addi {t.op(f'arith.remui %lane, {t.c(8)} : index', 'i')}, "
-               f"{t.mul(t.op(f'arith.divui %lane, {t.c(16)} : index', 'i'), t.c(8))} : index")
-        eighth = t.op(f"arith.divui %lane, {t.c(8)} : index", "i")
-        t.line(f"%lane_chunk8 = arith.muli {t.op(f'arith.remui {eighth}, {t.c(2)} : index', 'i')}, {t.c(8)} : index")
-        t.line(f"%lane_group = arith.divui %lane, {t.c(4)} : index")
-        t.line(f"%lane_pair = arith.muli {t.op(f'arith.remui %lane, {t.c(4)} : index', 'i')}, {t.c(2)} : index")
+        self.lane_indices()
         t.line(f"%smem = gpu.dynamic_shared_memory : memref<?xi8, {WORKGROUP}>")
         b_offset = T.stages * T.block_m * T.block_k * ELEM_BYTES
         t.line(f"%As = memref.view %smem[{t.c(0)}][] : memref<?xi8, {WORKGROUP}> to {self.As_t}")
@@ -508,8 +524,4 @@ class _Writer:
         self.store([f"%res#{i}" for i in range(n_acc)])
 
         params = kernel_params(g)
-        consts = [f"      {n} = arith.constant {value} : index" for value, n in sorted(t.consts.items())]
-        return ("module attributes {gpu.container_module} {\n  gpu.module @kernels {\n"
-                f"    gpu.func @{name}({', '.join(params)}) kernel\n"
-                f"        attributes {{known_block_size = array<i32: {T.threads}, 1, 1>}} {{\n"
-                + "\n".join(consts + t.lines) + "\n      gpu.return\n    }\n  }\n}\n")
+        return gpu_module_text(t, name, params, (T.threads, 1))

@@ -32,7 +32,7 @@ from dataclasses import dataclass
 
 from ..errors import OpError
 from .cpu_gemm import _Text
-from .gpu_mma import WORKGROUP, MmaGemm, collapse_views, kernel_params, store_pair
+from .gpu_mma import WORKGROUP, MmaGemm, collapse_views, gpu_module_text, kernel_params, store_pair
 from .phase_cycle import Compute, Load, LoopPlan, WaitFull, WaitMma, tma_wgmma_plan
 
 ELEM_BYTES = 2
@@ -295,8 +295,4 @@ class _Writer:
         self.store([f"%res#{i}" for i in range(self.m_blocks)])
 
         params = kernel_params(g) + ["%tmaA_ptr: !llvm.ptr", "%tmaB_ptr: !llvm.ptr"]
-        consts = [f"      {n} = arith.constant {value} : index" for value, n in sorted(t.consts.items())]
-        return ("module attributes {gpu.container_module} {\n  gpu.module @kernels {\n"
-                f"    gpu.func @{name}({', '.join(params)}) kernel\n"
-                f"        attributes {{known_block_size = array<i32: {T.threads}, 1, 1>}} {{\n"
-                + "\n".join(consts + t.lines) + "\n      gpu.return\n    }\n  }\n}\n")
+        return gpu_module_text(t, name, params, (T.threads, 1))
