@@ -81,6 +81,10 @@ def test_compile_gpu_for_hopper_describes_the_tensor_maps(ptxas, tmp_path):
         ("x.tensor_map", "tensormap", (0, 64, 128, 128)), ("w.tensor_map", "tensormap", (1, 64, 128, 128))]
     assert art.launch_arguments([0x100, 0x200, 0x300, 0x400, 0x500])[-2:] == [("ptr", 0x400), ("ptr", 0x500)]
     assert ".param .u64 .ptr .align 1 linear_param_22" in art.ptx  # 3 x 7 memref fields, then the 2 maps
+    # the tiles live in the dynamic shared memory proper, after the static mbarriers (a demoted
+    # 1-byte static symbol put the first TMA tile over the mbarriers)
+    assert ".extern .shared .align 16 .b8 __dynamic_shmem__0[];" in art.ptx
+    assert art.static_shared_bytes == 8 * tiles.stages  # one 64-bit mbarrier per stage
     art.save(tmp_path / "linear")
     assert type(art).load(tmp_path / "linear") == art
 

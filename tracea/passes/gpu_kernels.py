@@ -226,3 +226,27 @@ class GpuKernelsPass(TraceaPass):
                     kernel.move_after(previous)
                 previous = kernel
                 func.erase()
+
+
+@register
+@dataclass(frozen=True)
+class ExternDynamicSharedPass(TraceaPass):
+    """MLIR lowers `gpu.dynamic_shared_memory` to an internal zero-sized shared global, which the
+    NVPTX back end demotes to a 1-byte *static* variable; ptxas then lays it out with the other
+    static shared variables (the Hopper kernel's mbarriers) and the kernel's tiles, addressed
+    from it, overlap them. External linkage makes it `.extern .shared .b8 __dynamic_shmem__0[]`,
+    which ptxas places after every static variable: the dynamic shared memory proper."""
+    NAME = "tracea-extern-dynamic-shared"
+    SUMMARY = "give the dynamic shared memory symbol external linkage (an .extern .shared array after the static ones)"
+
+    def run(self, module: ir.Operation) -> None:
+        external = ir.Attribute.parse("#llvm.linkage<external>")
+
+        def visit(op):
+            op = op.operation
+            if op.name == "llvm.mlir.global" and \
+                    ir.StringAttr(op.attributes["sym_name"]).value.startswith("__dynamic_shmem__"):
+                op.attributes["linkage"] = external
+            return ir.WalkResult.ADVANCE
+
+        module.walk(visit)

@@ -68,6 +68,7 @@ def to_ptx(gpu_module_text: str, chip: str, source_name: str = "<gpu kernels>") 
     pipeline = parse_pipeline(f"nvvm-attach-target{{chip={chip} features={limits.ptx_features}}}, "
                               "gpu.module(convert-nvgpu-to-nvvm, expand-strided-metadata, lower-affine, convert-vector-to-llvm, "
                               "convert-scf-to-cf, convert-gpu-to-nvvm, convert-nvvm-to-llvm, reconcile-unrealized-casts), "
+                              "tracea-extern-dynamic-shared, "
                               f"gpu-module-to-binary{{format=isa{f' toolkit={toolkit}' if toolkit else ''}}}")
     result = compile_or_raise(gpu_module_text, [("ptx", pipeline)], source_name=source_name, verify_each=False,
                               finish=_assembly_of_binary)
