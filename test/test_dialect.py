@@ -117,3 +117,15 @@ def test_compile_reports_invalid_ir_with_locations():
 def test_compile_reports_parse_errors():
     with pytest.raises(tracea.CompileError, match=r"<string>:1:\d+: error: "):
         tracea.compile("func.func @f(%x: tensor<4xf32>) -> tensor<4xf32> { return %y : tensor<4xf32> }")
+
+
+def test_every_input_of_a_variadic_body_is_named():
+    """A `*rest` body used to name only its first variadic input, so compile_gpu's artifact and
+    the AOT library dropped the others (a 4-input linear kernel took 3)."""
+    specs = [td.tensor((4, 8), "f32"), td.tensor((6, 8), "f32"), td.tensor((6,), "f32"), td.tensor((4, 6), "f32")]
+
+    def body(x, w, *rest):
+        return td.fused_gemm(x, w, [td.bias_add(rest[0]), td.residual_add(rest[1])], transpose_b=True)
+
+    assert td.function(*specs, name="linear")(body).arg_names == ["x", "w", "rest0", "rest1"]
+    assert td.function(*specs[:2], name="mm")(lambda *xs: td.gemm(xs[0], xs[1], transpose_b=True)).arg_names == ["xs0", "xs1"]

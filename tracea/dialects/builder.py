@@ -198,13 +198,25 @@ def attention(q: ir.Value, k: ir.Value, v: ir.Value, *, scale: float | None = No
 
 
 # --- functions -----------------------------------------------------------------------------------
+def _argument_names(body: Callable, count: int) -> list[str]:
+    """One name per input: the body's parameter names, `rest0, rest1...` for a `*rest`, `argN`
+    for inputs a **kwargs body leaves unnamed."""
+    names: list[str] = []
+    for p in inspect.signature(body).parameters.values():
+        if p.kind == p.VAR_POSITIONAL:
+            names += [f"{p.name}{i}" for i in range(count - len(names))]
+        elif p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD):
+            names.append(p.name)
+    return (names + [f"arg{i}" for i in range(len(names), count)])[:count]
+
+
 class Function:
     """A module holding one public function of tracea ops, built by calling `body`."""
 
     def __init__(self, name: str, inputs: Sequence[TensorSpec], body: Callable):
         self.name = _symbol_name(name)
         self.inputs = list(inputs)
-        self.arg_names = list(inspect.signature(body).parameters)[:len(self.inputs)]
+        self.arg_names = _argument_names(body, len(self.inputs))
         self.context = make_context()
         with self.context, _call_site_or_unknown(body):
             self.module = ir.Module.create()

@@ -1,0 +1,185 @@
+"""Tracea's NVIDIA kernels run without a GPU: runtime/ptx_emulator.py interprets their PTX
+(cp.async groups, ldmatrix, mma.sync, TMA + mbarrier, wgmma descriptors) and every variant must
+match torch on the CPU; kernels broken on purpose (an early read, a missing barrier, a wrong
+fragment register, an unretired wgmma, a lost mbarrier arrival, a short buffer) must fail."""
+from __future__ import annotations
+
+import dataclasses
+import re
+
+import numpy as np
+import pytest
+
+import tracea
+from tracea import dialects as td
+from tracea.runtime import ptx_emulator as pe
+
+torch = pytest.importorskip("torch")
+F = torch.nn.functional
+
+# (chip, input shapes and dtypes, kind, parameters): every kernel variant, small and ragged
+CASES = {
+    "mma_linear_bias_gelu_residual_f16": ("sm_80", [((2, 40, 64), "f16"), ((72, 64), "f16"), ((72,), "f16"),
+                                                    ((2, 40, 72), "f16")], "linear", {}),
+    "mma_linear_bf16": ("sm_80", [((100, 48), "bf16"), ((40, 48), "bf16")], "linear", {}),
+    "mma_gemm_nn_f16": ("sm_80", [((70, 40), "f16"), ((40, 136), "f16")], "gemm", {}),
+    "mma_gemm_transpose_a_f16": ("sm_80", [((40, 24), "f16"), ((40, 16), "f16")], "gemm", {"transpose_a": True}),
+    "mma_bmm_f16": ("sm_80", [((2, 2, 20, 32), "f16"), ((2, 2, 32, 24), "f16")], "gemm", {}),
+    "simt_linear_f32": ("sm_80", [((30, 20), "f32"), ((24, 20), "f32"), ((24,), "f32")], "linear", {}),
+    "simt_fallback_f16_n_not_8": ("sm_80", [((16, 12), "f16"), ((12, 10), "f16")], "gemm", {}),
+    "conv_nhwc_stride2_f16": ("sm_80", [((1, 9, 8, 16), "f16"), ((3, 3, 16, 24), "f16"), ((24,), "f32")], "conv",
+                              {"stride": 2, "padding": 1}),
+    "attention_causal_bf16": ("sm_80", [((1, 2, 37, 64), "bf16")] * 3, "attention", {"causal": True}),
+    "attention_d128_f16": ("sm_80", [((1, 1, 50, 128), "f16")] * 3, "attention", {"causal": False}),
+    "wgmma_gemm_nn_f16": ("sm_90a", [((130, 72), "f16"), ((72, 136), "f16")], "gemm", {}),
+    "wgmma_linear_bias_gelu_bf16": ("sm_90a", [((64, 64), "bf16"), ((128, 64), "bf16"), ((128,), "bf16")],
+                                    "linear", {}),
+}
+
+
+def _function(inputs, kind, params):
+    tensors = [td.tensor(shape, dtype) for shape, dtype in inputs]
+    if kind == "linear":
+        def body(x, w, *rest):
+            steps = [td.bias_add(rest[0]), td.gelu()] if rest else []
+            steps += [td.residual_add(rest[1])] if len(rest) > 1 else []
+            return td.fused_gemm(x, w, steps, transpose_b=True, out_dtype="f32")
+    elif kind == "gemm":
+        def body(a, b):
+            return td.gemm(a, b, transpose_a=params.get("transpose_a", False), out_dtype="f32")
+    elif kind == "conv":
+        def body(x, w, b):
+            return td.conv2d(x, w, b, stride=params["stride"], padding=params["padding"], layout="nhwc",
+                             out_dtype="f32")
+    else:
+        def body(q, k, v):
+            return td.attention(q, k, v, causal=params["causal"])
+    return td.function(*tensors, name="kernel")(body)
+
+
+def _reference(kind, params, xs):
+    f = [torch.from_numpy(x) for x in xs]
+    if kind == "linear":
+        y = F.linear(f[0], f[1], f[2] if len(f) > 2 else None)
+        y = F.gelu(y) if len(f) > 2 else y
+        return (y + f[3] if len(f) > 3 else y).numpy()
+    if kind == "gemm":
+        return ((f[0].transpose(-1, -2) if params.get("transpose_a") else f[0]) @ f[1]).numpy()
+    if kind == "conv":
+        return F.conv2d(f[0].permute(0, 3, 1, 2), f[1].permute(3, 2, 0, 1), f[2], stride=params["stride"],
+                        padding=params["padding"]).permute(0, 2, 3, 1).numpy()
+    return F.scaled_dot_product_attention(*f, is_causal=params["causal"]).numpy()
+
+
+def _inputs(inputs, seed=0):
+    """Random inputs, already rounded to their dtype (the reference sees what the kernel sees)."""
+    rng = np.random.default_rng(seed)
+    out = []
+    for shape, dtype in inputs:
+        x = rng.standard_normal(shape).astype(np.float32)
+        if dtype == "f16":
+            x = x.astype(np.float16).astype(np.float32)
+        elif dtype == "bf16":
+            x = (pe.bf16_bits(x).astype(np.uint32) << 16).view(np.float32)
+        out.append(x)
+    return out
+
+
+def _relative_error(out, expected):
+    return float(np.abs(out - expected).max() / max(np.abs(expected).max(), 1e-6))
+
+
+_ARTIFACTS: dict[str, object] = {}
+
+
+def _artifact(name):
+    if name not in _ARTIFACTS:
+        chip, inputs, kind, params = CASES[name]
+        _ARTIFACTS[name] = tracea.compile_gpu(_function(inputs, kind, params), chip=chip)
+    return _ARTIFACTS[name]
+
+
+@pytest.mark.parametrize("name", list(CASES))
+def test_kernel_matches_torch(ptxas, name):
+    chip, inputs, kind, params = CASES[name]
+    xs = _inputs(inputs)
+    out, = pe.emulate(_artifact(name), *xs)
+    assert not np.isnan(out).any(), "output left unwritten or read before its copy landed"
+    assert _relative_error(out, _reference(kind, params, xs)) < 2e-2
+
+
+def _broken(name, old, new, count=1):
+    art = _artifact(name)
+    assert len(re.findall(old, art.ptx)) >= count, f"pattern {old!r} not in the {name} PTX"
+    return dataclasses.replace(art, ptx=re.sub(old, new, art.ptx, count=count))
+
+
+def _run(art, name, seed=0):
+    chip, inputs, kind, params = CASES[name]
+    xs = _inputs(inputs)
+    out, = pe.emulate(art, *xs, seed=seed)
+    return out, _reference(kind, params, xs)
+
+
+def test_a_read_before_its_cp_async_group_landed_is_nan(ptxas):
+    name = "mma_gemm_nn_f16"
+    out, _ = _run(_broken(name, r"cp\.async\.wait_group\s+1;", "cp.async.wait_group 2;"), name)
+    assert np.isnan(out).any()
+
+
+def test_a_missing_barrier_after_the_wait_is_caught(ptxas):
+    """Without bar.sync a warp reads tiles other warps copied but have not waited for yet."""
+    name = "mma_gemm_nn_f16"
+    art = dataclasses.replace(_artifact(name), ptx=_artifact(name).ptx.replace("bar.sync \t0;", ""))
+    failures = 0
+    for seed in range(3):
+        out, expected = _run(art, name, seed)
+        failures += bool(np.isnan(out).any() or _relative_error(out, expected) > 2e-2)
+    assert failures
+
+
+def test_a_wrong_fragment_register_gives_a_wrong_product(ptxas):
+    """Swapping two A registers of one mma.sync: the lane mapping is checked, not assumed."""
+    name = "mma_gemm_nn_f16"
+    art = _artifact(name)
+    first = re.search(r"mma\.sync[^;]*?\{[^}]*\},\s*\{(%r\d+), (%r\d+),", art.ptx)
+    swapped = art.ptx[:first.start(1)] + f"{first.group(2)}, {first.group(1)}" + art.ptx[first.end(2):]
+    out, expected = _run(dataclasses.replace(art, ptx=swapped), name)
+    assert _relative_error(out, expected) > 1e-2
+
+
+def test_accumulators_of_an_unretired_wgmma_are_nan(ptxas):
+    name = "wgmma_gemm_nn_f16"
+    out, _ = _run(_broken(name, r"wgmma\.wait_group\.sync\.aligned\s+0;", "wgmma.wait_group.sync.aligned 1;"), name)
+    assert np.isnan(out).any()
+
+
+def test_a_lost_mbarrier_arrival_is_a_deadlock(ptxas):
+    name = "wgmma_gemm_nn_f16"
+    art = _broken(name, r"@%p\d+ mbarrier\.arrive\.expect_tx[^;]*;", "", count=1)
+    with pytest.raises(pe.EmulationError, match="deadlock in block"):
+        _run(art, name)
+
+
+def test_out_of_bounds_reads_name_the_buffer(ptxas):
+    """The kernel was compiled for 70 rows of A; given a buffer of 40 it reads past the end."""
+    name = "mma_gemm_nn_f16"
+    art = _artifact(name)
+    short = dataclasses.replace(art.params[0], shape=(40, 40))
+    art = dataclasses.replace(art, params=(short,) + art.params[1:])
+    chip, inputs, kind, params = CASES[name]
+    with pytest.raises(pe.EmulationError, match=r"outside a \(\[0x"):
+        pe.emulate(art, np.zeros((40, 40), np.float32), np.zeros((40, 136), np.float32))
+
+
+def test_unmodelled_instructions_are_named():
+    ptx = ".version 8.0\n.target sm_80\n.address_size 64\n.visible .entry k()\n{\n\ttex.1d.v4.f32.s32 {%f1, %f2, %f3, %f4}, [t, {%r1}];\n\tret;\n}\n"
+    with pytest.raises(pe.EmulationError, match="does not model 'tex.1d.v4.f32.s32'"):
+        pe.Emulator(pe.parse(ptx), (1, 1, 1), (32, 1, 1), 0)
+
+
+def test_rounding_helpers():
+    assert pe.bf16_bits(np.float32([1.0, 1.00390625, 1.01171875, np.nan])).tolist() == [0x3F80, 0x3F80, 0x3F82, 0x7FC0]
+    x = np.array([1.0 + 2.0 ** -30], np.float64)
+    assert pe._round_f32(x, "rp")[0] > 1.0 and pe._round_f32(x, "rm")[0] == 1.0 and pe._round_f32(-x, "rz")[0] == -1.0
+    assert pe.swizzled(np.array([0x400, 0x490, 0x4F0], np.uint64), 128).tolist() == [0x400, 0x480, 0x4E0]

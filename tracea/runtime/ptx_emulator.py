@@ -1,0 +1,1381 @@
+"""Runs a GpuKernelArtifact's PTX on the CPU: the NVIDIA kernels checked without a GPU.
+
+An interpreter for the PTX that LLVM's NVPTX back end emits for Tracea's kernels (integer and
+float arithmetic, loads and stores, branches, `bar.sync`, shuffles, `cp.async` groups,
+`ldmatrix`, `mma.sync` m16n8k16, mbarriers, TMA tile copies and `wgmma` from shared-memory
+descriptors), written from the PTX ISA's definitions, not from Tracea's code generators: it
+checks their lane mappings, swizzles and descriptors by running them.
+
+It is adversarial where the hardware is free to be: asynchronous copies fill their destination
+with NaN bytes when issued and deliver the data only when waited for, `wgmma` reads its shared
+memory operands and writes its accumulators only at `wgmma.wait_group`, warps of a block are
+interleaved at random between barriers, shared memory and outputs start as NaN. A kernel that
+reads a buffer before its wait, refills one that another warp still reads, or leaves output
+unwritten gives NaN, not a lucky answer. Out-of-bounds or misaligned accesses, writes over a
+live mbarrier, deadlocks and divergent warp-collective instructions raise EmulationError
+naming the PTX line.
+
+Each warp executes in lock step on numpy arrays of its 32 lanes (lanes at different program
+counters run the lowest first), so it is slow (about 10 µs an instruction per warp): for small
+shapes in tests. Needs numpy only, like the rest of tracea/runtime.
+"""
+from __future__ import annotations
+
+import math
+import random
+import re
+from dataclasses import dataclass, field
+
+import numpy as np
+
+try:
+    from ..errors import TraceaError
+except ImportError:  # this file alone, without Tracea's compiler
+    class TraceaError(Exception):
+        pass
+
+
+class EmulationError(TraceaError):
+    pass
+
+
+WARP = 32
+GLOBAL_BASE = 0x7F00_0000_0000  # above 4 GB: a 32-bit truncated address faults
+SHARED_WINDOW = 0x1_0000_0000_0000  # generic addresses of shared memory: window + offset
+POISON = 0xFF  # every byte: NaN as f16, bf16 and f32
+
+TYPES = {"pred": 1, "b8": 8, "u8": 8, "s8": 8, "b16": 16, "u16": 16, "s16": 16, "f16": 16, "bf16": 16,
+         "b32": 32, "u32": 32, "s32": 32, "f32": 32, "f16x2": 32, "bf16x2": 32,
+         "b64": 64, "u64": 64, "s64": 64, "f64": 64}
+_MASK = {w: np.uint64((1 << w) - 1) if w < 64 else np.uint64(0xFFFF_FFFF_FFFF_FFFF) for w in (1, 8, 16, 32, 64)}
+_UINT = {1: np.uint8, 2: np.uint16, 4: np.uint32, 8: np.uint64}
+
+
+# -- values: registers hold raw bits in uint64 lanes ---------------------------------------
+
+def typed(bits: np.ndarray, t: str) -> np.ndarray:
+    """The lanes' bits read as PTX type t (ints widened to int64 / uint64)."""
+    w = TYPES[t]
+    if t == "pred":
+        return bits != 0
+    if t == "f32":
+        return (bits & _MASK[32]).astype(np.uint32).view(np.float32)
+    if t == "f64":
+        return bits.view(np.float64)
+    if t == "f16":
+        return (bits & _MASK[16]).astype(np.uint16).view(np.float16)
+    if t == "bf16":
+        return ((bits & _MASK[16]) << np.uint64(16)).astype(np.uint32).view(np.float32)
+    if t[0] == "s":
+        v = (bits & _MASK[w]).astype(np.int64)
+        return np.where(v >= (1 << (w - 1)), v - (1 << w), v) if w < 64 else bits.view(np.int64)
+    return bits & _MASK[w]
+
+
+def bits_of(values, t: str) -> np.ndarray:
+    """Inverse of typed: values of type t as uint64 bits (ints wrap to the type's width)."""
+    w = TYPES[t]
+    values = np.asarray(values)
+    if t == "pred":
+        return values.astype(bool).astype(np.uint64)
+    if t == "f32":
+        return values.astype(np.float32).view(np.uint32).astype(np.uint64)
+    if t == "f64":
+        return values.astype(np.float64).view(np.uint64)
+    if t == "f16":
+        return values.astype(np.float16).view(np.uint16).astype(np.uint64)
+    if t == "bf16":
+        return bf16_bits(values)
+    if values.dtype.kind == "f":
+        values = values.astype(np.int64)
+    return values.astype(np.int64).view(np.uint64) & _MASK[w] if values.dtype.kind == "i" else \
+        values.astype(np.uint64) & _MASK[w]
+
+
+def bf16_bits(values) -> np.ndarray:
+    """float32 -> bfloat16 bits, rounding to nearest even (NaN stays NaN)."""
+    b = np.asarray(values, np.float32).view(np.uint32).astype(np.uint64)
+    rounded = ((b + np.uint64(0x7FFF) + ((b >> np.uint64(16)) & np.uint64(1))) >> np.uint64(16)) & _MASK[16]
+    return np.where(np.isnan(np.asarray(values, np.float32)), np.uint64(0x7FC0), rounded)
+
+
+def _round_f32(x64: np.ndarray, mode: str) -> np.ndarray:
+    """float64 -> float32 with the PTX rounding mode (rn, rz, rm, rp)."""
+    with np.errstate(invalid="ignore", over="ignore"):
+        r = x64.astype(np.float32)
+        r64 = r.astype(np.float64)
+        if mode == "rm":
+            r = np.where(r64 > x64, np.nextafter(r, np.float32(-np.inf)), r)
+        elif mode == "rp":
+            r = np.where(r64 < x64, np.nextafter(r, np.float32(np.inf)), r)
+        elif mode == "rz":
+            r = np.where(np.abs(r64) > np.abs(x64), np.nextafter(r, np.float32(0)), r)
+    return r
+
+
+# -- parsing -------------------------------------------------------------------------------
+
+@dataclass
+class Op:
+    """An operand. kind: reg, imm (int), fimm (float bits), sym, special, addr (base Op + offset),
+    vec (ops), tmap (base Op, coordinate Ops), sink (`_`), label."""
+    kind: str
+    value: object = None
+    offset: int = 0
+    items: tuple = ()
+
+
+@dataclass
+class Instruction:
+    opcode: str
+    parts: list[str]
+    operands: list[Op]
+    guard: tuple[str, bool] | None  # (predicate register, negated)
+    line: int
+    text: str
+
+    def type(self, default: str | None = None) -> str:
+        for p in reversed(self.parts):
+            if p in TYPES:
+                return p
+        if default is None:
+            raise EmulationError(f"PTX line {self.line}: no type in '{self.opcode}'")
+        return default
+
+
+@dataclass
+class SharedVariable:
+    name: str
+    align: int
+    size: int | None  # None: the extern (dynamic) array
+
+
+@dataclass
+class Kernel:
+    name: str
+    target: str
+    params: list[tuple[str, str]]  # (name, type)
+    shared: list[SharedVariable]
+    code: list[Instruction]
+    labels: dict[str, int]
+
+
+_SPECIAL = re.compile(r"%(tid|ntid|ctaid|nctaid)\.[xyz]|%laneid|%warpid")
+
+
+def _split_operands(text: str) -> list[str]:
+    out, depth, cur = [], 0, ""
+    for ch in text:
+        if ch in "[{":
+            depth += 1
+        elif ch in "]}":
+            depth -= 1
+        if ch == "," and depth == 0:
+            out.append(cur.strip())
+            cur = ""
+        else:
+            cur += ch
+    if cur.strip():
+        out.append(cur.strip())
+    return out
+
+
+def _operand(text: str) -> Op:
+    text = text.strip()
+    if text == "_":
+        return Op("sink")
+    if text.startswith("["):
+        inner = text[1:-1].strip()
+        if "{" in inner:  # tensor map and coordinates
+            base, coords = inner.split(",", 1)
+            return Op("tmap", _operand(base), items=tuple(_operand(c) for c in _split_operands(coords.strip()[1:-1])))
+        m = re.fullmatch(r"([^+\-]+?)\s*(?:([+-])\s*(-?\w+))?", inner)  # [%rd1+-12] occurs
+        base, sign, off = m.group(1), m.group(2), m.group(3)
+        offset = int(off, 0) * (-1 if sign == "-" else 1) if off else 0
+        return Op("addr", _operand(base), offset)
+    if text.startswith("{"):
+        return Op("vec", items=tuple(_operand(t) for t in _split_operands(text[1:-1])))
+    if _SPECIAL.fullmatch(text):
+        return Op("special", text)
+    if text.startswith("%") or re.fullmatch(r"[A-Za-z_$][\w$#]*", text):
+        return Op("reg", text)  # registers, shared variables, parameters and labels: resolved by use
+    if re.fullmatch(r"0[fF][0-9a-fA-F]{8}", text):
+        return Op("fimm", int(text[2:], 16), 32)
+    if re.fullmatch(r"0[dD][0-9a-fA-F]{16}", text):
+        return Op("fimm", int(text[2:], 16), 64)
+    if re.fullmatch(r"-?(0[xX][0-9a-fA-F]+|\d+)U?", text):
+        return Op("imm", int(text.rstrip("U"), 0))
+    return Op("label", text)
+
+
+def parse(ptx: str) -> Kernel:
+    """The (first) kernel of a PTX module."""
+    text = re.sub(r"//[^\n]*", "", ptx)
+    target = (re.search(r"\.target\s+(\w+)", text) or [None, "sm_80"])[1]
+    module_shared = [SharedVariable(m.group(3), int(m.group(2) or 1), None)
+                     for m in re.finditer(r"\.extern\s+\.shared\s+(\.align\s+(\d+)\s+)?\.b8\s+(\w+)\[\];", text)]
+    entry = re.search(r"\.entry\s+(\w+)\s*\((.*?)\)", text, re.S)
+    if not entry:
+        raise EmulationError("no .entry kernel in the PTX")
+    params = [(p.split()[-1], p.split()[1]) for p in (s.strip() for s in entry.group(2).split(",")) if p]
+    body_start = text.index("{", entry.end())
+    # statements (they may span lines), with the names declared in nested { } scopes (inline asm)
+    # made unique: a brace opens a scope where a statement starts, else it is a vector operand
+    raw: list[tuple[int, str, int]] = []  # (line, statement, scope id)
+    scope_ids, next_id = [0], 1
+    declared: dict[int, set[str]] = {0: set()}
+    line = text[:body_start].count("\n") + 1
+    current, vector, start_line = "", 0, line
+    for ch in text[body_start + 1:]:
+        if ch == "\n":
+            line += 1
+        if not current.strip():
+            start_line = line
+            if ch == "{":
+                scope_ids.append(next_id)
+                declared[next_id] = set()
+                next_id += 1
+                current = ""
+                continue
+            if ch == "}":
+                if len(scope_ids) == 1:
+                    break  # the kernel body's closing brace
+                scope_ids.pop()
+                current = ""
+                continue
+        if ch == ":" and re.fullmatch(r"\s*[$\w]+", current):
+            declared[scope_ids[-1]].add(current.strip())
+            raw.append((start_line, current.strip() + ":", scope_ids[-1]))
+            current = ""
+            continue
+        vector += (ch == "{") - (ch == "}")
+        if ch == ";" and vector == 0:
+            stmt = " ".join(current.split())
+            m = re.match(r"\.reg\s+\.\w+\s+(.*)", stmt)
+            if m:
+                declared[scope_ids[-1]].update(n.strip() for n in m.group(1).split(",") if "<" not in n)
+            elif stmt:
+                raw.append((start_line, stmt, scope_ids[-1]))
+            current = ""
+            continue
+        current += ch
+
+    def rename(stmt: str, scope: int) -> str:
+        if scope == 0 or not declared[scope]:
+            return stmt
+        return re.sub(r"(?<![\w%$.])([$%]?\w+)", lambda m: f"{m.group(1)}#{scope}"
+                      if m.group(1) in declared[scope] else m.group(1), stmt)
+
+    shared: list[SharedVariable] = []
+    code: list[Instruction] = []
+    labels: dict[str, int] = {}
+    for n, stmt, scope in raw:
+        stmt = rename(stmt, scope)
+        if stmt.endswith(":"):
+            labels[stmt[:-1]] = len(code)
+            continue
+        m = re.match(r"\.shared\s+(?:\.align\s+(\d+)\s+)?\.(\w+)\s+(\w+)(?:\[(\d*)\])?", stmt)
+        if m:
+            size = TYPES[m.group(2)] // 8 * (int(m.group(4)) if m.group(4) else 1)
+            shared.append(SharedVariable(m.group(3), int(m.group(1) or 1), None if m.group(4) == "" else size))
+            continue
+        if stmt.startswith("."):
+            continue  # .maxntid, .local and other directives: nothing to execute
+        guard = None
+        g = re.match(r"@(!?)(\S+)\s+(.*)", stmt)
+        if g:
+            guard, stmt = (g.group(2), g.group(1) == "!"), g.group(3)
+        opcode, rest = (re.split(r"\s+", stmt, maxsplit=1) + [""])[:2]
+        operands = [_operand(o) for o in _split_operands(rest)] if rest.strip() else []
+        code.append(Instruction(opcode, opcode.split("."), operands, guard, n, stmt))
+    return Kernel(entry.group(1), target, params, module_shared + shared, code, labels)
+
+
+# -- memory --------------------------------------------------------------------------------
+
+class Memory:
+    """A flat byte space at `base`: global memory (allocations separated by unmapped red zones)
+    or one block's shared memory."""
+
+    def __init__(self, name: str, size: int, base: int = 0, valid: bool = True):
+        self.name, self.base = name, base
+        self.data = np.full(size, POISON, np.uint8)
+        self.valid = np.full(size, valid, bool)
+        self.regions: list[tuple[int, int, str]] = []
+
+    def offsets(self, addresses: np.ndarray, width: int, what: str, line: int) -> np.ndarray:
+        off = addresses.astype(np.int64) - self.base
+        bad = (off < 0) | (off + width > len(self.data))
+        if not bad.any():
+            idx = off[:, None] + np.arange(width)
+            bad = ~self.valid[idx].all(axis=1)
+        if bad.any():
+            addr = int(addresses[np.argmax(bad)])
+            raise EmulationError(f"PTX line {line}: {what} of {width} bytes at {self.name} address {addr:#x} is "
+                                 f"outside {self.describe(addr)}")
+        if (addresses % np.uint64(min(width, 16))).any():
+            addr = int(addresses[np.argmax(addresses % np.uint64(min(width, 16)) != 0)])
+            raise EmulationError(f"PTX line {line}: {what} of {width} bytes at {self.name} address {addr:#x} is "
+                                 f"not {min(width, 16)}-byte aligned")
+        return off
+
+    def describe(self, addr: int) -> str:
+        for start, size, name in self.regions:
+            if start - 4096 <= addr < start + size + 4096:
+                return f"{name} ([{start:#x}, {start + size:#x}))"
+        return f"the {self.name} memory in use"
+
+    def read(self, addresses, width, what, line) -> np.ndarray:
+        off = self.offsets(addresses, width, what, line)
+        return self.data[off[:, None] + np.arange(width)]
+
+    def write(self, addresses, raw: np.ndarray, what, line) -> None:
+        off = self.offsets(addresses, raw.shape[1], what, line)
+        self.data[off[:, None] + np.arange(raw.shape[1])] = raw
+
+
+def _to_lanes(raw: np.ndarray) -> np.ndarray:
+    """(lanes, width) bytes -> uint64 per lane (little-endian)."""
+    return np.ascontiguousarray(raw).view(_UINT[raw.shape[1]]).reshape(-1).astype(np.uint64)
+
+
+def _to_bytes(values: np.ndarray, width: int) -> np.ndarray:
+    return (values & _MASK[width * 8]).astype(_UINT[width]).view(np.uint8).reshape(-1, width)
+
+
+@dataclass
+class TensorMap:
+    """What cuTensorMapEncodeTiled encodes for Tracea's 2-D maps (see cuda_launcher)."""
+    address: int
+    rows: int
+    cols: int
+    item: int
+    box: tuple[int, int]  # (inner, outer) elements
+    swizzle: int  # bytes: 0 or 128
+
+
+def swizzled(address: np.ndarray, swizzle: int) -> np.ndarray:
+    """The 128-byte swizzle of TMA and wgmma (Swizzle<3,4,3> on byte addresses): the 16-byte
+    chunk index (address bits 4-6) XOR the 128-byte row index within 1024 bytes (bits 7-9)."""
+    if swizzle == 0:
+        return address
+    if swizzle != 128:
+        raise EmulationError(f"the emulator models the 128-byte swizzle only, not {swizzle}")
+    return address ^ (((address >> 7) & 7) << 4)
+
+
+# -- execution -----------------------------------------------------------------------------
+
+@dataclass
+class _Copy:  # cp.async: per lane destination (shared), source (global), bytes to read
+    dst: np.ndarray
+    src: np.ndarray
+    size: int
+    src_size: np.ndarray
+    line: int
+
+
+@dataclass
+class _Wgmma:
+    inst: Instruction
+    old: dict[str, np.ndarray] | None  # accumulators at issue (None: chained on an earlier one in flight)
+    desc_a: int
+    desc_b: int
+    scale_d: bool
+
+
+@dataclass
+class Warp:
+    index: int
+    lanes: np.ndarray  # linear thread ids in the block, -1 past its last thread
+    regs: dict = field(default_factory=dict)
+    pcs: np.ndarray = None
+    done: np.ndarray = None
+    waiting: np.ndarray = None  # at a bar.sync
+    copies: list = field(default_factory=list)  # cp.async issued since the last commit
+    groups: list = field(default_factory=list)  # committed cp.async groups, oldest first
+    mma_open: list = field(default_factory=list)
+    mma_groups: list = field(default_factory=list)
+    mma_in_flight: dict = field(default_factory=dict)  # accumulator register -> wgmmas in flight writing it
+    mma_values: dict = field(default_factory=dict)  # a retired wgmma's result the next one in flight reads
+    spinning: bool = False
+
+    def __post_init__(self):
+        self.pcs = np.zeros(WARP, np.int64)
+        self.done = self.lanes < 0
+        self.waiting = np.zeros(WARP, bool)
+
+    def runnable(self) -> bool:
+        return bool((~self.done & ~self.waiting).any())
+
+
+class Block:
+    def __init__(self, emulator: "Emulator", ctaid: tuple[int, int, int], rng: random.Random):
+        self.em, self.ctaid, self.rng = emulator, ctaid, rng
+        self.shared = Memory("shared", emulator.shared_size)
+        self.shared.regions = list(emulator.shared_regions)
+        self.mbarriers: dict[int, list[int]] = {}  # address -> [count, pending arrivals, tx bytes, phase]
+        self.tma: dict[int, list] = {}  # mbarrier address -> copies in flight
+        threads = math.prod(emulator.block)
+        ids = [np.arange(w * WARP, (w + 1) * WARP) for w in range(-(-threads // WARP))]
+        self.warps = [Warp(w, np.where(i < threads, i, -1)) for w, i in enumerate(ids)]  # -1: no thread
+
+    def run(self) -> None:
+        idle = 0
+        while True:
+            runnable = [w for w in self.warps if w.runnable()]
+            if not runnable:
+                live = [w for w in self.warps if not w.done.all()]
+                if not live:
+                    return
+                for w in live:  # everyone left is at the barrier
+                    w.waiting[:] = False
+                continue
+            warp = self.rng.choice(runnable)
+            progressed = self.em.step_warp(self, warp, self.rng.randint(1, 48))
+            idle = 0 if progressed else idle + 1
+            if idle > 2000 * len(self.warps):
+                where = ", ".join(f"warp {w.index} at PTX line {self.em.kernel.code[int(w.pcs[~w.done].min())].line}"
+                                  for w in self.warps if not w.done.all())
+                raise EmulationError(f"deadlock in block {self.ctaid}: {where} (an mbarrier wait whose phase never "
+                                     "completes?)")
+
+    def check_not_mbarrier(self, offsets: np.ndarray, width: int, what: str, line: int) -> None:
+        for addr in self.mbarriers:
+            hit = (offsets < addr + 8) & (offsets + width > addr)
+            if hit.any():
+                raise EmulationError(f"PTX line {line}: {what} writes over the mbarrier at shared {addr:#x}")
+
+
+class Emulator:
+    def __init__(self, kernel: Kernel, grid, block, dynamic_shared: int, seed: int = 0):
+        self.kernel, self.grid, self.block, self.seed = kernel, tuple(grid), tuple(block), seed
+        # ptxas's layout: static variables from 1 KB on sm_90 (the reserved area), then the extern array
+        offset = 1024 if int(re.sub(r"\D", "", kernel.target) or 80) >= 90 else 0
+        self.symbols: dict[str, int] = {}
+        self.shared_regions = []
+        for var in [v for v in kernel.shared if v.size is not None] + [v for v in kernel.shared if v.size is None]:
+            offset = -(-offset // var.align) * var.align
+            self.symbols[var.name] = offset
+            size = var.size if var.size is not None else dynamic_shared
+            self.shared_regions.append((offset, size, var.name))
+            offset += size
+        self.shared_size = offset
+        self.memory: Memory | None = None
+        self.params: dict[str, int] = {}
+        self.tensor_maps: dict[int, TensorMap] = {}
+        self._compiled = [self._compile(i) for i in kernel.code]
+
+    # -- operands ----------------------------------------------------------------------
+    def read(self, warp: Warp, op: Op, t: str) -> np.ndarray:
+        """An operand's lanes as uint64 bits of type t."""
+        if op.kind == "reg":
+            if op.value in warp.regs:
+                return warp.regs[op.value]
+            if op.value in self.symbols:
+                return np.full(WARP, self.symbols[op.value], np.uint64)
+            raise EmulationError(f"register {op.value} read before it is written")
+        if op.kind == "imm":
+            return np.full(WARP, op.value & ((1 << TYPES.get(t, 64)) - 1), np.uint64)
+        if op.kind == "fimm":
+            bits, width = op.value, op.offset
+            if width == 64 and t == "f32":
+                bits = int(np.array([bits], np.uint64).view(np.float64).astype(np.float32).view(np.uint32)[0])
+            return np.full(WARP, bits, np.uint64)
+        if op.kind == "special":
+            name = op.value
+            if name.startswith("%tid."):  # lanes hold linear thread ids, x fastest
+                bx, by, _ = self.block
+                ids = np.maximum(warp.lanes, 0)
+                return {"x": ids % bx, "y": ids // bx % by, "z": ids // (bx * by)}[name[-1]].astype(np.uint64)
+            if name == "%laneid":
+                return np.arange(WARP, dtype=np.uint64)
+            if name == "%warpid":
+                return np.full(WARP, warp.index, np.uint64)
+            axis = "xyz".index(name[-1])
+            value = {"%tid": 0, "%ntid": self.block[axis], "%ctaid": self.current.ctaid[axis],
+                     "%nctaid": self.grid[axis]}[name[:-2]]
+            return np.full(WARP, value, np.uint64)
+        raise EmulationError(f"cannot read operand {op}")
+
+    def write(self, warp: Warp, op: Op, value: np.ndarray, mask: np.ndarray) -> None:
+        if op.kind == "sink":
+            return
+        if op.kind != "reg":
+            raise EmulationError(f"cannot write operand {op}")
+        old = warp.regs.get(op.value)
+        value = np.asarray(value, np.uint64)
+        if old is None or mask.all():
+            warp.regs[op.value] = value.copy() if value.shape else np.full(WARP, value, np.uint64)
+        else:
+            warp.regs[op.value] = np.where(mask, value, old)
+
+    def address(self, warp: Warp, op: Op) -> np.ndarray:
+        base = op.value
+        if base.kind == "reg" and base.value in self.params:
+            raise EmulationError("parameter address used as a value")
+        return self.read(warp, base, "u64") + np.uint64(op.offset & 0xFFFF_FFFF_FFFF_FFFF)
+
+    # -- scheduling --------------------------------------------------------------------
+    def step_warp(self, block: Block, warp: Warp, budget: int) -> bool:
+        """Run up to `budget` instructions of one warp; False if it only spun on a wait."""
+        self.current = block
+        progressed = False
+        for _ in range(budget):
+            live = ~warp.done & ~warp.waiting
+            if not live.any():
+                break
+            pc = int(warp.pcs[live].min())
+            active = live & (warp.pcs == pc)
+            if pc >= len(self._compiled):
+                warp.done |= active
+                continue
+            inst = self.kernel.code[pc]
+            mask = active
+            if inst.guard is not None:
+                reg, negated = inst.guard
+                if reg not in warp.regs:
+                    raise EmulationError(f"PTX line {inst.line}: predicate {reg} read before it is written")
+                p = warp.regs[reg] != 0
+                mask = active & (~p if negated else p)
+            warp.pcs[active] = pc + 1
+            try:
+                outcome = self._compiled[pc](warp, mask, active) if mask.any() else None
+            except EmulationError as e:
+                if str(e).startswith("PTX line"):
+                    raise
+                raise EmulationError(f"PTX line {inst.line} ({inst.text.strip()[:80]}): {e}") from None
+            if outcome == "spin":
+                return progressed
+            progressed = progressed or inst.parts[0] != "bra"
+            if outcome == "yield":
+                break
+        return progressed
+
+    # -- instructions ------------------------------------------------------------------
+    def _compile(self, inst: Instruction):
+        name = inst.parts[0]
+        handler = getattr(self, "_op_" + name.replace(".", "_"), None)
+        if inst.opcode.startswith("cp.async.bulk.tensor"):
+            return self._tma(inst)
+        if inst.opcode.startswith("cp.async"):
+            return self._cp_async(inst)
+        if handler is None:
+            raise EmulationError(f"PTX line {inst.line}: the emulator does not model '{inst.opcode}'")
+        return handler(inst)
+
+    def _unary(self, inst, fn):
+        t, (d, a) = inst.type(), inst.operands
+        return lambda w, m, _: self.write(w, d, bits_of(fn(typed(self.read(w, a, t), t)), t), m)
+
+    def _binary(self, inst, fn, result_type=None):
+        t = inst.type()
+        d, a, b = inst.operands[:3]
+        rt = result_type or t
+        return lambda w, m, _: self.write(w, d, bits_of(fn(typed(self.read(w, a, t), t),
+                                                           typed(self.read(w, b, t), t)), rt), m)
+
+    def _float_mode(self, inst) -> str:
+        return next((p for p in inst.parts if p in ("rn", "rz", "rm", "rp")), "rn")
+
+    def _arith(self, inst, fn64, fn32):
+        t, mode = inst.type(), self._float_mode(inst)
+        if t == "f32":
+            sat = "sat" in inst.parts
+            ops = inst.operands
+
+            def run(w, m, _):
+                args = [typed(self.read(w, o, t), t) for o in ops[1:]]
+                with np.errstate(all="ignore"):
+                    r = fn32(*args) if mode == "rn" else _round_f32(fn64(*[a.astype(np.float64) for a in args]), mode)
+                if sat:
+                    r = np.where(np.isnan(r), np.float32(0), np.clip(r, 0, 1))
+                self.write(w, ops[0], bits_of(r, t), m)
+            return run
+        if t == "f64":
+            return self._generic(inst, fn64)
+        return self._int_arith(inst, fn64)
+
+    def _generic(self, inst, fn):
+        t, ops = inst.type(), inst.operands
+
+        def run(w, m, _):
+            with np.errstate(all="ignore"):
+                self.write(w, ops[0], bits_of(fn(*[typed(self.read(w, o, t), t) for o in ops[1:]]), t), m)
+        return run
+
+    def _int_arith(self, inst, fn):
+        t, ops = inst.type(), inst.operands
+
+        def run(w, m, _):
+            args = [typed(self.read(w, o, t), t).astype(np.uint64) for o in ops[1:]]
+            with np.errstate(over="ignore"):
+                self.write(w, ops[0], fn(*args) & _MASK[TYPES[t]], m)
+        return run
+
+    def _op_add(self, inst):
+        return self._arith(inst, lambda a, b: a + b, lambda a, b: a + b)
+
+    def _op_sub(self, inst):
+        return self._arith(inst, lambda a, b: a - b, lambda a, b: a - b)
+
+    def _op_mul(self, inst):
+        t = inst.type()
+        if t in ("f32", "f64"):
+            return self._arith(inst, lambda a, b: a * b, lambda a, b: a * b)
+        w_, d, a, b = TYPES[t], *inst.operands
+        if "wide" in inst.parts:
+            wide = "s" + str(2 * w_) if t[0] == "s" else "u" + str(2 * w_)
+            return lambda w, m, _: self.write(w, d, bits_of(typed(self.read(w, a, t), t).astype(np.int64 if t[0] == "s" else np.uint64) *
+                                                            typed(self.read(w, b, t), t).astype(np.int64 if t[0] == "s" else np.uint64), wide), m)
+        if "hi" in inst.parts:
+            if w_ == 64:
+                def hi64(w, m, _):
+                    x, y = typed(self.read(w, a, t), t), typed(self.read(w, b, t), t)
+                    self.write(w, d, bits_of(np.array([(int(p) * int(q)) >> 64 for p, q in zip(x, y)], dtype=object)
+                                             .astype(np.int64 if t[0] == "s" else np.uint64), t), m)
+                return hi64
+            return lambda w, m, _: self.write(w, d, bits_of((typed(self.read(w, a, t), t).astype(np.int64) *
+                                                             typed(self.read(w, b, t), t).astype(np.int64)) >> w_, t), m)
+        return self._int_arith(inst, lambda x, y: x * y)
+
+    def _op_mad(self, inst):
+        t = inst.type()
+        if t in ("f32", "f64"):
+            return self._op_fma(inst)
+        if "wide" in inst.parts:
+            raise EmulationError(f"PTX line {inst.line}: mad.wide is not modelled")
+        return self._int_arith(inst, lambda x, y, z: x * y + z)
+
+    def _op_fma(self, inst):
+        return self._arith(inst, lambda a, b, c: a * b + c,
+                           lambda a, b, c: (a.astype(np.float64) * b + c).astype(np.float32))
+
+    def _op_div(self, inst):
+        t = inst.type()
+        if t[0] == "f":
+            return self._arith(inst, lambda a, b: a / b, lambda a, b: a / b)
+        return self._generic(inst, lambda a, b: np.where(b == 0, -1, np.sign(a) * np.sign(b) * (abs(a) // np.where(b == 0, 1, abs(b)))))
+
+    def _op_rem(self, inst):
+        return self._generic(inst, lambda a, b: np.where(b == 0, a, a - np.sign(a) * np.sign(b) * (abs(a) // np.where(b == 0, 1, abs(b))) * b))
+
+    def _op_neg(self, inst):
+        t = inst.type()
+        if t == "f32":
+            d, a = inst.operands
+            return lambda w, m, _: self.write(w, d, self.read(w, a, t) ^ np.uint64(0x8000_0000), m)
+        return self._int_arith(inst, lambda x: np.uint64(0) - x)
+
+    def _op_abs(self, inst):
+        t = inst.type()
+        if t == "f32":
+            d, a = inst.operands
+            return lambda w, m, _: self.write(w, d, self.read(w, a, t) & np.uint64(0x7FFF_FFFF), m)
+        return self._generic(inst, np.abs)
+
+    def _op_copysign(self, inst):  # d = b with the sign of a
+        d, a, b = inst.operands
+        return lambda w, m, _: self.write(w, d, (self.read(w, b, "f32") & np.uint64(0x7FFF_FFFF)) |
+                                          (self.read(w, a, "f32") & np.uint64(0x8000_0000)), m)
+
+    def _minmax(self, inst, pick):
+        t = inst.type()
+        if t[0] != "f":
+            return self._generic(inst, pick)
+        nan = "NaN" in inst.parts
+
+        def fn(a, b):
+            r = (np.fmin if pick is np.minimum else np.fmax)(a, b)
+            return np.where(np.isnan(a) | np.isnan(b), np.float32(np.nan), r) if nan else r
+        return self._generic(inst, fn)
+
+    def _op_min(self, inst):
+        return self._minmax(inst, np.minimum)
+
+    def _op_max(self, inst):
+        return self._minmax(inst, np.maximum)
+
+    def _op_rcp(self, inst):
+        return self._generic(inst, lambda a: np.float32(1) / a)
+
+    def _op_sqrt(self, inst):
+        return self._generic(inst, np.sqrt)
+
+    def _op_rsqrt(self, inst):
+        return self._generic(inst, lambda a: np.float32(1) / np.sqrt(a))
+
+    def _op_ex2(self, inst):
+        return self._generic(inst, np.exp2)
+
+    def _op_lg2(self, inst):
+        return self._generic(inst, np.log2)
+
+    def _op_sin(self, inst):
+        return self._generic(inst, np.sin)
+
+    def _op_cos(self, inst):
+        return self._generic(inst, np.cos)
+
+    def _op_tanh(self, inst):
+        return self._generic(inst, np.tanh)
+
+    def _logic(self, inst, fn):
+        t, ops = inst.type(), inst.operands
+        if t == "pred":
+            return lambda w, m, _: self.write(w, ops[0], fn(*[self.read(w, o, t) != 0 for o in ops[1:]])
+                                              .astype(np.uint64), m)
+        return lambda w, m, _: self.write(w, ops[0], fn(*[self.read(w, o, t) & _MASK[TYPES[t]] for o in ops[1:]])
+                                          & _MASK[TYPES[t]], m)
+
+    def _op_and(self, inst):
+        return self._logic(inst, lambda a, b: a & b)
+
+    def _op_or(self, inst):
+        return self._logic(inst, lambda a, b: a | b)
+
+    def _op_xor(self, inst):
+        return self._logic(inst, lambda a, b: a ^ b)
+
+    def _op_not(self, inst):
+        return self._logic(inst, lambda a: ~a)
+
+    def _shift(self, inst, left: bool):
+        t, (d, a, b) = inst.type(), inst.operands
+        width = TYPES[t]
+
+        def run(w, m, _):
+            n = typed(self.read(w, b, "u32"), "u32")
+            n_ = np.minimum(n, 63).astype(np.uint64)
+            if left:
+                r = np.where(n >= width, 0, (self.read(w, a, t) << n_)) .astype(np.uint64) & _MASK[width]
+            elif t[0] == "s":
+                r = bits_of(typed(self.read(w, a, t), t) >> np.minimum(n, 63).astype(np.int64), t)
+            else:
+                r = np.where(n >= width, 0, (self.read(w, a, t) & _MASK[width]) >> n_).astype(np.uint64)
+            self.write(w, d, r, m)
+        return run
+
+    def _op_shl(self, inst):
+        return self._shift(inst, True)
+
+    def _op_shr(self, inst):
+        return self._shift(inst, False)
+
+    def _op_bfe(self, inst):
+        t, (d, a, b, c) = inst.type(), inst.operands
+        if t[0] == "s":
+            raise EmulationError(f"PTX line {inst.line}: signed bfe is not modelled")
+        width = TYPES[t]
+
+        def run(w, m, _):
+            pos = np.minimum(self.read(w, b, "u32") & np.uint64(0xFF), width)
+            length = np.minimum(self.read(w, c, "u32") & np.uint64(0xFF), width)
+            x = self.read(w, a, t) & _MASK[width]
+            shifted = np.where(pos >= 64, np.uint64(0), x >> np.minimum(pos, 63))
+            ones = np.where(length >= 64, _MASK[64], (np.uint64(1) << np.minimum(length, 63)) - np.uint64(1))
+            self.write(w, d, shifted & ones, m)
+        return run
+
+    def _op_selp(self, inst):
+        t, (d, a, b, c) = inst.type(), inst.operands
+        return lambda w, m, _: self.write(w, d, np.where(self.read(w, c, "pred") != 0, self.read(w, a, t),
+                                                         self.read(w, b, t)), m)
+
+    _COMPARE = {"eq": np.equal, "ne": np.not_equal, "lt": np.less, "le": np.less_equal, "gt": np.greater,
+                "ge": np.greater_equal, "lo": np.less, "ls": np.less_equal, "hi": np.greater, "hs": np.greater_equal}
+
+    def _op_setp(self, inst):
+        t = inst.type()
+        cmp = inst.parts[1]
+        combine = next((p for p in inst.parts[2:] if p in ("and", "or", "xor")), None)
+        dst = inst.operands[0]
+        a, b = inst.operands[1:3]
+        c = inst.operands[3] if combine else None
+        pair = dst.kind == "reg" and "|" in dst.value
+        d1, d2 = (Op("reg", x) for x in dst.value.split("|")) if pair else (dst, None)
+
+        def compare(x, y):
+            if t[0] == "f":
+                with np.errstate(invalid="ignore"):
+                    unordered = np.isnan(x) | np.isnan(y)
+                    if cmp == "num":
+                        return ~unordered
+                    if cmp == "nan":
+                        return unordered
+                    if cmp.endswith("u"):
+                        return unordered | self._COMPARE[cmp[:-1]](x, y)
+                    return ~unordered & self._COMPARE[cmp](x, y)
+            return self._COMPARE[cmp](x, y)
+
+        def run(w, m, _):
+            r = compare(typed(self.read(w, a, t), t), typed(self.read(w, b, t), t))
+            r2 = ~r
+            if combine:
+                q = self.read(w, c, "pred") != 0
+                op = {"and": np.logical_and, "or": np.logical_or, "xor": np.logical_xor}[combine]
+                r, r2 = op(r, q), op(r2, q)
+            self.write(w, d1, r.astype(np.uint64), m)
+            if d2 is not None:
+                self.write(w, d2, r2.astype(np.uint64), m)
+        return run
+
+    def _op_mov(self, inst):
+        t = inst.type()
+        d, a = inst.operands
+        width = TYPES[t]
+        if d.kind == "vec":  # unpack
+            part = width // len(d.items)
+            return lambda w, m, _: [self.write(w, o, (self.read(w, a, t) >> np.uint64(i * part)) & _MASK[part], m)
+                                    for i, o in enumerate(d.items)]
+        if a.kind == "vec":  # pack, first element lowest
+            part = width // len(a.items)
+            return lambda w, m, _: self.write(w, d, sum((self.read(w, o, "b%d" % part) & _MASK[part]) << np.uint64(i * part)
+                                                        for i, o in enumerate(a.items)), m)
+        return lambda w, m, _: self.write(w, d, self.read(w, a, t) & _MASK[max(width, 8)], m)
+
+    def _op_cvt(self, inst):
+        types = [p for p in inst.parts[1:] if p in TYPES]
+        dt, st = types[0], types[1]
+        mods = [p for p in inst.parts[1:] if p not in TYPES]
+        rounding = next((p for p in mods if p in ("rn", "rz", "rm", "rp", "rni", "rzi", "rmi", "rpi")), None)
+        sat = "sat" in mods
+        ops = inst.operands
+        if dt in ("f16x2", "bf16x2"):  # d = {cvt(a) high, cvt(b) low}
+            conv = "f16" if dt == "f16x2" else "bf16"
+            return lambda w, m, _: self.write(w, ops[0], (bits_of(typed(self.read(w, ops[1], st), st), conv) << np.uint64(16)) |
+                                              bits_of(typed(self.read(w, ops[2], st), st), conv), m)
+        d, a = ops
+
+        def run(w, m, _):
+            x = typed(self.read(w, a, st), st)
+            if dt[0] == "f" or dt == "bf16":
+                with np.errstate(all="ignore"):
+                    x = np.asarray(x, np.float64)
+                    if rounding in ("rni", "rzi", "rmi", "rpi"):
+                        x = {"rni": np.rint, "rzi": np.trunc, "rmi": np.floor, "rpi": np.ceil}[rounding](x)
+                    if sat:
+                        x = np.where(np.isnan(x), 0.0, np.clip(x, 0.0, 1.0))
+                    if dt == "f32" and rounding in ("rz", "rm", "rp"):
+                        x = _round_f32(x, rounding)
+                    self.write(w, d, bits_of(x.astype(np.float32) if dt in ("f32", "bf16") else x, dt), m)
+                return
+            width = TYPES[dt]
+            if st[0] == "f" or st == "bf16":
+                x = np.asarray(x, np.float64)
+                x = {"rni": np.rint, "rzi": np.trunc, "rmi": np.floor, "rpi": np.ceil, None: np.trunc}[rounding](x)
+                lo, hi = (-(1 << (width - 1)), (1 << (width - 1)) - 1) if dt[0] == "s" else (0, (1 << width) - 1)
+                x = np.where(np.isnan(x), 0, np.clip(x, lo, hi))
+                self.write(w, d, bits_of(x.astype(np.int64) if dt[0] == "s" else x.astype(np.uint64), dt), m)
+                return
+            self.write(w, d, bits_of(x, dt), m)
+        return run
+
+    def _op_cvta(self, inst):
+        d, a = inst.operands
+        if "to" in inst.parts:
+            space = inst.parts[2]
+            if space.startswith("shared"):
+                return lambda w, m, _: self.write(w, d, self.read(w, a, "u64") - np.uint64(SHARED_WINDOW), m)
+            return lambda w, m, _: self.write(w, d, self.read(w, a, "u64"), m)
+        if inst.parts[1].startswith("shared"):
+            return lambda w, m, _: self.write(w, d, self.read(w, a, "u64") + np.uint64(SHARED_WINDOW), m)
+        return lambda w, m, _: self.write(w, d, self.read(w, a, "u64"), m)
+
+    # -- memory ------------------------------------------------------------------------
+    def _space(self, inst) -> str:
+        for p in inst.parts[1:]:
+            if p in ("global", "shared", "param", "local", "const") or p.startswith("shared::"):
+                return p.split("::")[0]
+        return "generic"
+
+    def _resolve(self, space: str, addresses: np.ndarray):
+        """(memory, addresses in it) for a state space; generic addresses pick by the window."""
+        if space == "generic":
+            in_shared = (addresses >= np.uint64(SHARED_WINDOW)) & (addresses < np.uint64(SHARED_WINDOW + (1 << 32)))
+            if in_shared.all():
+                return self.current.shared, addresses - np.uint64(SHARED_WINDOW)
+            if in_shared.any():
+                raise EmulationError("a generic access mixes shared and global addresses across lanes")
+            return self.memory, addresses
+        if space == "shared":
+            return self.current.shared, addresses
+        if space == "global":
+            return self.memory, addresses
+        raise EmulationError(f"the emulator does not model the .{space} state space")
+
+    def _op_ld(self, inst):
+        space = self._space(inst)
+        d, a = inst.operands
+        t = inst.type()
+        width = max(TYPES[t] // 8, 1)
+        outs = d.items if d.kind == "vec" else (d,)
+        if space == "param":
+            name = a.value.value
+
+            def param(w, m, _):
+                if name not in self.params:
+                    raise EmulationError(f"kernel parameter {name} was not given")
+                self.write(w, d, np.full(WARP, (self.params[name] >> (8 * a.offset)) & ((1 << (8 * width)) - 1), np.uint64), m)
+            return param
+
+        def run(w, m, _):
+            memory, addrs = self._resolve(space, self.address(w, a)[m])
+            raw = memory.read(addrs, width * len(outs), f"a {'.'.join(inst.parts[:2])}", inst.line)
+            for i, o in enumerate(outs):
+                vals = np.zeros(WARP, np.uint64)
+                vals[m] = _to_lanes(raw[:, i * width:(i + 1) * width])
+                self.write(w, o, vals, m)
+        return run
+
+    def _op_st(self, inst):
+        space = self._space(inst)
+        a, s = inst.operands
+        t = inst.type()
+        width = max(TYPES[t] // 8, 1)
+        ins = s.items if s.kind == "vec" else (s,)
+
+        def run(w, m, _):
+            memory, addrs = self._resolve(space, self.address(w, a)[m])
+            raw = np.concatenate([_to_bytes(self.read(w, o, t)[m], width) for o in ins], axis=1)
+            if memory is self.current.shared:
+                self.current.check_not_mbarrier(addrs.astype(np.int64), raw.shape[1], "a st.shared", inst.line)
+            memory.write(addrs, raw, f"a {'.'.join(inst.parts[:2])}", inst.line)
+        return run
+
+    def _op_prefetch(self, inst):
+        return lambda w, m, _: None
+
+    _op_fence = _op_membar = _op_prefetch
+
+    def _op_bra(self, inst):
+        target = inst.operands[0].value
+        if target not in self.kernel.labels:
+            raise EmulationError(f"PTX line {inst.line}: branch to unknown label {target}")
+        to = self.kernel.labels[target]
+
+        def run(w, m, _):
+            w.pcs[m] = to
+        return run
+
+    def _op_ret(self, inst):
+        def run(w, m, _):
+            w.done |= m
+        return run
+
+    _op_exit = _op_ret
+
+    def _op_bar(self, inst):
+        if inst.parts[1] == "warp":
+            return lambda w, m, _: None
+        if len(inst.operands) > 1 or (inst.operands and inst.operands[0].kind != "imm"):
+            raise EmulationError(f"PTX line {inst.line}: only bar.sync with a constant barrier 0 is modelled")
+
+        def run(w, m, active):
+            if not (m == active).all():
+                raise EmulationError("bar.sync under a predicate that differs across the warp's lanes")
+            w.waiting |= m
+            return "yield"
+        return run
+
+    _op_barrier = _op_bar
+
+    def _whole_warp(self, w: Warp, m: np.ndarray, what: str) -> None:
+        if not (m | w.done).all():
+            raise EmulationError(f"{what} executed by lanes {np.flatnonzero(m).tolist()} only: a warp-collective "
+                                 "instruction needs the whole warp")
+
+    def _op_shfl(self, inst):
+        mode = inst.parts[2]
+        d, a, b, c, _mask = inst.operands
+        pair = d.kind == "reg" and "|" in d.value
+        dst, pdst = (Op("reg", x) for x in d.value.split("|")) if pair else (d, None)
+
+        def run(w, m, _):
+            self._whole_warp(w, m, "shfl.sync")
+            lane = np.arange(WARP)
+            bval = typed(self.read(w, b, "u32"), "u32").astype(np.int64) & 31
+            cval = typed(self.read(w, c, "u32"), "u32").astype(np.int64)
+            clamp, segmask = cval & 31, (cval >> 8) & 31
+            max_lane = (lane & segmask) | (clamp & ~segmask)
+            min_lane = lane & segmask
+            src = {"bfly": lane ^ bval, "up": lane - bval, "down": lane + bval, "idx": (bval & ~segmask) | min_lane}[mode]
+            ok = (src >= min_lane) if mode == "up" else (src <= max_lane)
+            src = np.where(ok, src, lane)
+            vals = self.read(w, a, "b32")
+            self.write(w, dst, vals[src], m)
+            if pdst is not None:
+                self.write(w, pdst, ok.astype(np.uint64), m)
+        return run
+
+    # -- Tensor Cores: ldmatrix, mma.sync ------------------------------------------------
+    def _op_ldmatrix(self, inst):
+        count = int(next(p for p in inst.parts if p.startswith("x"))[1:])
+        trans = "trans" in inst.parts
+        d, a = inst.operands
+        space = self._space(inst)
+
+        def run(w, m, _):
+            self._whole_warp(w, m, "ldmatrix")
+            memory, addrs = self._resolve(space, self.address(w, a))
+            lane = np.arange(WARP)
+            rows = memory.read(addrs[:8 * count], 16, "an ldmatrix row", inst.line).view(np.uint16)  # (8*count, 8)
+            for i, o in enumerate(d.items):
+                mat = rows[8 * i:8 * i + 8]
+                if trans:
+                    mat = mat.T
+                r, c = lane // 4, (lane % 4) * 2
+                self.write(w, o, mat[r, c].astype(np.uint64) | (mat[r, c + 1].astype(np.uint64) << np.uint64(16)), m)
+        return run
+
+    @staticmethod
+    def _halves(bits: np.ndarray, t: str) -> tuple[np.ndarray, np.ndarray]:
+        lo, hi = bits & _MASK[16], (bits >> np.uint64(16)) & _MASK[16]
+        return typed(lo, t).astype(np.float64), typed(hi, t).astype(np.float64)
+
+    def _op_mma(self, inst):
+        shape = inst.parts[3]
+        if shape != "m16n8k16" or inst.parts[4:6] != ["row", "col"]:
+            raise EmulationError(f"PTX line {inst.line}: only mma.sync m16n8k16.row.col is modelled")
+        dtype, atype, btype, ctype = inst.parts[6:10]
+        d, a, b, c = inst.operands
+        lane = np.arange(WARP)
+        g, tq = lane // 4, lane % 4
+
+        def run(w, m, _):
+            self._whole_warp(w, m, "mma.sync")
+            A, B, C = np.zeros((16, 16)), np.zeros((16, 8)), np.zeros((16, 8))
+            for r, o in enumerate(a.items):  # a0..a7: rows g (+8 for registers 1, 3), columns 2t (+8 for 2, 3)
+                lo, hi = self._halves(self.read(w, o, "b32"), atype)
+                row, col = g + 8 * (r % 2), 2 * tq + 8 * (r // 2)
+                A[row, col], A[row, col + 1] = lo, hi
+            for r, o in enumerate(b.items):  # b0..b3: rows (k) 2t (+8 for register 1), column g
+                lo, hi = self._halves(self.read(w, o, "b32"), btype)
+                k = 2 * tq + 8 * r
+                B[k, g], B[k + 1, g] = lo, hi
+            for r, o in enumerate(c.items):  # c0..c3: rows g (+8 for 2, 3), columns 2t (+1)
+                C[g + 8 * (r // 2), 2 * tq + r % 2] = typed(self.read(w, o, ctype), ctype)
+            D = (A @ B + C).astype(np.float32)
+            for r, o in enumerate(d.items):
+                self.write(w, o, bits_of(D[g + 8 * (r // 2), 2 * tq + r % 2], dtype), m)
+        return run
+
+    # -- cp.async ------------------------------------------------------------------------
+    def _cp_async(self, inst):
+        kind = inst.parts[2]
+        if kind == "commit_group":
+            def commit(w, m, active):
+                self._whole_warp(w, m, "cp.async.commit_group")
+                w.groups.append(w.copies)
+                w.copies = []
+            return commit
+        if kind in ("wait_group", "wait_all"):
+            keep = inst.operands[0].value if kind == "wait_group" else 0
+
+            def wait(w, m, _):
+                self._whole_warp(w, m, f"cp.async.{kind}")
+                if kind == "wait_all":
+                    w.groups.append(w.copies)
+                    w.copies = []
+                while len(w.groups) > keep:
+                    for copy in w.groups.pop(0):
+                        self._deliver(copy)
+            return wait
+        if kind not in ("ca", "cg"):
+            raise EmulationError(f"PTX line {inst.line}: the emulator does not model '{inst.opcode}'")
+        dst, src, size = inst.operands[:3]
+        src_size = inst.operands[3] if len(inst.operands) > 3 else None
+
+        def issue(w, m, _):
+            d = self.address(w, dst)[m]
+            s = self.address(w, src)[m]
+            n = size.value
+            ss = typed(self.read(w, src_size, "u32"), "u32")[m] if src_size is not None else np.full(len(d), n, np.uint64)
+            shared = self.current.shared
+            shared.offsets(d, n, "a cp.async destination", inst.line)
+            self.current.check_not_mbarrier(d.astype(np.int64), n, "a cp.async", inst.line)
+            shared.write(d, np.full((len(d), n), POISON, np.uint8), "a cp.async", inst.line)  # may land early
+            w.copies.append(_Copy(d, s, n, ss, inst.line))
+        return issue
+
+    def _deliver(self, copy: _Copy) -> None:
+        data = np.zeros((len(copy.dst), copy.size), np.uint8)
+        for n in np.unique(copy.src_size):
+            rows = copy.src_size == n
+            if n:
+                data[rows, :int(n)] = self.memory.read(copy.src[rows], int(n), "a cp.async source read", copy.line)
+        self.current.shared.write(copy.dst, data, "a cp.async", copy.line)
+
+    # -- mbarrier and TMA ----------------------------------------------------------------
+    def _op_mbarrier(self, inst):
+        what = inst.parts[1]
+        block = lambda: self.current  # noqa: E731
+
+        def barrier_address(w, op, m):
+            addrs = np.unique(self.address(w, op)[m])
+            return [int(x) for x in addrs]
+
+        if what == "init":
+            a, count = inst.operands
+
+            def init(w, m, _):
+                n = int(typed(self.read(w, count, "u32"), "u32")[m][0])
+                for addr in barrier_address(w, a, m):
+                    block().shared.offsets(np.array([addr], np.uint64), 8, "an mbarrier", inst.line)
+                    block().mbarriers[addr] = [n, n, 0, 0]
+            return init
+        if what == "arrive":
+            expect = "expect_tx" in inst.parts
+            a = inst.operands[1]
+            tx = inst.operands[2] if expect else None
+
+            def arrive(w, m, _):
+                addrs = self.address(w, a)[m]
+                txs = typed(self.read(w, tx, "u32"), "u32")[m] if expect else np.zeros(len(addrs), np.uint64)
+                for addr, nbytes in zip(addrs.tolist(), txs.tolist()):
+                    bar = self._barrier(addr, inst.line)
+                    bar[2] += int(nbytes)
+                    bar[1] -= 1
+                    self._maybe_complete(addr)
+            return arrive
+        if what in ("try_wait", "test_wait"):
+            if "parity" not in inst.parts:
+                raise EmulationError(f"PTX line {inst.line}: only mbarrier waits on a phase parity are modelled")
+            p, a, parity = inst.operands[:3]
+
+            def wait(w, m, _):
+                addrs = self.address(w, a)
+                par = typed(self.read(w, parity, "u32"), "u32")
+                result = np.zeros(WARP, np.uint64)
+                for addr in np.unique(addrs[m]).tolist():
+                    self._flush_tma(addr)  # the copies land as late as possible: when someone waits
+                    bar = self._barrier(addr, inst.line)
+                    lanes = m & (addrs == addr)
+                    result[lanes] = ((bar[3] & 1) != (par[lanes] & np.uint64(1))).astype(np.uint64)
+                self.write(w, p, result, m)
+                if not result[m].all():
+                    return "spin"
+            return wait
+        raise EmulationError(f"PTX line {inst.line}: the emulator does not model '{inst.opcode}'")
+
+    def _barrier(self, addr: int, line: int) -> list[int]:
+        bar = self.current.mbarriers.get(addr)
+        if bar is None:
+            raise EmulationError(f"PTX line {line}: mbarrier at shared {addr:#x} used before mbarrier.init")
+        return bar
+
+    def _maybe_complete(self, addr: int) -> None:
+        bar = self.current.mbarriers[addr]
+        if bar[1] == 0 and bar[2] == 0:
+            bar[1], bar[3] = bar[0], bar[3] + 1
+
+    def _flush_tma(self, addr: int) -> None:
+        for copy in self.current.tma.pop(addr, []):
+            self._deliver_tma(*copy)
+            bar = self.current.mbarriers[addr]
+            bar[2] -= copy[3]
+        if addr in self.current.mbarriers:
+            self._maybe_complete(addr)
+
+    def _tma(self, inst):
+        if "2d" not in inst.parts or "mbarrier::complete_tx::bytes" not in inst.parts:
+            raise EmulationError(f"PTX line {inst.line}: only 2-D TMA loads completing on an mbarrier are modelled")
+        dst, src, bar = inst.operands[:3]
+
+        def issue(w, m, _):
+            for lane in np.flatnonzero(m).tolist():
+                d = int(self.address(w, dst)[lane])
+                d -= SHARED_WINDOW if d >= SHARED_WINDOW else 0
+                tm_addr = int(self.read(w, src.value, "u64")[lane])
+                tm = self.tensor_maps.get(tm_addr)
+                if tm is None:
+                    raise EmulationError(f"{tm_addr:#x} is not the address of a tensor map")
+                coords = [int(typed(self.read(w, c, "s32"), "s32")[lane]) for c in src.items]
+                b = int(self.address(w, bar)[lane])
+                self._barrier(b, inst.line)
+                inner, outer = tm.box
+                nbytes = inner * outer * tm.item
+                if tm.swizzle and (inner * tm.item != tm.swizzle or d % 1024):
+                    raise EmulationError(f"a {tm.swizzle}-byte swizzled TMA box needs {tm.swizzle}-byte rows and a "
+                                         f"1024-byte aligned destination (rows of {inner * tm.item} bytes at {d:#x})")
+                targets = swizzled(np.arange(d, d + nbytes, tm.item, dtype=np.uint64), tm.swizzle)
+                self.current.check_not_mbarrier(targets.astype(np.int64), tm.item, "a TMA copy", inst.line)
+                self.current.shared.write(targets, np.full((len(targets), tm.item), POISON, np.uint8), "a TMA copy",
+                                          inst.line)
+                self.current.tma.setdefault(b, []).append((targets, tm, coords, nbytes, inst.line))
+        return issue
+
+    def _deliver_tma(self, targets, tm: TensorMap, coords, nbytes, line) -> None:
+        inner, outer = tm.box
+        x = coords[0] + np.tile(np.arange(inner), outer)
+        y = coords[1] + np.repeat(np.arange(outer), inner)
+        inside = (x >= 0) & (x < tm.cols) & (y >= 0) & (y < tm.rows)
+        data = np.zeros((len(targets), tm.item), np.uint8)  # zeros outside the tensor
+        if inside.any():
+            src = (tm.address + (y[inside] * tm.cols + x[inside]) * tm.item).astype(np.uint64)
+            data[inside] = self.memory.read(src, tm.item, "a TMA source read", line)
+        self.current.shared.write(targets, data, "a TMA copy", line)
+
+    # -- wgmma -----------------------------------------------------------------------------
+    def _op_wgmma(self, inst):
+        what = inst.parts[1]
+        if what == "fence":
+            return lambda w, m, _: self._whole_warp(w, m, "wgmma.fence")
+        if what == "commit_group":
+            def commit(w, m, _):
+                self._whole_warp(w, m, "wgmma.commit_group")
+                w.mma_groups.append(w.mma_open)
+                w.mma_open = []
+            return commit
+        if what == "wait_group":
+            keep = inst.operands[0].value
+
+            def wait(w, m, _):
+                self._whole_warp(w, m, "wgmma.wait_group")
+                while len(w.mma_groups) > keep:
+                    for op in w.mma_groups.pop(0):
+                        self._retire_wgmma(w, op)
+            return wait
+        if what != "mma_async":
+            raise EmulationError(f"PTX line {inst.line}: the emulator does not model '{inst.opcode}'")
+        shape = next(p for p in inst.parts if re.fullmatch(r"m64n\d+k16", p))
+        if inst.parts[-3] != "f32":
+            raise EmulationError(f"PTX line {inst.line}: only f32 accumulators are modelled")
+        d, desc_a, desc_b, scale_d = inst.operands[:4]
+        if desc_a.kind == "vec":
+            raise EmulationError(f"PTX line {inst.line}: wgmma with A in registers is not modelled")
+        n = int(re.search(r"n(\d+)", shape).group(1))
+        if len(d.items) != n // 2:
+            raise EmulationError(f"PTX line {inst.line}: {shape} needs {n // 2} accumulator registers")
+
+        def issue(w, m, _):
+            self._whole_warp(w, m, "wgmma.mma_async")
+            names = [o.value for o in d.items]
+            in_flight = {bool(w.mma_in_flight.get(x)) for x in names}
+            if len(in_flight) > 1:
+                raise EmulationError("a wgmma accumulates into registers only some of which a wgmma in flight writes")
+            chained = in_flight == {True}  # D += on the result of the one before: read at retirement
+            old = None if chained else {x: w.regs.get(x, np.zeros(WARP, np.uint64)).copy() for x in names}
+            da, db = (int(self.read(w, o, "b64")[0]) for o in (desc_a, desc_b))
+            sd = bool(self.read(w, scale_d, "pred")[0])
+            w.mma_open.append(_Wgmma(inst, old, da, db, sd))
+            for x in names:  # the accumulators are the Tensor Cores' until the wait
+                if not chained:
+                    w.regs[x] = np.full(WARP, 0x7FC00000, np.uint64)
+                w.mma_in_flight[x] = w.mma_in_flight.get(x, 0) + 1
+        return issue
+
+    def _descriptor_matrix(self, desc: int, rows: int, k_major: bool, item: int, t: str) -> np.ndarray:
+        """The rows x 16 (A, K-major), or 16 x rows transposed, operand a wgmma descriptor points
+        at, in the canonical layouts of the PTX ISA (128-byte swizzle)."""
+        start = (desc & 0x3FFF) << 4
+        lbo = ((desc >> 16) & 0x3FFF) << 4
+        sbo = ((desc >> 32) & 0x3FFF) << 4
+        base_offset, mode = (desc >> 49) & 7, desc >> 62
+        if mode != 1 or base_offset:
+            raise EmulationError(f"wgmma descriptor {desc:#x}: the emulator models 128-byte swizzled operands with "
+                                 "base offset 0 only")
+        mn = np.arange(rows)[:, None]
+        k = np.arange(16)[None, :]
+        if k_major:  # ((8,m),(T,2k)):((8T,SBO),(1,T)) elements
+            offset = (mn % 8) * 128 + (mn // 8) * sbo + k * item
+        else:  # ((T,8,m),(8,k)):((1,T,LBO),(8T,SBO)), T = 16 bytes of elements
+            per_row = 128 // item
+            offset = (mn % per_row) * item + (mn // per_row) * lbo + (k % 8) * 128 + (k // 8) * sbo
+        addrs = swizzled((start + offset).astype(np.uint64).reshape(-1), 128)
+        raw = self.current.shared.read(addrs, item, "a wgmma operand read", 0)
+        return typed(_to_lanes(raw), t).astype(np.float64).reshape(rows, 16)
+
+    def _retire_wgmma(self, w: Warp, op: _Wgmma) -> None:
+        inst = op.inst
+        n = int(re.search(r"m64n(\d+)k16", inst.opcode).group(1))
+        atype, btype = inst.parts[-2], inst.parts[-1]
+        imm = [o.value for o in inst.operands[4:]]
+        scale_a, scale_b, trans_a, trans_b = (imm + [1, 1, 0, 0])[:4]
+        item = 2
+        A = self._descriptor_matrix(op.desc_a, 64, trans_a == 0, item, atype)  # [m, k]
+        B = self._descriptor_matrix(op.desc_b, n, trans_b == 0, item, btype)  # [n, k]
+        D = (scale_a * A) @ (scale_b * B).T  # 64 x n
+        rows = D[16 * (w.index % 4):16 * (w.index % 4) + 16]
+        lane = np.arange(WARP)
+        g, tq = lane // 4, lane % 4
+        for i, o in enumerate(inst.operands[0].items):
+            prev = typed(op.old[o.value] if op.old is not None else w.mma_values.pop(o.value), "f32").astype(np.float64)
+            value = rows[g + 8 * ((i // 2) % 2), 8 * (i // 4) + 2 * tq + i % 2]
+            result = bits_of((value + prev if op.scale_d else value).astype(np.float32), "f32")
+            w.mma_in_flight[o.value] -= 1
+            if w.mma_in_flight[o.value]:  # a later wgmma in flight accumulates onto it: the register stays NaN
+                w.mma_values[o.value] = result
+            else:
+                w.regs[o.value] = result
+
+
+# -- the driver: a GpuKernelArtifact run on numpy arrays ------------------------------------
+
+_NUMPY = {"f16": np.float16, "f32": np.float32, "f64": np.float64, "i32": np.int32, "i64": np.int64}
+
+
+def _host_bytes(array: np.ndarray, dtype: str) -> np.ndarray:
+    if dtype == "bf16":
+        return bf16_bits(np.asarray(array, np.float32)).astype(np.uint16).view(np.uint8).reshape(-1)
+    return np.ascontiguousarray(np.asarray(array, _NUMPY[dtype])).view(np.uint8).reshape(-1)
+
+
+def _from_bytes(raw: np.ndarray, dtype: str, shape) -> np.ndarray:
+    if dtype == "bf16":
+        return (raw.view(np.uint16).astype(np.uint32) << 16).view(np.float32).reshape(shape)
+    return raw.view(_NUMPY[dtype]).reshape(shape).astype(np.float32)
+
+
+def emulate(artifact, *inputs, seed: int = 0, blocks=None) -> list[np.ndarray]:
+    """Run `artifact` (runtime.gpu_artifact.GpuKernelArtifact) on numpy inputs, one per input
+    Param in order (bf16 given as float32); returns its outputs as float32 arrays. `blocks`: the
+    block indices (x, y, z) to run, default all (outputs of blocks not run stay NaN)."""
+    kernel = parse(artifact.ptx)
+    tensors = [p for p in artifact.params if p.tensor_map is None and p.shape is not None]
+    inputs_ = [p for p in tensors if not p.output]
+    if len(inputs) != len(inputs_):
+        raise EmulationError(f"{artifact.name} takes {len(inputs_)} inputs, got {len(inputs)}")
+    for p, x in zip(inputs_, inputs):
+        if tuple(np.shape(x)) != tuple(p.shape):
+            raise EmulationError(f"{artifact.name}: {p.name} must have shape {list(p.shape)}, got {list(np.shape(x))}")
+    item = {"f16": 2, "bf16": 2, "f32": 4, "f64": 8, "i32": 4, "i64": 8}
+    sizes = [math.prod(p.shape) * item[p.dtype] for p in tensors]
+    maps = [p for p in artifact.params if p.tensor_map is not None]
+    layout, offset = [], 0
+    for size in sizes + [128] * len(maps):
+        layout.append(offset)
+        offset += -(-size // 256) * 256 + 4096  # a red zone after each allocation
+    em = Emulator(kernel, artifact.grid, artifact.block, artifact.dynamic_shared_bytes, seed)
+    em.memory = Memory("global", offset, GLOBAL_BASE, valid=False)
+    addresses = {}
+    for i, (p, size) in enumerate(zip(tensors, sizes)):
+        start = layout[i]
+        em.memory.valid[start:start + size] = True
+        em.memory.regions.append((GLOBAL_BASE + start, size, p.name))
+        addresses[p.name] = GLOBAL_BASE + start
+        if not p.output:
+            em.memory.data[start:start + size] = _host_bytes(inputs[inputs_.index(p)], p.dtype)
+    for j, p in enumerate(maps):
+        source = artifact.params[p.tensor_map[0]]
+        address = GLOBAL_BASE + layout[len(tensors) + j]
+        em.tensor_maps[address] = TensorMap(addresses[source.name], math.prod(source.shape[:-1]), source.shape[-1],
+                                            item[source.dtype], (p.tensor_map[1], p.tensor_map[2]), p.tensor_map[3])
+        addresses[p.name] = address
+    values = [addresses[p.name] for p in artifact.params]
+    arguments = artifact.launch_arguments(values)
+    if len(arguments) != len(kernel.params):
+        raise EmulationError(f"{artifact.name}: {len(arguments)} launch arguments for {len(kernel.params)} PTX "
+                             "parameters")
+    for (name, _type), (ctype, value) in zip(kernel.params, arguments):
+        em.params[name] = int(value) if ctype != "f32" else int(np.float32(value).view(np.uint32))
+    grid = artifact.grid
+    all_blocks = [(x, y, z) for z in range(grid[2]) for y in range(grid[1]) for x in range(grid[0])]
+    for ctaid in (all_blocks if blocks is None else blocks):
+        Block(em, ctaid, random.Random(hash((seed, ctaid)))).run()
+    outputs = []
+    for p, size in zip(tensors, sizes):
+        if p.output:
+            start = addresses[p.name] - GLOBAL_BASE
+            outputs.append(_from_bytes(em.memory.data[start:start + size].copy(), p.dtype, p.shape))
+    return outputs
