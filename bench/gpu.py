@@ -6,6 +6,7 @@ steps, since the compiler (MLIR) and the GPU are on different machines here:
     python3 bench/gpu.py run .gpu-bench [--markdown]          # on the GPU machine: check, time
     python3 bench/gpu.py check .gpu-bench                     # on the GPU machine: every kernel variant
                                                               # (small odd shapes) against torch
+    .venv/bin/python bench/gpu.py check .gpu-bench --emulate  # here: the same, PTX run on the CPU
 
 `build` also writes the `check` cases: each kernel variant Tracea emits (epilogues, batched and
 transposed operands, the SIMT fallback, causal attention with a ragged sequence, strided convs),
@@ -91,32 +92,44 @@ def _check_reference(torch, kind, params, xs):
     return F.scaled_dot_product_attention(f[0], f[1], f[2], is_causal=params["causal"])
 
 
-def check(directory: str) -> int:
+def check(directory: str, emulate: bool = False) -> int:
+    """emulate: run the PTX on the CPU (runtime/ptx_emulator.py) instead of a GPU."""
     sys.path.insert(0, RUNTIME)
-    import cuda_launcher as cl  # noqa: E402 - by path: no MLIR on the GPU machine
-    import gpu_artifact
+    import gpu_artifact  # noqa: E402 - by path: no MLIR on the GPU machine
     import torch
 
-    device = cl.Device.get(0)
-    print(f"device: {device}, torch {torch.__version__}", flush=True)
+    if emulate:
+        import ptx_emulator
+        device = None
+        print(f"PTX emulator on the CPU, torch {torch.__version__}", flush=True)
+    else:
+        import cuda_launcher as cl
+        device = cl.Device.get(0)
+        print(f"device: {device}, torch {torch.__version__}", flush=True)
     with open(os.path.join(directory, "checks.json")) as f:
         checks = json.load(f)
     failed = 0
     dtypes = {"f16": torch.float16, "bf16": torch.bfloat16, "f32": torch.float32}
     for name, chip, inputs, kind, params in checks:
-        if device.runs(chip) is None:
+        if device is not None and device.runs(chip) is None:
             print(f"skip  {name}: {device} cannot run {chip} code", flush=True)
             continue
         torch.manual_seed(0)
-        xs = [torch.randn(*shape, device="cuda", dtype=dtypes[dtype]) for shape, dtype in inputs]
+        xs = [torch.randn(*shape, device="cpu" if emulate else "cuda", dtype=dtypes[dtype]) for shape, dtype in inputs]
         try:
-            kernel = cl.CudaKernel(gpu_artifact.GpuKernelArtifact.load(os.path.join(directory, name)), device)
-            out = kernel(*xs)
-            torch.cuda.synchronize()
+            artifact = gpu_artifact.GpuKernelArtifact.load(os.path.join(directory, name))
+            if emulate:
+                out = torch.from_numpy(ptx_emulator.emulate(artifact, *[x.float().numpy() for x in xs])[0])
+                where = "emulated"
+            else:
+                kernel = cl.CudaKernel(artifact, device)
+                out = kernel(*xs)
+                torch.cuda.synchronize()
+                where = kernel.loaded_from
             expected = _check_reference(torch, kind, params, xs)
             error = ((out.float() - expected).abs().max() / expected.abs().max().clamp(min=1e-6)).item()
             ok = error < 2e-2
-            print(f"{'ok  ' if ok else 'BAD '} {name}: max rel. error {error:.1e} [{kernel.loaded_from}]", flush=True)
+            print(f"{'ok  ' if ok else 'BAD '} {name}: max rel. error {error:.1e} [{where}]", flush=True)
         except Exception as e:  # report every case, not only the first failure
             ok = False
             print(f"FAIL {name}: {type(e).__name__}: {e}", flush=True)
@@ -272,11 +285,13 @@ def main() -> int:
     r.add_argument("--iterations", type=int, default=50)
     c = sub.add_parser("check", help="compare every kernel variant with torch (needs a GPU, torch and cuda-bindings)")
     c.add_argument("directory")
+    c.add_argument("--emulate", action="store_true",
+                   help="run the kernels' PTX in Tracea's emulator on the CPU (no GPU; minutes)")
     args = parser.parse_args()
     if args.step == "build":
         return build(args.directory, args.chips.split(","))
     if args.step == "check":
-        return check(args.directory)
+        return check(args.directory, args.emulate)
     return run(args.directory, args.markdown, args.iterations)
 
 

@@ -31,6 +31,10 @@ CASES = {
                               {"stride": 2, "padding": 1}),
     "attention_causal_bf16": ("sm_80", [((1, 2, 37, 64), "bf16")] * 3, "attention", {"causal": True}),
     "attention_d128_f16": ("sm_80", [((1, 1, 50, 128), "f16")] * 3, "attention", {"causal": False}),
+    # more K tiles than pipeline stages: buffers and mbarrier parities wrap around (3 and 4 stages)
+    "mma_gemm_long_k_f16": ("sm_80", [((16, 320), "f16"), ((320, 16), "f16")], "gemm", {}),
+    "wgmma_gemm_long_k_bf16": ("sm_90a", [((16, 576), "bf16"), ((64, 576), "bf16")], "linear", {}),
+    "attention_long_causal_f16": ("sm_80", [((1, 1, 200, 64), "f16")] * 3, "attention", {"causal": True}),
     "wgmma_gemm_nn_f16": ("sm_90a", [((130, 72), "f16"), ((72, 136), "f16")], "gemm", {}),
     "wgmma_linear_bias_gelu_bf16": ("sm_90a", [((64, 64), "bf16"), ((128, 64), "bf16"), ((128,), "bf16")],
                                     "linear", {}),

@@ -164,6 +164,8 @@ _SPECIAL = re.compile(r"%(tid|ntid|ctaid|nctaid)\.[xyz]|%laneid|%warpid")
 
 
 def _split_operands(text: str) -> list[str]:
+    if "[" not in text and "{" not in text:
+        return [t.strip() for t in text.split(",") if t.strip()]
     out, depth, cur = [], 0, ""
     for ch in text:
         if ch in "[{":
@@ -226,30 +228,29 @@ def parse(ptx: str) -> Kernel:
     declared: dict[int, set[str]] = {0: set()}
     line = text[:body_start].count("\n") + 1
     current, vector, start_line = "", 0, line
-    for ch in text[body_start + 1:]:
-        if ch == "\n":
-            line += 1
+    for piece in re.split(r"([{};:])", text[body_start + 1:]):
         if not current.strip():
-            start_line = line
-            if ch == "{":
+            start_line = line + piece[:len(piece) - len(piece.lstrip())].count("\n")
+            if piece == "{":
                 scope_ids.append(next_id)
                 declared[next_id] = set()
                 next_id += 1
                 current = ""
                 continue
-            if ch == "}":
+            if piece == "}":
                 if len(scope_ids) == 1:
                     break  # the kernel body's closing brace
                 scope_ids.pop()
                 current = ""
                 continue
-        if ch == ":" and re.fullmatch(r"\s*[$\w]+", current):
+        line += piece.count("\n")
+        if piece == ":" and re.fullmatch(r"\s*[$\w]+", current):
             declared[scope_ids[-1]].add(current.strip())
             raw.append((start_line, current.strip() + ":", scope_ids[-1]))
             current = ""
             continue
-        vector += (ch == "{") - (ch == "}")
-        if ch == ";" and vector == 0:
+        vector += (piece == "{") - (piece == "}")
+        if piece == ";" and vector == 0:
             stmt = " ".join(current.split())
             m = re.match(r"\.reg\s+\.\w+\s+(.*)", stmt)
             if m:
@@ -258,7 +259,7 @@ def parse(ptx: str) -> Kernel:
                 raw.append((start_line, stmt, scope_ids[-1]))
             current = ""
             continue
-        current += ch
+        current += piece
 
     def rename(stmt: str, scope: int) -> str:
         if scope == 0 or not declared[scope]:
@@ -564,17 +565,6 @@ class Emulator:
             raise EmulationError(f"PTX line {inst.line}: the emulator does not model '{inst.opcode}'")
         return handler(inst)
 
-    def _unary(self, inst, fn):
-        t, (d, a) = inst.type(), inst.operands
-        return lambda w, m, _: self.write(w, d, bits_of(fn(typed(self.read(w, a, t), t)), t), m)
-
-    def _binary(self, inst, fn, result_type=None):
-        t = inst.type()
-        d, a, b = inst.operands[:3]
-        rt = result_type or t
-        return lambda w, m, _: self.write(w, d, bits_of(fn(typed(self.read(w, a, t), t),
-                                                           typed(self.read(w, b, t), t)), rt), m)
-
     def _float_mode(self, inst) -> str:
         return next((p for p in inst.parts if p in ("rn", "rz", "rm", "rp")), "rn")
 
@@ -596,12 +586,13 @@ class Emulator:
             return self._generic(inst, fn64)
         return self._int_arith(inst, fn64)
 
-    def _generic(self, inst, fn):
+    def _generic(self, inst, fn, result: str | None = None):
+        """fn over the operands read as the instruction's type; the result written as `result`."""
         t, ops = inst.type(), inst.operands
 
         def run(w, m, _):
             with np.errstate(all="ignore"):
-                self.write(w, ops[0], bits_of(fn(*[typed(self.read(w, o, t), t) for o in ops[1:]]), t), m)
+                self.write(w, ops[0], bits_of(fn(*[typed(self.read(w, o, t), t) for o in ops[1:]]), result or t), m)
         return run
 
     def _int_arith(self, inst, fn):
@@ -623,20 +614,13 @@ class Emulator:
         t = inst.type()
         if t in ("f32", "f64"):
             return self._arith(inst, lambda a, b: a * b, lambda a, b: a * b)
-        w_, d, a, b = TYPES[t], *inst.operands
+        width, wide = TYPES[t], np.int64 if t[0] == "s" else np.uint64
         if "wide" in inst.parts:
-            wide = "s" + str(2 * w_) if t[0] == "s" else "u" + str(2 * w_)
-            return lambda w, m, _: self.write(w, d, bits_of(typed(self.read(w, a, t), t).astype(np.int64 if t[0] == "s" else np.uint64) *
-                                                            typed(self.read(w, b, t), t).astype(np.int64 if t[0] == "s" else np.uint64), wide), m)
+            return self._generic(inst, lambda x, y: x.astype(wide) * y.astype(wide), result=t[0] + str(2 * width))
         if "hi" in inst.parts:
-            if w_ == 64:
-                def hi64(w, m, _):
-                    x, y = typed(self.read(w, a, t), t), typed(self.read(w, b, t), t)
-                    self.write(w, d, bits_of(np.array([(int(p) * int(q)) >> 64 for p, q in zip(x, y)], dtype=object)
-                                             .astype(np.int64 if t[0] == "s" else np.uint64), t), m)
-                return hi64
-            return lambda w, m, _: self.write(w, d, bits_of((typed(self.read(w, a, t), t).astype(np.int64) *
-                                                             typed(self.read(w, b, t), t).astype(np.int64)) >> w_, t), m)
+            if width == 64:
+                raise EmulationError(f"PTX line {inst.line}: 64-bit mul.hi is not modelled")
+            return self._generic(inst, lambda x, y: (x.astype(wide) * y.astype(wide)) >> wide(width))
         return self._int_arith(inst, lambda x, y: x * y)
 
     def _op_mad(self, inst):
@@ -651,14 +635,20 @@ class Emulator:
         return self._arith(inst, lambda a, b, c: a * b + c,
                            lambda a, b, c: (a.astype(np.float64) * b + c).astype(np.float32))
 
+    @staticmethod
+    def _quotient(a, b):
+        """C's integer division, truncating toward zero."""
+        if (b == 0).any():
+            raise EmulationError("integer division by zero")
+        return np.abs(a) // np.abs(b) * np.sign(a) * np.sign(b)
+
     def _op_div(self, inst):
-        t = inst.type()
-        if t[0] == "f":
+        if inst.type()[0] == "f":
             return self._arith(inst, lambda a, b: a / b, lambda a, b: a / b)
-        return self._generic(inst, lambda a, b: np.where(b == 0, -1, np.sign(a) * np.sign(b) * (abs(a) // np.where(b == 0, 1, abs(b)))))
+        return self._generic(inst, self._quotient)
 
     def _op_rem(self, inst):
-        return self._generic(inst, lambda a, b: np.where(b == 0, a, a - np.sign(a) * np.sign(b) * (abs(a) // np.where(b == 0, 1, abs(b))) * b))
+        return self._generic(inst, lambda a, b: a - self._quotient(a, b) * b)
 
     def _op_neg(self, inst):
         t = inst.type()
