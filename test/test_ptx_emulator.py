@@ -187,3 +187,11 @@ def test_rounding_helpers():
     x = np.array([1.0 + 2.0 ** -30], np.float64)
     assert pe._round_f32(x, "rp")[0] > 1.0 and pe._round_f32(x, "rm")[0] == 1.0 and pe._round_f32(-x, "rz")[0] == -1.0
     assert pe.swizzled(np.array([0x400, 0x490, 0x4F0], np.uint64), 128).tolist() == [0x400, 0x480, 0x4E0]
+
+
+def test_64_bit_mul_hi():
+    rng = np.random.default_rng(0)
+    a, b = (rng.integers(0, 2 ** 63, 64, dtype=np.uint64) * np.uint64(2) + np.uint64(1) for _ in range(2))
+    assert [int(h) for h in pe._mul_hi64(a, b, False)] == [(int(x) * int(y)) >> 64 for x, y in zip(a, b)]
+    sa, sb = a.view(np.int64), b.view(np.int64)
+    assert [int(h) for h in pe._mul_hi64(sa, sb, True)] == [((int(x) * int(y)) >> 64) % 2 ** 64 for x, y in zip(sa, sb)]

@@ -99,6 +99,19 @@ def bf16_bits(values) -> np.ndarray:
     return np.where(np.isnan(np.asarray(values, np.float32)), np.uint64(0x7FC0), rounded)
 
 
+def _mul_hi64(x: np.ndarray, y: np.ndarray, signed: bool) -> np.ndarray:
+    """The high 64 bits of the 128-bit product, from 32-bit halves (numpy has no 128-bit ints)."""
+    a, b = x.astype(np.int64).view(np.uint64) if signed else x, y.astype(np.int64).view(np.uint64) if signed else y
+    m32, s32 = np.uint64(0xFFFF_FFFF), np.uint64(32)
+    a0, a1, b0, b1 = a & m32, a >> s32, b & m32, b >> s32
+    p01, p10 = a0 * b1, a1 * b0
+    middle = ((a0 * b0) >> s32) + (p01 & m32) + (p10 & m32)
+    high = a1 * b1 + (p01 >> s32) + (p10 >> s32) + (middle >> s32)
+    if signed:  # two's complement: subtract the other operand for each negative one
+        high = high - np.where(x < 0, b, np.uint64(0)) - np.where(y < 0, a, np.uint64(0))
+    return high
+
+
 def _round_f32(x64: np.ndarray, mode: str) -> np.ndarray:
     """float64 -> float32 with the PTX rounding mode (rn, rz, rm, rp)."""
     with np.errstate(invalid="ignore", over="ignore"):
@@ -618,8 +631,8 @@ class Emulator:
         if "wide" in inst.parts:
             return self._generic(inst, lambda x, y: x.astype(wide) * y.astype(wide), result=t[0] + str(2 * width))
         if "hi" in inst.parts:
-            if width == 64:
-                raise EmulationError(f"PTX line {inst.line}: 64-bit mul.hi is not modelled")
+            if width == 64:  # conv index arithmetic divides by constants this way
+                return self._generic(inst, lambda x, y: _mul_hi64(x, y, t[0] == "s"))
             return self._generic(inst, lambda x, y: (x.astype(wide) * y.astype(wide)) >> wide(width))
         return self._int_arith(inst, lambda x, y: x * y)
 
