@@ -56,7 +56,7 @@ CHECKS = [
 ]
 
 
-def _check_function(td, inputs, kind, params):
+def check_function(td, inputs, kind, params):
     tensors = [td.tensor(shape, dtype) for shape, dtype in inputs]
     if kind == "linear":  # x @ W^T [+ bias, GELU [+ residual]]
         def body(x, w, *rest):
@@ -76,7 +76,7 @@ def _check_function(td, inputs, kind, params):
     return td.function(*tensors, name="kernel")(body)
 
 
-def _check_reference(torch, kind, params, xs):
+def check_reference(torch, kind, params, xs):
     f = [x.float() for x in xs]
     F = torch.nn.functional
     if kind == "linear":
@@ -126,7 +126,7 @@ def check(directory: str, emulate: bool = False) -> int:
                 out = kernel(*xs)
                 torch.cuda.synchronize()
                 where = kernel.loaded_from
-            expected = _check_reference(torch, kind, params, xs)
+            expected = check_reference(torch, kind, params, xs)
             error = ((out.float() - expected).abs().max() / expected.abs().max().clamp(min=1e-6)).item()
             ok = error < 2e-2
             print(f"{'ok  ' if ok else 'BAD '} {name}: max rel. error {error:.1e} [{where}]", flush=True)
@@ -179,7 +179,7 @@ def build(directory: str, chips: list[str]) -> int:
     with open(os.path.join(directory, "cases.json"), "w") as f:
         json.dump(cases, f, indent=1)
     for name, chip, inputs, kind, params in CHECKS:
-        tracea.compile_gpu(_check_function(td, inputs, kind, params), chip=chip).save(os.path.join(directory, name))
+        tracea.compile_gpu(check_function(td, inputs, kind, params), chip=chip).save(os.path.join(directory, name))
         print(f"built check {name}", flush=True)
     with open(os.path.join(directory, "checks.json"), "w") as f:
         json.dump(CHECKS, f, indent=1)

@@ -5,7 +5,9 @@ fragment register, an unretired wgmma, a lost mbarrier arrival, a short buffer) 
 from __future__ import annotations
 
 import dataclasses
+import importlib.util
 import re
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -15,7 +17,11 @@ from tracea import dialects as td
 from tracea.runtime import ptx_emulator as pe
 
 torch = pytest.importorskip("torch")
-F = torch.nn.functional
+
+# the kernel builders and torch references of bench/gpu.py's GPU checks, here at smaller shapes
+_spec = importlib.util.spec_from_file_location("bench_gpu", Path(__file__).parent.parent / "bench" / "gpu.py")
+bench_gpu = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(bench_gpu)
 
 # (chip, input shapes and dtypes, kind, parameters): every kernel variant, small and ragged
 CASES = {
@@ -41,38 +47,8 @@ CASES = {
 }
 
 
-def _function(inputs, kind, params):
-    tensors = [td.tensor(shape, dtype) for shape, dtype in inputs]
-    if kind == "linear":
-        def body(x, w, *rest):
-            steps = [td.bias_add(rest[0]), td.gelu()] if rest else []
-            steps += [td.residual_add(rest[1])] if len(rest) > 1 else []
-            return td.fused_gemm(x, w, steps, transpose_b=True, out_dtype="f32")
-    elif kind == "gemm":
-        def body(a, b):
-            return td.gemm(a, b, transpose_a=params.get("transpose_a", False), out_dtype="f32")
-    elif kind == "conv":
-        def body(x, w, b):
-            return td.conv2d(x, w, b, stride=params["stride"], padding=params["padding"], layout="nhwc",
-                             out_dtype="f32")
-    else:
-        def body(q, k, v):
-            return td.attention(q, k, v, causal=params["causal"])
-    return td.function(*tensors, name="kernel")(body)
-
-
 def _reference(kind, params, xs):
-    f = [torch.from_numpy(x) for x in xs]
-    if kind == "linear":
-        y = F.linear(f[0], f[1], f[2] if len(f) > 2 else None)
-        y = F.gelu(y) if len(f) > 2 else y
-        return (y + f[3] if len(f) > 3 else y).numpy()
-    if kind == "gemm":
-        return ((f[0].transpose(-1, -2) if params.get("transpose_a") else f[0]) @ f[1]).numpy()
-    if kind == "conv":
-        return F.conv2d(f[0].permute(0, 3, 1, 2), f[1].permute(3, 2, 0, 1), f[2], stride=params["stride"],
-                        padding=params["padding"]).permute(0, 2, 3, 1).numpy()
-    return F.scaled_dot_product_attention(*f, is_causal=params["causal"]).numpy()
+    return bench_gpu.check_reference(torch, kind, params, [torch.from_numpy(x) for x in xs]).numpy()
 
 
 def _inputs(inputs, seed=0):
@@ -99,7 +75,7 @@ _ARTIFACTS: dict[str, object] = {}
 def _artifact(name):
     if name not in _ARTIFACTS:
         chip, inputs, kind, params = CASES[name]
-        _ARTIFACTS[name] = tracea.compile_gpu(_function(inputs, kind, params), chip=chip)
+        _ARTIFACTS[name] = tracea.compile_gpu(bench_gpu.check_function(td, inputs, kind, params), chip=chip)
     return _ARTIFACTS[name]
 
 

@@ -412,7 +412,6 @@ class Warp:
     mma_groups: list = field(default_factory=list)
     mma_in_flight: dict = field(default_factory=dict)  # accumulator register -> wgmmas in flight writing it
     mma_values: dict = field(default_factory=dict)  # a retired wgmma's result the next one in flight reads
-    spinning: bool = False
 
     def __post_init__(self):
         self.pcs = np.zeros(WARP, np.int64)
@@ -462,8 +461,8 @@ class Block:
 
 
 class Emulator:
-    def __init__(self, kernel: Kernel, grid, block, dynamic_shared: int, seed: int = 0):
-        self.kernel, self.grid, self.block, self.seed = kernel, tuple(grid), tuple(block), seed
+    def __init__(self, kernel: Kernel, grid, block, dynamic_shared: int):
+        self.kernel, self.grid, self.block = kernel, tuple(grid), tuple(block)
         # ptxas's layout: static variables from 1 KB on sm_90 (the reserved area), then the extern array
         offset = 1024 if int(re.sub(r"\D", "", kernel.target) or 80) >= 90 else 0
         self.symbols: dict[str, int] = {}
@@ -1112,20 +1111,14 @@ class Emulator:
     # -- mbarrier and TMA ----------------------------------------------------------------
     def _op_mbarrier(self, inst):
         what = inst.parts[1]
-        block = lambda: self.current  # noqa: E731
-
-        def barrier_address(w, op, m):
-            addrs = np.unique(self.address(w, op)[m])
-            return [int(x) for x in addrs]
-
         if what == "init":
             a, count = inst.operands
 
             def init(w, m, _):
                 n = int(typed(self.read(w, count, "u32"), "u32")[m][0])
-                for addr in barrier_address(w, a, m):
-                    block().shared.offsets(np.array([addr], np.uint64), 8, "an mbarrier", inst.line)
-                    block().mbarriers[addr] = [n, n, 0, 0]
+                for addr in np.unique(self.address(w, a)[m]).tolist():
+                    self.current.shared.offsets(np.array([addr], np.uint64), 8, "an mbarrier", inst.line)
+                    self.current.mbarriers[addr] = [n, n, 0, 0]
             return init
         if what == "arrive":
             expect = "expect_tx" in inst.parts
@@ -1349,7 +1342,7 @@ def emulate(artifact, *inputs, seed: int = 0, blocks=None) -> list[np.ndarray]:
     for size in sizes + [128] * len(maps):
         layout.append(offset)
         offset += -(-size // 256) * 256 + 4096  # a red zone after each allocation
-    em = Emulator(kernel, artifact.grid, artifact.block, artifact.dynamic_shared_bytes, seed)
+    em = Emulator(kernel, artifact.grid, artifact.block, artifact.dynamic_shared_bytes)
     em.memory = Memory("global", offset, GLOBAL_BASE, valid=False)
     addresses = {}
     for i, (p, size) in enumerate(zip(tensors, sizes)):
