@@ -53,19 +53,29 @@ CHECKS = [
         ("attention_causal_bf16", [((2, 3, 129, 64), "bf16")] * 3, "attention", {"causal": True}),
         ("attention_f16_d128", [((1, 2, 200, 128), "f16")] * 3, "attention", {"causal": False}),
     ]
+] + [  # the Hopper GEMM's other forms: two MMA warpgroups, and no producer warp
+    ("sm_90a_linear_two_warpgroups_bf16", "sm_90a", [((130, 200), "bf16"), ((136, 200), "bf16")], "linear",
+     {"schedule": {"tile": [128, 256, 64], "warp_tile": [64, 256, 64], "stages": 2}}),
+    ("sm_90a_gemm_two_warpgroups_m256_f16", "sm_90a", [((260, 136), "f16"), ((136, 72), "f16")], "gemm",
+     {"schedule": {"tile": [256, 128, 64], "warp_tile": [128, 128, 64], "stages": 2}}),
+    ("sm_90a_gemm_no_producer_warp_f16", "sm_90a", [((130, 200), "f16"), ((200, 136), "f16")], "gemm",
+     {"schedule": {"tile": [128, 128, 64], "stages": 3}}),
 ]
 
 
 def check_function(td, inputs, kind, params):
+    """The function a check runs; params["schedule"], if any: td.Schedule's fields (JSON)."""
     tensors = [td.tensor(shape, dtype) for shape, dtype in inputs]
+    schedule = td.Schedule(**{k: tuple(v) if isinstance(v, list) else v for k, v in params["schedule"].items()}) \
+        if "schedule" in params else None
     if kind == "linear":  # x @ W^T [+ bias, GELU [+ residual]]
         def body(x, w, *rest):
             steps = [td.bias_add(rest[0]), td.gelu()] if rest else []
             steps += [td.residual_add(rest[1])] if len(rest) > 1 else []
-            return td.fused_gemm(x, w, steps, transpose_b=True, out_dtype="f32")
+            return td.fused_gemm(x, w, steps, transpose_b=True, out_dtype="f32", schedule=schedule)
     elif kind == "gemm":
         def body(a, b):
-            return td.gemm(a, b, transpose_a=params.get("transpose_a", False), out_dtype="f32")
+            return td.gemm(a, b, transpose_a=params.get("transpose_a", False), out_dtype="f32", schedule=schedule)
     elif kind == "conv":
         def body(x, w, b):
             return td.conv2d(x, w, b, stride=params["stride"], padding=params["padding"], layout="nhwc",

@@ -149,7 +149,8 @@ def test_batched_activations_times_shared_weights_is_one_gemm(sass, chip):
                      td.tensor((4, 50, 96), "f16"), name="linear")(
         lambda x, w, b, r: td.fused_gemm(x, w, [td.bias_add(b), td.gelu(), td.residual_add(r)], transpose_b=True))
     art = tracea.compile_gpu(fn, chip=chip)
-    assert art.grid[:2] == (1, -(-200 // 128))
+    block_m = 128 if chip == "sm_80" else 64  # sm_90a: the default tile giving 200 rows the most blocks
+    assert art.grid[:2] == (1, -(-200 // block_m))
     assert [p.shape for p in art.params[:5]] == [(4, 50, 64), (96, 64), (96,), (4, 50, 96), (4, 50, 96)]
     fields = sum(len(p.fields) for p in art.params)
     assert f"linear_param_{fields - 1}" in art.ptx and f"linear_param_{fields}" not in art.ptx

@@ -61,6 +61,28 @@ def test_the_emitted_pipeline_is_the_checked_plan(monkeypatch):
         wgmma_gemm_module_text(g, WgmmaTiles(stages=3))
 
 
+def test_the_specialized_kernel_is_its_checked_plan(monkeypatch):
+    """The producer and consumer loops come from phase_cycle.specialized_plan (one release per
+    MMA warp per tile), proved for the kernel's trip count; releasing a buffer before wgmma.wait_group
+    retired its MMAs is refused."""
+    g = MmaGemm(256, 256, 64 * 7, "bf16", "f32", True)
+    tiles = WgmmaTiles(128, 256, 3, warpgroups=2, specialized=True)
+    text = wgmma_gemm_module_text(g, tiles)
+    consumer = text[text.index("arith.cmpi ult, %tid"):]
+    assert consumer.count("nvgpu.mbarrier.arrive %empty") == 1 and "expect_tx" not in consumer
+    plan = phase_cycle.specialized_plan(3, 8)
+    calls = []
+    monkeypatch.setattr(gpu_wgmma, "specialized_plan", lambda stages, consumers: calls.append(consumers) or plan)
+    wgmma_gemm_module_text(g, tiles)
+    assert calls == [8]  # two warpgroups of four MMA warps
+    early = phase_cycle.AgentPlan(3, 8, plan.producer, (phase_cycle.WaitFull(0, 0), phase_cycle.Compute(0, 0),
+                                                        phase_cycle.WaitMma(1), phase_cycle.Release(0)),
+                                  plan.consumer_epilogue)
+    monkeypatch.setattr(gpu_wgmma, "specialized_plan", lambda stages, consumers: early)
+    with pytest.raises(phase_cycle.PhaseError, match="may overwrite buffer 0 while consumer 0's MMAs still read"):
+        wgmma_gemm_module_text(g, tiles)
+
+
 def test_bad_tiles_are_named():
     with pytest.raises(tracea.TraceaError, match="block_k must be 64"):
         WgmmaTiles(block_k=32).validate(True)
@@ -75,18 +97,60 @@ def test_compile_gpu_for_hopper_describes_the_tensor_maps(ptxas, tmp_path):
     fn = td.function(td.tensor((300, 256), "bf16"), td.tensor((512, 256), "bf16"), name="linear")(
         lambda x, w: td.gemm(x, w, transpose_b=True, out_dtype="f32"))
     art = tracea.compile_gpu(fn, chip="sm_90a")
-    tiles = WgmmaTiles()
-    assert (art.grid, art.block, art.dynamic_shared_bytes) == ((4, 3, 1), (128, 1, 1), tiles.shared_bytes())
+    tiles = WgmmaTiles(64, 128, 4, specialized=True)  # the default that gives this small problem the most blocks
+    assert gpu_wgmma.default_tiles(MmaGemm(300, 512, 256, "bf16", "f32", True)) == tiles
+    assert (art.grid, art.block, art.dynamic_shared_bytes) == ((4, 5, 1), (160, 1, 1), tiles.shared_bytes())
     assert [(p.name, p.dtype, p.tensor_map) for p in art.params[3:]] == [
-        ("x.tensor_map", "tensormap", (0, 64, 128, 128)), ("w.tensor_map", "tensormap", (1, 64, 128, 128))]
+        ("x.tensor_map", "tensormap", (0, 64, 64, 128)), ("w.tensor_map", "tensormap", (1, 64, 128, 128))]
     assert art.launch_arguments([0x100, 0x200, 0x300, 0x400, 0x500])[-2:] == [("ptr", 0x400), ("ptr", 0x500)]
     assert ".param .u64 .ptr .align 1 linear_param_22" in art.ptx  # 3 x 7 memref fields, then the 2 maps
     # the tiles live in the dynamic shared memory proper, after the static mbarriers (a demoted
     # 1-byte static symbol put the first TMA tile over the mbarriers)
     assert ".extern .shared .align 16 .b8 __dynamic_shmem__0[];" in art.ptx
-    assert art.static_shared_bytes == 8 * tiles.stages  # one 64-bit mbarrier per stage
+    assert art.static_shared_bytes == 2 * 8 * tiles.stages  # a full and an empty 64-bit mbarrier per stage
     art.save(tmp_path / "linear")
     assert type(art).load(tmp_path / "linear") == art
+
+
+@pytest.mark.parametrize("size,expected", [
+    (8192, WgmmaTiles(128, 256, 4, warpgroups=2, specialized=True)),
+    (2048, WgmmaTiles(128, 256, 4, warpgroups=2, specialized=True)),  # 128 blocks: about one per SM
+    (1024, WgmmaTiles(64, 128, 4, specialized=True)),  # 128 blocks; 128 x 256 tiles would give 32
+])
+def test_default_tiles_fill_the_gpu(size, expected):
+    assert gpu_wgmma.default_tiles(MmaGemm(size, size, size, "bf16", "f32")) == expected
+
+
+def test_warp_specialized_kernel_machine_code(sass):
+    """Two MMA warpgroups and a producer warp: 288 threads (ptxas keeps to the registers that
+    allows), each MMA warp releasing its buffers on the empty mbarriers, which the producer waits
+    on before refilling; 64 x 256 wgmma per warpgroup; no spills."""
+    g = MmaGemm(512, 512, 1024, "bf16", "f32", True)
+    tiles = WgmmaTiles(128, 256, 4, warpgroups=2, specialized=True)
+    ptx = nvvm.to_ptx(wgmma_gemm_module_text(g, tiles), "sm_90a")
+    assert ".maxntid 288, 1, 1" in ptx
+    assert re.search(r"wgmma\.mma_async\.sync\.aligned\.m64n256k16\.f32\.bf16\.bf16", ptx)
+    assert len(re.findall(r"mbarrier\.init\.shared\.b64", ptx)) == 2 * tiles.stages
+    assert re.search(r"mbarrier\.arrive\.shared\.b64", ptx)  # a release
+    assert ptx.count("mbarrier.try_wait.parity") == 2  # the producer's on empty, the consumers' on full
+    cubin = nvvm.assemble(ptx, "sm_90a")
+    machine_code = sass(cubin)
+    assert len(re.findall(r"\bHGMMA\.64x256x16\.F32\.BF16\b", machine_code)) == 4  # one K tile: 64 / 16
+    assert "UTMALDG.2D" in machine_code and "SYNCS.ARRIVE" in machine_code
+    assert cubin.spilled_bytes == 0 and cubin.registers * tiles.threads <= 65536
+    nvvm.check_launch("gemm", cubin, tiles.threads, tiles.shared_bytes())
+
+
+def test_warpgroup_tiles_are_validated():
+    with pytest.raises(tracea.TraceaError, match="need the producer warp"):
+        WgmmaTiles(128, 128, warpgroups=2).validate(True)
+    with pytest.raises(tracea.TraceaError, match="3 warpgroups cannot share 128 rows"):
+        WgmmaTiles(128, 128, warpgroups=3, specialized=True).validate(True)
+    with pytest.raises(tracea.TraceaError, match="a 128x256 tile per warpgroup needs 256 accumulator registers"):
+        WgmmaTiles(256, 256, warpgroups=2, specialized=True).validate(True)
+    with pytest.raises(tracea.TraceaError, match="544 threads get at most 120 registers each"):
+        WgmmaTiles(256, 256, warpgroups=4, specialized=True).validate(True)
+    WgmmaTiles(256, 128, warpgroups=4, specialized=True).validate(True)
 
 
 def test_tensor_map_arguments_are_what_cuda_bindings_takes():

@@ -6,8 +6,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from tracea.passes.phase_cycle import (Barrier, Commit, Compute, Load, LoopPlan, PhaseError, Release, WaitEmpty,
-                                       WaitFull, WaitGroups, WaitMma, check, schedule, tma_wgmma_plan)
+from tracea.passes.phase_cycle import (AgentPlan, Barrier, Commit, Compute, Load, LoopPlan, PhaseError, Release,
+                                       WaitEmpty, WaitFull, WaitGroups, WaitMma, check, check_agents, schedule,
+                                       specialized_plan, tma_wgmma_plan)
 
 
 @settings(max_examples=300)
@@ -148,3 +149,76 @@ def test_tma_wgmma_parity_formula_must_match_the_phases():
     wrong = [WaitFull(e.buffer, 1 - e.parity) if isinstance(e, WaitFull) and e.buffer == 1 else e for e in events]
     with pytest.raises(PhaseError, match="expects parity 1, but tile 1 completes phase 0"):
         check(wrong, 2, 5, "tma.wgmma")
+
+
+# -- warp-specialized: a producer and consumers, proved over every interleaving ----------------
+
+@settings(max_examples=200)
+@given(stages=st.integers(1, 8), trips=st.integers(0, 40), consumers=st.integers(1, 12))
+def test_every_specialized_plan_is_safe(stages, trips, consumers):
+    specialized_plan(stages, consumers).verify(trips)
+
+
+def test_specialized_plan_parities():
+    producer, consumer = specialized_plan(3, 2).unroll(8)
+    assert [(e.buffer, e.parity) for e in producer if isinstance(e, WaitEmpty)] == [
+        (0, 0), (1, 0), (2, 0), (0, 1), (1, 1)]  # before tiles 3..7: the release of tile j - 3
+    assert [(e.buffer, e.parity) for e in consumer if isinstance(e, WaitFull)] == [
+        (0, 0), (1, 0), (2, 0), (0, 1), (1, 1), (2, 1), (0, 0), (1, 0)]
+    assert [e.buffer for e in consumer if isinstance(e, Release)] == [0, 1, 2, 0, 1, 2, 0]  # tiles 0..6
+    assert consumer[-1] == WaitMma(0)
+
+
+def _agents(plan: AgentPlan, producer=None, consumer=None, epilogue=None) -> AgentPlan:
+    return AgentPlan(plan.stages, plan.consumers, plan.producer if producer is None else tuple(producer),
+                     plan.consumer if consumer is None else tuple(consumer),
+                     plan.consumer_epilogue if epilogue is None else tuple(epilogue))
+
+
+def test_specialized_release_before_the_mmas_retire():
+    plan = specialized_plan(3, 2)
+    early = _agents(plan, consumer=(WaitFull(0, 0), Compute(0, 0), WaitMma(1), Release(0)))
+    with pytest.raises(PhaseError, match="Load.tile=3, buffer=0. may overwrite buffer 0 while consumer 0's MMAs "
+                                         "still read tile 0"):
+        early.verify(9)
+
+
+def test_specialized_producer_that_does_not_wait_for_the_release():
+    # its load of tile j + stages may complete the full barrier's next phase before a consumer waited
+    # for this one: the consumer would sleep through it
+    with pytest.raises(PhaseError, match="which would sleep through phase 0"):
+        _agents(specialized_plan(3, 2), producer=(Load(0, 0),)).verify(9)
+
+
+def test_specialized_wrong_parities():
+    plan = specialized_plan(2, 2)
+    producer, consumer = plan.unroll(6)
+    flipped = [WaitEmpty(e.buffer, 1 - e.parity) if isinstance(e, WaitEmpty) else e for e in producer]
+    with pytest.raises(PhaseError, match=r"WaitEmpty\(buffer=0, parity=1\) expects parity 1, but the phase it waits "
+                                         r"for is 0"):
+        check_agents(flipped, [consumer] * 2, 2, 6)
+    flipped = [WaitFull(e.buffer, 1 - e.parity) if isinstance(e, WaitFull) else e for e in consumer]
+    with pytest.raises(PhaseError, match="expects parity 1, but the phase it waits for is 0"):
+        check_agents(producer, [consumer, flipped], 2, 6)
+
+
+def test_specialized_missing_releases_and_waits():
+    plan = specialized_plan(2, 2)
+    producer, consumer = plan.unroll(6)
+    silent = [e for e in consumer if not isinstance(e, Release)]
+    with pytest.raises(PhaseError, match="empty barrier 0 expects 2 arrivals per phase, but 1 agents arrive"):
+        check_agents(producer, [consumer, silent], 2, 6)
+    with pytest.raises(PhaseError, match="waits for phase 0 of the empty barrier 0, which never completes"):
+        check_agents(producer, [silent, silent], 2, 6)
+    with pytest.raises(PhaseError, match=r"MMAs of tiles \[5\] may still read shared memory"):
+        check_agents(producer, [consumer[:-1]] * 2, 2, 6)
+
+
+def test_specialized_deadlock_is_a_cycle():
+    # the producer waits for a release that follows a tile it has not loaded yet
+    plan = specialized_plan(2, 1)
+    producer, consumer = plan.unroll(4)
+    assert producer[:3] == [Load(0, 0), Load(1, 1), WaitEmpty(0, 0)]
+    late = [producer[0], producer[2], producer[1]] + producer[3:]  # waits for tile 0's release before loading tile 1
+    with pytest.raises(PhaseError, match="deadlock: .* wait on each other"):
+        check_agents(late, [consumer], 2, 4)

@@ -44,6 +44,9 @@ CASES = {
     "wgmma_gemm_nn_f16": ("sm_90a", [((130, 72), "f16"), ((72, 136), "f16")], "gemm", {}),
     "wgmma_linear_bias_gelu_bf16": ("sm_90a", [((64, 64), "bf16"), ((128, 64), "bf16"), ((128,), "bf16")],
                                     "linear", {}),
+    # the Hopper kernel's other forms (bench/gpu.py's checks): two MMA warpgroups, no producer warp
+    **{name[len("sm_90a_"):]: (chip, inputs, kind, params) for name, chip, inputs, kind, params in bench_gpu.CHECKS
+       if "schedule" in params},
 }
 
 
@@ -134,11 +137,21 @@ def test_accumulators_of_an_unretired_wgmma_are_nan(ptxas):
     assert np.isnan(out).any()
 
 
-def test_a_lost_mbarrier_arrival_is_a_deadlock(ptxas):
-    name = "wgmma_gemm_nn_f16"
-    art = _broken(name, r"@%p\d+ mbarrier\.arrive\.expect_tx[^;]*;", "", count=1)
+@pytest.mark.parametrize("name,arrival", [
+    ("wgmma_gemm_nn_f16", r"mbarrier\.arrive\.expect_tx[^;]*;"),  # the producer's: the consumers wait forever
+    ("wgmma_gemm_long_k_bf16", r"mbarrier\.arrive\.shared\.b64[^;]*;"),  # a release: the producer does
+], ids=["copies", "release"])
+def test_a_lost_mbarrier_arrival_is_a_deadlock(ptxas, name, arrival):
     with pytest.raises(pe.EmulationError, match="deadlock in block"):
-        _run(art, name)
+        _run(_broken(name, arrival, ""), name)
+
+
+def test_releasing_a_buffer_its_mmas_still_read_gives_a_wrong_product(ptxas):
+    """Without the wgmma.wait_group in the K loop the consumers release buffers their MMAs have
+    not read yet; the producer refills them and the MMAs read later tiles."""
+    name = "wgmma_gemm_long_k_bf16"
+    out, expected = _run(_broken(name, r"wgmma\.wait_group\.sync\.aligned\s+1;", ""), name)
+    assert np.isnan(out).any() or _relative_error(out, expected) > 0.1
 
 
 def test_out_of_bounds_reads_name_the_buffer(ptxas):

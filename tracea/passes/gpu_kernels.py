@@ -34,6 +34,7 @@ from .gpu_gemm import grid as simt_grid
 from .gpu_mma import MMA_DTYPES, MmaGemm, MmaTiles, mma_gemm_module_text
 from .gpu_mma import grid as mma_grid
 from .gpu_wgmma import TensorMap, WgmmaTiles, tensor_maps, wgmma_gemm_module_text
+from .gpu_wgmma import default_tiles as default_wgmma_tiles
 from .gpu_wgmma import grid as wgmma_grid
 from .registry import PassFailed, TraceaPass, option, register
 
@@ -86,12 +87,15 @@ def mma_tiles(v: OpView) -> MmaTiles:
     return MmaTiles(bm, bn, bk, wm, wn, s.stages)
 
 
-def wgmma_tiles(v: OpView) -> WgmmaTiles:
+def wgmma_tiles(v: OpView, g: MmaGemm) -> WgmmaTiles:
+    """On sm_90a warp_tile is a warpgroup's share of the block tile ([BM / warpgroups, BN, BK]);
+    barrier = "producer_consumer" (implied by several warpgroups) gives the copies to a producer warp."""
     s = _schedule_tile(v)
     if s is None:
-        return WgmmaTiles()
+        return default_wgmma_tiles(g)
     bm, bn, bk = s.tile
-    return WgmmaTiles(bm, bn, s.stages, bk)
+    warpgroups = bm // s.warp_tile[0] if s.warp_tile else 1
+    return WgmmaTiles(bm, bn, s.stages, bk, warpgroups, s.barrier == "producer_consumer" or warpgroups > 1)
 
 
 def gemm_kernel(v: OpView, name: str, chip: str = "sm_80") -> tuple[str, Launch]:
@@ -115,7 +119,7 @@ def gemm_kernel(v: OpView, name: str, chip: str = "sm_80") -> tuple[str, Launch]
     if a.dtype in MMA_DTYPES and k % 8 == 0 and n % 8 == 0 and (m % 8 == 0 or not transpose_a):
         # rows in 16-byte chunks: Tensor Cores
         if chip == "sm_90a" and not (batched_b or transpose_a):
-            tiles = wgmma_tiles(v)
+            tiles = wgmma_tiles(v, g)
             return wgmma_gemm_module_text(g, tiles, name), Launch(
                 wgmma_grid(g, tiles), (tiles.threads, 1, 1), tiles.shared_bytes(), tensor_maps(tiles, g.transpose_b))
         tiles = mma_tiles(v)

@@ -1,18 +1,25 @@
 """The Hopper (sm_90a) Tensor Core GEMM: TMA copies into 128-byte-swizzled shared memory, paced
 by mbarriers, and `wgmma.mma_async` reading both operands from shared memory through matrix
-descriptors. One warpgroup (128 threads) per block. A gpu.module text, lowered by
-targets/nvvm.py.
+descriptors. A gpu.module text, lowered by targets/nvvm.py. Two forms:
 
-    block (bx, by) computes C[by BM : +BM, bx BN : +BN] as BM / 64 accumulators of m64 x BN
-    (BN / 2 f32 registers per thread each)
-    pipeline (phase_cycle.tma_wgmma_plan, proved for this K by its checker before emission):
-        thread 0 issues, per K tile, the TMA copies of A (BM x 64) and B (BN x 64 for nn.Linear's
-        B^T; 64 x 64 boxes of a row-major B) and arms the buffer's mbarrier with their bytes;
-        the warpgroup waits on that barrier with the parity of the buffer's use, issues the
-        tile's wgmma group, and refills the buffer its previous group read once
-        `wgmma.wait_group 1` has retired that group
+- one warpgroup (128 threads; phase_cycle.tma_wgmma_plan): thread 0 issues, per K tile, the TMA
+  copies of A (BM x 64) and B (BN x 64 for nn.Linear's B^T; 64 x 64 boxes of a row-major B) and
+  arms the buffer's mbarrier with their bytes; the warpgroup waits on that barrier with the
+  parity of the buffer's use, issues the tile's wgmma group, and refills the buffer its previous
+  group read once `wgmma.wait_group 1` has retired that group;
+- warp-specialized (`specialized`, the default; phase_cycle.specialized_plan): 1 to 4 MMA
+  warpgroups, each on BM / warpgroups rows, and a producer warp after them whose first thread
+  loops over the K tiles issuing the copies. Besides its "full" mbarrier each buffer has an
+  "empty" one that every MMA warp arrives on once wait_group 1 retired its MMAs on the buffer;
+  the producer waits on it before refilling the buffer, so copies run ahead of the MMAs by up
+  to `stages` tiles without the MMA warps ever issuing one.
+
+    block (bx, by) computes C[by BM : +BM, bx BN : +BN]; warpgroup w its rows w BM / W onwards, as
+    BM / W / 64 accumulators of m64 x BN (BN / 2 f32 registers per thread each)
+    the schedule is proved for the kernel's K by phase_cycle's checker before emission
     epilogue: the fused_gemm steps on accumulator pairs in registers, cast, stored (the m64nNk16
-    accumulator layout: warp w holds rows 16 w + lane / 4 (+ 8), columns 8 j + 2 (lane % 4) + {0, 1})
+    accumulator layout: warp w of a warpgroup holds rows 16 w + lane / 4 (+ 8), columns
+    8 j + 2 (lane % 4) + {0, 1})
 
 TMA zero-fills whatever part of a box falls outside the matrix, so M, N and K need not be
 multiples of the tile; K (and N for a row-major B) must be multiples of 8: TMA needs 16-byte
@@ -33,12 +40,15 @@ from dataclasses import dataclass
 from ..errors import OpError
 from .cpu_gemm import _Text
 from .gpu_mma import WORKGROUP, MmaGemm, collapse_views, gpu_module_text, kernel_params, store_pair
-from .phase_cycle import Compute, Load, LoopPlan, WaitFull, WaitMma, tma_wgmma_plan
+from .phase_cycle import (AgentPlan, Compute, Load, LoopPlan, Release, WaitEmpty, WaitFull, WaitMma,
+                          specialized_plan, tma_wgmma_plan)
 
 ELEM_BYTES = 2
 SWIZZLE_BYTES = 128
 BOX_K = SWIZZLE_BYTES // ELEM_BYTES  # 64 elements: one swizzled row
 WARPGROUP = 128
+WARP = 32
+REGISTERS = 65536  # per SM, and so per block
 _ALIGN = 1024  # a 128-byte-swizzle atom: TMA's and the descriptors' swizzle start there
 _SWIZZLE_128B = 1 << 62
 _ATOM_STRIDE = (8 * SWIZZLE_BYTES >> 4) << 32
@@ -52,8 +62,16 @@ class WgmmaTiles:
     block_n: int = 128
     stages: int = 4
     block_k: int = BOX_K
+    warpgroups: int = 1  # warpgroups computing, each on block_m / warpgroups rows
+    specialized: bool = False  # a producer warp issues the copies (needed for warpgroups > 1)
 
-    threads = WARPGROUP
+    @property
+    def threads(self) -> int:
+        return WARPGROUP * self.warpgroups + (WARP if self.specialized else 0)
+
+    @property
+    def rows_per_warpgroup(self) -> int:
+        return self.block_m // self.warpgroups
 
     def a_bytes(self) -> int:
         return self.block_m * self.block_k * ELEM_BYTES
@@ -73,12 +91,21 @@ class WgmmaTiles:
                             f"got {self.block_k}")
         if self.block_m % 64 or not 64 <= self.block_m <= 256:
             problems.append(f"block_m {self.block_m} must be 64, 128, 192 or 256 (m64 wgmma blocks, one TMA box)")
+        if self.warpgroups not in (1, 2, 3, 4) or self.block_m % (64 * self.warpgroups):
+            problems.append(f"{self.warpgroups} warpgroups cannot share {self.block_m} rows in m64 blocks")
+        if self.warpgroups > 1 and not self.specialized:
+            problems.append("several warpgroups need the producer warp (specialized): a thread of one warpgroup "
+                            "cannot know when the others finished reading a buffer")
         step = 8 if transpose_b else BOX_K  # a row-major B arrives in 64-column boxes
         if self.block_n % step or not step <= self.block_n <= 256:
             problems.append(f"block_n {self.block_n} must be a multiple of {step} up to 256")
-        if self.block_m * self.block_n // WARPGROUP > 192:
-            problems.append(f"a {self.block_m}x{self.block_n} tile needs {self.block_m * self.block_n // WARPGROUP} "
-                            "accumulator registers per thread of the warpgroup; keep it at most 192")
+        accumulators = self.rows_per_warpgroup * self.block_n // WARPGROUP
+        if accumulators > 192:
+            problems.append(f"a {self.rows_per_warpgroup}x{self.block_n} tile per warpgroup needs {accumulators} "
+                            "accumulator registers per thread; keep it at most 192")
+        elif accumulators + 32 > min(255, REGISTERS // self.threads):  # 32: addresses, indices, the epilogue
+            problems.append(f"{self.threads} threads get at most {REGISTERS // self.threads} registers each, too few "
+                            f"for {accumulators} accumulators: use fewer warpgroups or a narrower tile")
         if self.stages < 1:
             problems.append(f"stages must be >= 1, got {self.stages}")
         if problems:
@@ -99,6 +126,26 @@ def tensor_maps(tiles: WgmmaTiles, transpose_b: bool) -> tuple[TensorMap, Tensor
     return TensorMap(0, (BOX_K, tiles.block_m)), TensorMap(1, b_box)
 
 
+SMS = 132  # streaming multiprocessors of an H100 SXM or H200 (the H100 PCIe has 114)
+
+# Default tiles, largest first: a 128 x 256 tile over two MMA warpgroups (64 x 256 each, 128
+# accumulator registers a thread) reads the fewest operand bytes per MMA; smaller ones give
+# small problems enough blocks to occupy the SMs. All take their copies from a producer warp.
+DEFAULT_TILES = (WgmmaTiles(128, 256, 4, warpgroups=2, specialized=True),
+                 WgmmaTiles(128, 128, 4, specialized=True),
+                 WgmmaTiles(64, 128, 4, specialized=True))
+
+
+def default_tiles(g: MmaGemm) -> WgmmaTiles:
+    """The largest default tile that still gives about a block per SM (a full wave), else the
+    one giving the most blocks."""
+    def blocks(tiles):
+        x, y, z = grid(g, tiles)
+        return x * y * z
+    full_wave = [t for t in DEFAULT_TILES if blocks(t) >= 0.9 * SMS]
+    return full_wave[0] if full_wave else max(reversed(DEFAULT_TILES), key=blocks)
+
+
 def trips(g: MmaGemm, tiles: WgmmaTiles) -> int:
     return -(-g.k // tiles.block_k)
 
@@ -115,9 +162,15 @@ def wgmma_gemm_module_text(g: MmaGemm, tiles: WgmmaTiles = WgmmaTiles(), name: s
         raise OpError("the wgmma kernel reads plain matrices through TMA; convs, batched B and a transposed A run "
                       "the mma.sync kernel")
     tiles.validate(g.transpose_b)
-    plan = tma_wgmma_plan(tiles.stages)
+    # the specialized kernel's consumers are its MMA warps: each releases the buffers it read
+    plan = specialized_plan(tiles.stages, 4 * tiles.warpgroups) if tiles.specialized else tma_wgmma_plan(tiles.stages)
     plan.verify(trips(g, tiles))
     return _Writer(g, tiles, plan).module_text(name)
+
+
+def _predicated(predicate: str | None) -> str:
+    # NVVM prints a constant-true predicate as "@-1", which ptxas rejects: none is left out
+    return f", predicate = {predicate}" if predicate else ""
 
 
 def _tensormap_type(dtype: str, box: tuple[int, int]) -> str:
@@ -126,14 +179,14 @@ def _tensormap_type(dtype: str, box: tuple[int, int]) -> str:
 
 
 class _Writer:
-    def __init__(self, g: MmaGemm, tiles: WgmmaTiles, plan: LoopPlan):
+    def __init__(self, g: MmaGemm, tiles: WgmmaTiles, plan: LoopPlan | AgentPlan):
         self.g, self.tiles, self.plan = g, tiles, plan
         self.t = _Text()
         self.t.depth = 3
         self.maps = tensor_maps(tiles, g.transpose_b)
         self.mbar_t = f"!nvgpu.mbarrier.group<memorySpace = {WORKGROUP}, num_barriers = {tiles.stages}>"
         self.acc_t = "!llvm.struct<(" + ", ".join(["f32"] * (tiles.block_n // 2)) + ")>"
-        self.m_blocks = tiles.block_m // 64
+        self.m_blocks = tiles.rows_per_warpgroup // 64  # per warpgroup
 
     def smem_view(self, offset: str, rows: int, cols: int) -> str:
         return self.t.op(f"memref.view %smem[{offset}][] : memref<?xi8, {WORKGROUP}> to "
@@ -148,14 +201,15 @@ class _Writer:
         return a, b
 
     # -- events --------------------------------------------------------------------------
-    def load(self, tile: str, predicate: str) -> None:
-        """Thread 0 (`predicate`) arms the buffer's barrier with the tile's bytes and issues its copies."""
+    def load(self, tile: str, predicate: str | None) -> None:
+        """The threads where `predicate` holds (thread 0, or the producer thread: None) arm the
+        buffer's barrier with the tile's bytes and issue its copies."""
         t, g, T = self.t, self.g, self.tiles
         buffer = t.op(f"arith.remui {tile}, {t.c(T.stages)} : index", "i")
         a_off, b_off = self.buffer_offsets(tile)
         k0 = t.mul(tile, t.c(T.block_k))
-        t.line(f"nvgpu.mbarrier.arrive.expect_tx %mbar[{buffer}], {t.c(T.a_bytes() + T.b_bytes())}, "
-               f"predicate = {predicate} : {self.mbar_t}")
+        t.line(f"nvgpu.mbarrier.arrive.expect_tx %mbar[{buffer}], {t.c(T.a_bytes() + T.b_bytes())}"
+               f"{_predicated(predicate)} : {self.mbar_t}")
         a_map, b_map = self.maps
         self.tma(self.smem_view(a_off, T.block_m, T.block_k), "%tmaA", a_map, [k0, "%row0"], buffer, predicate)
         if g.transpose_b:
@@ -165,18 +219,42 @@ class _Writer:
                 view = self.smem_view(t.add(b_off, t.c(c * T.block_k * ELEM_BYTES)), T.block_k, BOX_K)
                 self.tma(view, "%tmaB", b_map, [t.add("%col0", t.c(c)), k0], buffer, predicate)
 
-    def tma(self, dst: str, desc: str, tmap: TensorMap, coords: list[str], buffer: str, predicate: str) -> None:
+    def tma(self, dst: str, desc: str, tmap: TensorMap, coords: list[str], buffer: str, predicate: str | None) -> None:
         rows, cols = tmap.box[1], tmap.box[0]
-        self.t.line(f"nvgpu.tma.async.load {desc}[{', '.join(coords)}], %mbar[{buffer}] to {dst}, predicate = "
-                    f"{predicate} : {_tensormap_type(self.g.dtype, tmap.box)}, {self.mbar_t} -> "
+        self.t.line(f"nvgpu.tma.async.load {desc}[{', '.join(coords)}], %mbar[{buffer}] to {dst}"
+                    f"{_predicated(predicate)} : {_tensormap_type(self.g.dtype, tmap.box)}, {self.mbar_t} -> "
                     f"memref<{rows}x{cols}x{self.g.dtype}, {WORKGROUP}>")
 
     def wait_full(self, tile: str) -> None:
+        """Wait for the tile's copies: phase `use` of its buffer's full barrier."""
+        t, T = self.t, self.tiles
+        self.wait("%mbar", tile, t.op(f"arith.divui {tile}, {t.c(T.stages)} : index", "i"))
+
+    def wait_empty(self, tile: str) -> None:
+        """Before loading a tile into a used buffer: wait for the consumers' release of the tile
+        `stages` earlier, phase use - 1 of the buffer's empty barrier."""
+        t, T = self.t, self.tiles
+        t.open(f"scf.if {t.cmp('uge', tile, t.c(T.stages))}")
+        self.wait("%empty", tile, t.op(f"arith.subi {t.op(f'arith.divui {tile}, {t.c(T.stages)} : index', 'i')}, "
+                                        f"{t.c(1)} : index", "i"))
+        t.close()
+
+    def wait(self, barriers: str, tile: str, phase: str) -> None:
         t, T = self.t, self.tiles
         buffer = t.op(f"arith.remui {tile}, {t.c(T.stages)} : index", "i")
-        use = t.op(f"arith.divui {tile}, {t.c(T.stages)} : index", "i")
-        parity = t.op(f"arith.index_cast {t.op(f'arith.remui {use}, {t.c(2)} : index', 'i')} : index to i1", "p")
-        t.line(f"nvgpu.mbarrier.try_wait.parity %mbar[{buffer}], {parity}, %ticks : {self.mbar_t}")
+        parity = t.op(f"arith.index_cast {t.op(f'arith.remui {phase}, {t.c(2)} : index', 'i')} : index to i1", "p")
+        t.line(f"nvgpu.mbarrier.try_wait.parity {barriers}[{buffer}], {parity}, %ticks : {self.mbar_t}")
+
+    def release(self, k: str, back: int) -> None:
+        """Lane 0 of each MMA warp arrives on the empty barrier of tile k - back, whose MMAs it
+        has retired (from k >= back on)."""
+        t, T = self.t, self.tiles
+        first = t.op(f"arith.andi {t.cmp('uge', k, t.c(back))}, {t.cmp('eq', '%lane', t.c(0))} : i1", "p")
+        t.open(f"scf.if {first}")
+        tile = t.op(f"arith.subi {k}, {t.c(back)} : index", "i") if back else k
+        buffer = t.op(f"arith.remui {tile}, {t.c(T.stages)} : index", "i")
+        t.op(f"nvgpu.mbarrier.arrive %empty[{buffer}] : {self.mbar_t} -> !nvgpu.mbarrier.token", "tok")
+        t.close()
 
     def descriptor(self, address: str, bits: int) -> str:
         t = self.t
@@ -188,7 +266,7 @@ class _Writer:
         """The tile's wgmma group: BK / 16 steps of BM / 64 m64 x BN x k16 MMAs, committed as one."""
         t, g, T = self.t, self.g, self.tiles
         a_off, b_off = self.buffer_offsets(tile)
-        a_base, b_base = t.add("%base", a_off), t.add("%base", b_off)
+        a_base, b_base = t.add("%base", t.add(a_off, "%wg_a")), t.add("%base", b_off)
         t.line("nvvm.wgmma.fence.aligned")
         b_layout = "col" if g.transpose_b else "row"  # NVVM: B "col" is K-major, "row" N-major
         new = list(accs)
@@ -211,7 +289,10 @@ class _Writer:
             if isinstance(e, WaitMma):
                 t.line(f"nvvm.wgmma.wait.group.sync.aligned {e.pending}")
                 continue
-            offset = e.buffer if isinstance(e, WaitFull) else e.tile
+            if isinstance(e, Release):
+                self.release(k, -e.buffer)
+                continue
+            offset = e.buffer if isinstance(e, (WaitFull, WaitEmpty)) else e.tile
             if k is None:
                 if offset >= n_trips:
                     continue
@@ -219,13 +300,15 @@ class _Writer:
             else:
                 tile = t.add(k, t.c(offset)) if offset else k
             if isinstance(e, Load):
-                predicate = "%is0"
+                predicate = None if self.tiles.specialized else "%is0"  # in the producer thread, or thread 0
                 if k is not None and offset:  # a tile past the last is not loaded
                     inside = t.cmp("ult", tile, t.c(n_trips))
-                    predicate = t.op(f"arith.andi %is0, {inside} : i1", "p")
+                    predicate = t.op(f"arith.andi {predicate}, {inside} : i1", "p") if predicate else inside
                 self.load(tile, predicate)
             elif isinstance(e, WaitFull):
                 self.wait_full(tile)
+            elif isinstance(e, WaitEmpty):
+                self.wait_empty(tile)
             elif isinstance(e, Compute):
                 accs = self.compute(tile, accs)
             else:
@@ -237,7 +320,7 @@ class _Writer:
         t, g, T = self.t, self.g, self.tiles
         for i in range(self.m_blocks):
             for half in range(2):
-                grow = t.add("%row0", t.add(t.add("%wrow", t.c(64 * i + 8 * half)), "%lane_group"))
+                grow = t.add("%wg_row0", t.add(t.add("%wrow", t.c(64 * i + 8 * half)), "%lane_group"))
                 t.open(f"scf.if {t.cmp('ult', grow, t.c(g.m))}")
                 for j in range(T.block_n // 8):
                     gcol = t.add("%col0", t.add("%lane_pair", t.c(8 * j)))
@@ -262,17 +345,26 @@ class _Writer:
         t.line("%tid = gpu.thread_id x")
         t.line("%bx = gpu.block_id x")
         t.line("%by = gpu.block_id y")
-        t.line(f"%lane = arith.remui %tid, {t.c(32)} : index")
-        t.line(f"%wrow = arith.muli {t.op(f'arith.divui %tid, {t.c(32)} : index', 'i')}, {t.c(16)} : index")
+        t.line(f"%lane = arith.remui %tid, {t.c(WARP)} : index")
+        warp_in_group = t.op(f"arith.remui {t.op(f'arith.divui %tid, {t.c(WARP)} : index', 'i')}, {t.c(4)} : index", "i")
+        t.line(f"%wrow = arith.muli {warp_in_group}, {t.c(16)} : index")
         t.line(f"%lane_group = arith.divui %lane, {t.c(4)} : index")
         t.line(f"%lane_pair = arith.muli {t.op(f'arith.remui %lane, {t.c(4)} : index', 'i')}, {t.c(2)} : index")
         t.line(f"%row0 = arith.muli %by, {t.c(T.block_m)} : index")
         t.line(f"%col0 = arith.muli %bx, {t.c(T.block_n)} : index")
+        # warpgroup w computes rows w RW .. (w + 1) RW of the block: its part of A starts RW rows in
+        group = t.op(f"arith.divui %tid, {t.c(WARPGROUP)} : index", "i")
+        t.line(f"%wg_row0 = arith.addi %row0, {t.mul(group, t.c(T.rows_per_warpgroup))} : index")
+        t.line(f"%wg_a = arith.muli {group}, {t.c(T.rows_per_warpgroup * SWIZZLE_BYTES)} : index")
         t.line(f"%is0 = arith.cmpi eq, %tid, {t.c(0)} : index")
         t.line(f"%mbar = nvgpu.mbarrier.create -> {self.mbar_t}")
+        if T.specialized:
+            t.line(f"%empty = nvgpu.mbarrier.create -> {self.mbar_t}")
         t.open("scf.if %is0")
         for s in range(T.stages):
             t.line(f"nvgpu.mbarrier.init %mbar[{t.c(s)}], {t.c(1)} : {self.mbar_t}")
+            if T.specialized:  # every MMA warp releases
+                t.line(f"nvgpu.mbarrier.init %empty[{t.c(s)}], {t.c(4 * T.warpgroups)} : {self.mbar_t}")
         t.line(f"nvgpu.tma.prefetch.descriptor %tmaA : {_tensormap_type(g.dtype, a_map.box)}")
         t.line(f"nvgpu.tma.prefetch.descriptor %tmaB : {_tensormap_type(g.dtype, b_map.box)}")
         t.close()
@@ -281,18 +373,31 @@ class _Writer:
         t.line(f"%base = memref.extract_aligned_pointer_as_index %smem : memref<?xi8, {WORKGROUP}> -> index")
         misalign = t.op(f"arith.remui %base, {t.c(_ALIGN)} : index", "i")
         t.line(f"%pad = arith.remui {t.op(f'arith.subi {t.c(_ALIGN)}, {misalign} : index', 'i')}, {t.c(_ALIGN)} : index")
-
-        self.emit(self.plan.prologue, None, [])
+        n_trips = t.c(trips(g, T))
+        if T.specialized:
+            # the producer: one thread of the warp after the MMA warpgroups, looping ahead
+            t.open(f"scf.if {t.cmp('eq', '%tid', t.c(WARPGROUP * T.warpgroups))}")
+            t.open(f"scf.for %kp = {t.c(0)} to {n_trips} step {t.c(1)}")
+            self.emit(self.plan.producer, "%kp", [])
+            t.close()
+            t.close()
+            t.open(f"scf.if {t.cmp('ult', '%tid', t.c(WARPGROUP * T.warpgroups))}")
+            body, epilogue = self.plan.consumer, self.plan.consumer_epilogue
+        else:
+            self.emit(self.plan.prologue, None, [])
+            body, epilogue = self.plan.body, self.plan.epilogue
         accs = [f"%acc{i}" for i in range(self.m_blocks)]
         zero = t.op(f"llvm.mlir.zero : {self.acc_t}", "z")
         types = ", ".join([self.acc_t] * self.m_blocks)
-        t.open(f"%res:{self.m_blocks} = scf.for %k = {t.c(0)} to {t.c(trips(g, T))} step {t.c(1)} iter_args("
+        t.open(f"%res:{self.m_blocks} = scf.for %k = {t.c(0)} to {n_trips} step {t.c(1)} iter_args("
                + ", ".join(f"{a} = {zero}" for a in accs) + f") -> ({types})")
-        new = self.emit(self.plan.body, "%k", accs)
+        new = self.emit(body, "%k", accs)
         t.line(f"scf.yield {', '.join(new)} : {types}")
         t.close()
-        self.emit(self.plan.epilogue, None, [])
+        self.emit(epilogue, None, [])
         self.store([f"%res#{i}" for i in range(self.m_blocks)])
+        if T.specialized:
+            t.close()
 
         params = kernel_params(g) + ["%tmaA_ptr: !llvm.ptr", "%tmaB_ptr: !llvm.ptr"]
         return gpu_module_text(t, name, params, (T.threads, 1))

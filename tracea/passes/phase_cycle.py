@@ -17,6 +17,10 @@ time. The two NVIDIA mechanisms track completion differently:
   a buffer is free again only once `wgmma.wait_group n` has retired the MMAs that read it (all
   but the n most recent groups), not when they were issued.
 
+- warp-specialized TMA + wgmma ("tma.wgmma.specialized"): a producer thread and the MMA warps
+  run concurrently, meeting only at full and empty mbarriers. There is no single event order to
+  replay: `check_agents` proves the plan over every interleaving (AgentPlan, specialized_plan).
+
 `schedule(stages, trips, mechanism)` is the event sequence a kernel performs (prologue, steady
 state, epilogue), in program order. `check(events, stages, trips, mechanism)` replays events
 against the model and raises PhaseError at the first one that could read a tile before it
@@ -287,3 +291,201 @@ def check(events: list[Event], stages: int, trips: int, mechanism: str) -> None:
     if next_compute != trips:
         raise PhaseError(f"{mechanism} pipeline, {stages} stages, {trips} trips: computed {next_compute} "
                          f"of {trips} tiles")
+
+
+# -- warp-specialized pipelines: a producer and consumers running concurrently ---------------
+
+@dataclass(frozen=True)
+class AgentPlan:
+    """A warp-specialized pipeline ("tma.wgmma.specialized", sm_90a): a producer thread loops
+    over the K tiles issuing their TMA copies, each consumer (a warp of the MMA warpgroups)
+    loops over them computing; they meet only at mbarriers. Each buffer has a "full" barrier
+    (1 arrival: the producer's arrive.expect_tx, plus the copies' bytes) and an "empty" one
+    (`consumers` arrivals per phase: every consumer releases the buffer once its MMAs on it are
+    retired). Bodies run for k < trips with tiles relative to k: Load(d) / WaitFull(d) are tile
+    k + d; WaitEmpty(d) waits before the (k + d)-th tile's load for the release of the tile
+    `stages` earlier (skipped while k + d < stages); Release(d) releases the buffer of tile
+    k + d (skipped while k + d < 0)."""
+    stages: int
+    consumers: int
+    producer: tuple[Event, ...]
+    consumer: tuple[Event, ...]
+    consumer_epilogue: tuple[Event, ...] = ()
+
+    def unroll(self, trips: int) -> tuple[list[Event], list[Event]]:
+        """The producer's and one consumer's events, in program order, with absolute tiles."""
+        S = self.stages
+
+        def events(body, k):
+            for e in body:
+                if isinstance(e, Load):
+                    yield Load(k + e.tile, (k + e.tile) % S)
+                elif isinstance(e, WaitFull):
+                    yield WaitFull((k + e.buffer) % S, (k + e.buffer) // S % 2)
+                elif isinstance(e, Compute):
+                    yield Compute(k + e.tile, (k + e.tile) % S)
+                elif isinstance(e, WaitEmpty):
+                    if k + e.buffer >= S:
+                        yield WaitEmpty((k + e.buffer) % S, ((k + e.buffer) // S - 1) % 2)
+                elif isinstance(e, Release):
+                    if k + e.buffer >= 0:
+                        yield Release((k + e.buffer) % S)
+                else:
+                    yield e
+        producer = [e for k in range(trips) for e in events(self.producer, k)]
+        consumer = [e for k in range(trips) for e in events(self.consumer, k)] + list(self.consumer_epilogue)
+        return producer, consumer
+
+    def verify(self, trips: int) -> None:
+        producer, consumer = self.unroll(trips)
+        check_agents(producer, [consumer] * self.consumers, self.stages, trips)
+
+
+def specialized_plan(stages: int, consumers: int) -> AgentPlan:
+    """The producer waits for a buffer's release before refilling it; a consumer releases the
+    buffer of tile k - 1 once wgmma.wait_group 1 has retired that tile's MMAs (tile k's may run
+    on), and retires every MMA before the epilogue."""
+    if stages < 1 or consumers < 1:
+        raise ValueError(f"a pipeline needs stages >= 1 and consumers >= 1, got {stages} and {consumers}")
+    pending = 1 if stages > 1 else 0  # one buffer: its MMAs must retire before the next load
+    return AgentPlan(stages, consumers, (WaitEmpty(0, 0), Load(0, 0)),
+                     (WaitFull(0, 0), Compute(0, 0), WaitMma(pending), Release(-pending)),
+                     (WaitMma(0),))
+
+
+def check_agents(producer: list[Event], consumers: list[list[Event]], stages: int, trips: int) -> None:
+    """Prove a producer / consumers pipeline safe under every interleaving (raises PhaseError).
+
+    The proof is over happens-before: program order in each agent, plus "phase u of barrier X
+    completes after its arrivals" and "a wait that observes phase u runs after it completes".
+    A wait on parity p observes phase u (the n-th wait of an agent on X intends its n-th phase)
+    only if p == u % 2, phase u - 1 has completed before it (else it returns at once on the
+    stale phase) and phase u + 1 cannot complete before it (else it would sleep through u).
+    Then: arrivals for phase u come after phase u - 1 completed, every Compute runs after its
+    tile landed, every Load into a buffer runs after each consumer retired the MMAs on the
+    buffer's previous tile, every MMA is retired before its agent ends, and the graph has no
+    cycle (a cycle is a deadlock)."""
+    where = f"tma.wgmma.specialized pipeline, {stages} stages, {trips} trips"
+    nodes: list[str] = []
+    preds: list[list[int]] = []
+
+    def node(name: str, *after: int) -> int:
+        nodes.append(name)
+        preds.append([a for a in after if a is not None])
+        return len(nodes) - 1
+
+    arrivals: dict[tuple[str, int], dict[int, list[int]]] = {}  # barrier -> agent -> its arrivals, in order
+    waits: list[tuple[int, tuple[str, int], int, int, str]] = []  # node, barrier, phase, parity, agent
+    loads: dict[int, tuple[int, int]] = {}  # tile -> (load node, landed node)
+    computes: list[tuple[dict[int, int], dict[int, int]]] = []  # per consumer: tile -> Compute, retiring WaitMma
+    agents = [("producer", producer)] + [(f"consumer {c}", events) for c, events in enumerate(consumers)]
+    for a, (agent, events) in enumerate(agents):
+        previous, reading, computed, retired, seen = None, [], {}, {}, {}
+        next_compute = 0
+        for i, e in enumerate(events):
+            me = node(f"{agent} event #{i} {e}", previous)
+            previous = me
+            if isinstance(e, Load):
+                if a or e.tile != len(loads) or e.tile >= trips or e.buffer != e.tile % stages:
+                    raise PhaseError(f"{where}: {nodes[me]}: the producer loads tiles 0..{trips - 1} in order, "
+                                     "tile j into buffer j % stages")
+                loads[e.tile] = (me, node(f"the copy of tile {e.tile} landed", me))
+                arrivals.setdefault(("full", e.buffer), {}).setdefault(a, []).append(loads[e.tile][1])
+            elif isinstance(e, Release):
+                arrivals.setdefault(("empty", e.buffer), {}).setdefault(a, []).append(me)
+            elif isinstance(e, (WaitFull, WaitEmpty)):
+                barrier = ("full" if isinstance(e, WaitFull) else "empty", e.buffer)
+                seen[barrier] = seen.get(barrier, -1) + 1
+                waits.append((me, barrier, seen[barrier], e.parity, agent))
+            elif isinstance(e, Compute):
+                if not a or e.tile != next_compute or e.buffer != e.tile % stages:
+                    raise PhaseError(f"{where}: {nodes[me]}: consumers compute tiles 0..{trips - 1} in order, "
+                                     "tile j from buffer j % stages")
+                reading.append(e.tile)
+                computed[e.tile] = me
+                next_compute += 1
+            elif isinstance(e, WaitMma):
+                while len(reading) > e.pending:
+                    retired[reading.pop(0)] = me
+            else:
+                raise PhaseError(f"{where}: {nodes[me]}: not an event of a specialized pipeline")
+        if reading:
+            raise PhaseError(f"{where}: {agent} ends while the MMAs of tiles {reading} may still read shared memory "
+                             "(wgmma.wait_group 0 missing)")
+        if a:
+            if next_compute != trips:
+                raise PhaseError(f"{where}: {agent} computed {next_compute} of {trips} tiles")
+            computes.append((computed, retired))
+    if len(loads) != trips:
+        raise PhaseError(f"{where}: the producer loaded {len(loads)} of {trips} tiles")
+
+    # Phase u of a barrier completes once each arriving agent made its u-th arrival.
+    counts = {"full": 1, "empty": len(consumers)}
+    complete: dict[tuple[str, int], list[int]] = {}
+    for barrier, by_agent in arrivals.items():
+        if len(by_agent) != counts[barrier[0]]:
+            raise PhaseError(f"{where}: {barrier[0]} barrier {barrier[1]} expects {counts[barrier[0]]} arrivals per "
+                             f"phase, but {len(by_agent)} agents arrive on it")
+        phases = min(len(x) for x in by_agent.values())
+        complete[barrier] = [node(f"{barrier[0]} barrier {barrier[1]} completes phase {u}",
+                                  *(x[u] for x in by_agent.values())) for u in range(phases)]
+    for w, barrier, u, _, _ in waits:
+        if u < len(complete.get(barrier, [])):
+            preds[w].append(complete[barrier][u])
+
+    ancestors = _ancestors(nodes, preds, where)
+
+    def before(x: int, y: int) -> bool:
+        return bool(ancestors[y] >> x & 1)
+
+    for w, barrier, u, parity, agent in waits:
+        phases = complete.get(barrier, [])
+        if u >= len(phases):
+            raise PhaseError(f"{where}: {nodes[w]} waits for phase {u} of the {barrier[0]} barrier {barrier[1]}, "
+                             "which never completes (deadlock)")
+        if parity != u % 2:
+            raise PhaseError(f"{where}: {nodes[w]} expects parity {parity}, but the phase it waits for is {u} "
+                             f"(parity {u % 2})")
+        if u and not before(phases[u - 1], w):
+            raise PhaseError(f"{where}: {nodes[w]} may run before phase {u - 1} completes and return at once on it")
+        if u + 1 < len(phases) and not before(w, phases[u + 1]):
+            raise PhaseError(f"{where}: phase {u + 1} may complete before {nodes[w]}, which would sleep through "
+                             f"phase {u}")
+    for barrier, by_agent in arrivals.items():
+        for x in by_agent.values():
+            for u in range(1, len(x)):
+                if not before(complete[barrier][u - 1], x[u]):
+                    raise PhaseError(f"{where}: {nodes[x[u]]} may arrive on the {barrier[0]} barrier {barrier[1]} "
+                                     f"before its phase {u - 1} completes, and count towards it")
+    for c, (computed, retired) in enumerate(computes):
+        for tile, (load, landed) in loads.items():
+            use = computed[tile]
+            if not before(landed, use):
+                raise PhaseError(f"{where}: {nodes[use]} may read tile {tile} before its copy landed")
+            if tile >= stages and not before(retired[tile - stages], load):
+                raise PhaseError(f"{where}: {nodes[load]} may overwrite buffer {tile % stages} while consumer {c}'s "
+                                 f"MMAs still read tile {tile - stages}")
+
+
+def _ancestors(nodes: list[str], preds: list[list[int]], where: str) -> list[int]:
+    """For each node, the bit set of the nodes that happen before it; a cycle is a deadlock."""
+    succs: list[list[int]] = [[] for _ in nodes]
+    missing = [len(p) for p in preds]
+    for n, p in enumerate(preds):
+        for q in p:
+            succs[q].append(n)
+    ready = [n for n, m in enumerate(missing) if not m]
+    ancestors = [0] * len(nodes)
+    done = 0
+    while ready:
+        n = ready.pop()
+        done += 1
+        for s in succs[n]:
+            ancestors[s] |= ancestors[n] | 1 << n
+            missing[s] -= 1
+            if not missing[s]:
+                ready.append(s)
+    if done != len(nodes):
+        stuck = [nodes[n] for n, m in enumerate(missing) if m][:3]
+        raise PhaseError(f"{where}: deadlock: {'; '.join(stuck)} wait on each other")
+    return ancestors

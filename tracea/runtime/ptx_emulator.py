@@ -15,8 +15,10 @@ unwritten gives NaN, not a lucky answer. Out-of-bounds or misaligned accesses, w
 live mbarrier, deadlocks and divergent warp-collective instructions raise EmulationError
 naming the PTX line.
 
-Each warp executes in lock step on numpy arrays of its 32 lanes (lanes at different program
-counters run the lowest first), so it is slow (about 10 µs an instruction per warp): for small
+Each warp executes in lock step on numpy arrays of its 32 lanes; when its lanes diverge, those
+earliest in a topological order of the control flow graph run first, so the others wait for them
+where the paths join (a branch around an `if` reconverges before a loop's back edge), as the
+hardware's reconvergence points do. It is slow (about 10 µs an instruction per warp): for small
 shapes in tests. Needs numpy only, like the rest of tracea/runtime.
 """
 from __future__ import annotations
@@ -422,6 +424,42 @@ class Warp:
         return bool((~self.done & ~self.waiting).any())
 
 
+def _topological_order(kernel: Kernel) -> np.ndarray:
+    """Each pc's rank (and one past the end's, last) in a reverse post-order of the basic blocks
+    ignoring back edges: diverged lanes run lowest rank first, so a path reaches a join point
+    only after every path into it."""
+    code = kernel.code
+    targets = [kernel.labels.get(i.operands[0].value) if i.parts[0] == "bra" else None for i in code]
+    starts = sorted({0, len(code), *kernel.labels.values(),
+                     *(pc + 1 for pc, i in enumerate(code) if i.parts[0] in ("bra", "ret", "exit"))})
+    block_of = np.searchsorted(starts, np.arange(len(code) + 1), side="right") - 1
+
+    def successors(b: int) -> list[int]:
+        last = starts[b + 1] - 1
+        if last < 0 or starts[b] >= len(code):
+            return []
+        i = code[last]
+        out = [block_of[targets[last]]] if targets[last] is not None else []
+        if i.parts[0] not in ("bra", "ret", "exit") or i.guard is not None:
+            out.append(block_of[last + 1])
+        return out
+
+    post, seen, stack = [], {0}, [(0, iter(successors(0)))]
+    while stack:  # iterative depth-first search
+        b, it = stack[-1]
+        nxt = next((s for s in it if s not in seen), None)
+        if nxt is None:
+            post.append(b)
+            stack.pop()
+        else:
+            seen.add(nxt)
+            stack.append((nxt, iter(successors(nxt))))
+    rank = {b: r for r, b in enumerate(reversed(post))}
+    block_rank = np.array([rank.get(b, len(starts) + b) for b in range(len(starts))])
+    pcs = np.arange(len(code) + 1)
+    return block_rank[block_of] * (len(code) + 1) + pcs
+
+
 class Block:
     def __init__(self, emulator: "Emulator", ctaid: tuple[int, int, int], rng: random.Random):
         self.em, self.ctaid, self.rng = emulator, ctaid, rng
@@ -478,6 +516,7 @@ class Emulator:
         self.params: dict[str, int] = {}
         self.tensor_maps: dict[int, TensorMap] = {}
         self._compiled = [self._compile(i) for i in kernel.code]
+        self.order = _topological_order(kernel)
 
     # -- operands ----------------------------------------------------------------------
     def read(self, warp: Warp, op: Op, t: str) -> np.ndarray:
@@ -538,7 +577,7 @@ class Emulator:
             live = ~warp.done & ~warp.waiting
             if not live.any():
                 break
-            pc = int(warp.pcs[live].min())
+            pc = int(warp.pcs[live][self.order[warp.pcs[live]].argmin()])
             active = live & (warp.pcs == pc)
             if pc >= len(self._compiled):
                 warp.done |= active

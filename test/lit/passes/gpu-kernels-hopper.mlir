@@ -1,5 +1,5 @@
-// tracea-gpu-kernels{chip=sm_90a}: f16 / bf16 GEMMs become the Hopper kernel: one warpgroup,
-// TMA copies paced by mbarriers (prologue: tiles 0-2 of a 4-stage plan; loop: wait on the
+// tracea-gpu-kernels{chip=sm_90a}: f16 / bf16 GEMMs become the Hopper kernel. Scheduled with
+// barrier "none" and no warp_tile: one warpgroup, TMA copies paced by mbarriers (prologue: tiles 0-2 of a 4-stage plan; loop: wait on the
 // buffer's barrier with the parity of its use, one wgmma group from shared-memory descriptors,
 // wgmma.wait_group 1, then thread 0 refills the buffer the previous group read), the epilogue
 // on the accumulators. The kernel takes each operand's TMA descriptor as a trailing pointer.
@@ -31,15 +31,58 @@
 // CHECK-NEXT: vector.store
 func.func @linear(%x: tensor<200x128xbf16>, %w: tensor<96x128xbf16>, %bias: tensor<96xf32>) -> tensor<200x96xbf16> {
   %y = "tracea.fused_gemm"(%x, %w, %bias) {transpose_b = true, epilogue = [{kind = "bias_add"}, {kind = "relu"}],
+       schedule = {tile = array<i64: 128, 128, 64>, stages = 4 : i64},
        operandSegmentSizes = array<i32: 1, 1, 1, 0>} : (tensor<200x128xbf16>, tensor<96x128xbf16>, tensor<96xf32>) -> tensor<200x96xbf16>
   return %y : tensor<200x96xbf16>
 }
 
-// A row-major B: 64-column boxes, N-major descriptors (NVVM's B "row").
+// A row-major B: 64-column boxes, N-major descriptors (NVVM's B "row"). Unscheduled, this small
+// GEMM gets the default tile giving it the most blocks: 64 x 128, one MMA warpgroup and a
+// producer warp (160 threads).
 // CHECK: gpu.func @nn
-// CHECK-SAME: tensor_maps = [array<i64: 0, 64, 128, 128>, array<i64: 1, 64, 64, 128>]
+// CHECK-SAME: block = array<i64: 160, 1, 1>
+// CHECK-SAME: tensor_maps = [array<i64: 0, 64, 64, 128>, array<i64: 1, 64, 64, 128>]
 // CHECK: nvvm.wgmma.mma_async {{.*}} B[<f16>, <one>, <row>]
 func.func @nn(%a: tensor<128x64xf16>, %b: tensor<64x256xf16>) -> tensor<128x256xf32> {
   %c = "tracea.gemm"(%a, %b) : (tensor<128x64xf16>, tensor<64x256xf16>) -> tensor<128x256xf32>
   return %c : tensor<128x256xf32>
+}
+
+// Unscheduled and large enough to fill the GPU: the warp-specialized 128 x 256 tile. Threads
+// 0-255 are two MMA warpgroups (64 x 256 each), thread 256 the producer. Per stage a "full"
+// mbarrier (1 arrival + the copies' bytes) and an "empty" one (8 arrivals: each MMA warp's
+// release). The producer waits on the empty barrier before refilling a used buffer (parity of
+// the release phase, use - 1); the consumers wait on the full one, compute, retire all but the
+// newest wgmma group and release the buffer of tile k - 1.
+// CHECK-LABEL: gpu.func @specialized
+// CHECK-SAME: block = array<i64: 288, 1, 1>, dynamic_shared_bytes = 197632 : i64, grid = array<i64: 8, 16, 1>
+// CHECK: %[[FULL:.*]] = nvgpu.mbarrier.create
+// CHECK: %[[EMPTY:.*]] = nvgpu.mbarrier.create
+// CHECK: nvgpu.mbarrier.init %[[FULL]][%c0], %c1
+// CHECK: nvgpu.mbarrier.init %[[EMPTY]][%c0], %c8
+// CHECK: %[[PRODUCER:.*]] = arith.cmpi eq, %thread_id_x, %c256
+// CHECK: scf.if %[[PRODUCER]]
+// CHECK: scf.for %[[KP:.*]] = %c0 to %c8 step %c1
+// CHECK: %[[REUSE:.*]] = arith.cmpi uge, %[[KP]], %c4
+// CHECK: scf.if %[[REUSE]]
+// CHECK: arith.subi
+// CHECK: nvgpu.mbarrier.try_wait.parity %[[EMPTY]]
+// CHECK: nvgpu.mbarrier.arrive.expect_tx %[[FULL]][%{{.*}}], %c49152 :
+// CHECK: nvgpu.tma.async.load {{.*}} to %{{.*}} : {{.*}} -> memref<128x64xbf16
+// CHECK: nvgpu.tma.async.load {{.*}} to %{{.*}} : {{.*}} -> memref<256x64xbf16
+// CHECK: %[[CONSUMER:.*]] = arith.cmpi ult, %thread_id_x, %c256
+// CHECK: scf.if %[[CONSUMER]]
+// CHECK: scf.for %[[K:.*]] = %c0 to %c8 step %c1 iter_args
+// CHECK: nvgpu.mbarrier.try_wait.parity %[[FULL]]
+// CHECK: nvvm.wgmma.mma_async {{.*}} <m = 64, n = 256, k = 16>
+// CHECK: nvvm.wgmma.commit.group.sync.aligned
+// CHECK-NEXT: nvvm.wgmma.wait.group.sync.aligned 1
+// CHECK: arith.cmpi uge, %[[K]], %c1
+// CHECK: arith.subi %[[K]], %c1
+// CHECK: nvgpu.mbarrier.arrive %[[EMPTY]]
+// CHECK: scf.yield
+// CHECK: nvvm.wgmma.wait.group.sync.aligned 0
+func.func @specialized(%a: tensor<2048x512xbf16>, %b: tensor<2048x512xbf16>) -> tensor<2048x2048xf32> {
+  %c = "tracea.gemm"(%a, %b) {transpose_b = true} : (tensor<2048x512xbf16>, tensor<2048x512xbf16>) -> tensor<2048x2048xf32>
+  return %c : tensor<2048x2048xf32>
 }

@@ -4,7 +4,7 @@
 // RUN: FileCheck %s --check-prefix=JSON < %t/linear.json
 // RUN: not tracea compile-gpu %s.missing -o %t/x 2>&1 | FileCheck %s --check-prefix=MISSING
 
-// CHECK: linear for sm_90a: grid (1, 1, 1), block (128, 1, 1), 132096 bytes dynamic shared memory, {{[0-9]+}} registers; wrote {{.*}}linear.cubin and {{.*}}linear.json
+// CHECK: linear for sm_90a: grid (1, 1, 1), block (160, 1, 1), 99328 bytes dynamic shared memory, {{[0-9]+}} registers; wrote {{.*}}linear.cubin and {{.*}}linear.json
 // JSON: "format": "tracea-gpu-kernel-1"
 // JSON: "name": "linear"
 // JSON: "tensor_map": [
