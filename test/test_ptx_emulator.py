@@ -31,6 +31,13 @@ CASES = {
     "mma_gemm_nn_f16": ("sm_80", [((70, 40), "f16"), ((40, 136), "f16")], "gemm", {}),
     "mma_gemm_transpose_a_f16": ("sm_80", [((40, 24), "f16"), ((40, 16), "f16")], "gemm", {"transpose_a": True}),
     "mma_bmm_f16": ("sm_80", [((2, 2, 20, 32), "f16"), ((2, 2, 32, 24), "f16")], "gemm", {}),
+    # a batched A^T: block z computes matrix z, with a batched or a shared B
+    "mma_batched_transpose_a_f16": ("sm_80", [((2, 40, 24), "f16"), ((2, 40, 16), "f16")], "gemm",
+                                    {"transpose_a": True}),
+    "mma_batched_transpose_a_shared_b_f16": ("sm_80", [((2, 3, 40, 24), "f16"), ((40, 16), "f16")], "gemm",
+                                             {"transpose_a": True}),
+    "simt_batched_transpose_a_f32": ("sm_80", [((2, 20, 12), "f32"), ((20, 10), "f32")], "gemm",
+                                     {"transpose_a": True}),
     "simt_linear_f32": ("sm_80", [((30, 20), "f32"), ((24, 20), "f32"), ((24,), "f32")], "linear", {}),
     "simt_fallback_f16_n_not_8": ("sm_80", [((16, 12), "f16"), ((12, 10), "f16")], "gemm", {}),
     "conv_nhwc_stride2_f16": ("sm_80", [((1, 9, 8, 16), "f16"), ((3, 3, 16, 24), "f16"), ((24,), "f32")], "conv",

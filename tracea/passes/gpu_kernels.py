@@ -104,13 +104,11 @@ def gemm_kernel(v: OpView, name: str, chip: str = "sm_80") -> tuple[str, Launch]
     transpose_a = v.attrs["transpose_a"]
     lead, (rows, k) = a.shape[:-2], a.shape[-2:]
     if transpose_a:
-        if lead:
-            raise OpError("the NVIDIA GEMM kernels take a transposed A without batch dims; batched A^T is not "
-                          "supported on this target yet")
         k, rows = rows, k
     batched_b = b.rank > 2
-    # a batched A times a shared B is one GEMM over all its rows; with a batched B, block z does matrix z
-    m = rows if batched_b else math.prod(lead) * rows
+    # a batched A times a shared B is one GEMM over all its rows; with a batched B or a batched A^T
+    # block z does matrix z
+    m = rows if batched_b or transpose_a else math.prod(lead) * rows
     n = b.shape[-2] if v.attrs["transpose_b"] else b.shape[-1]
     g = MmaGemm(m, n, k, a.dtype, v.result.dtype, v.attrs["transpose_b"], tuple(v.attrs.get("epilogue", ())),
                 v.operands["bias"].dtype if "bias" in v.operands else None,
@@ -128,7 +126,7 @@ def gemm_kernel(v: OpView, name: str, chip: str = "sm_80") -> tuple[str, Launch]
     tiles = SimtTiles()  # f32, or rows the matrix instructions' copies cannot take
     x, y = tiles.threads
     return simt_gemm_module_text(g, tiles, name), Launch(
-        simt_grid(m, n, tiles, math.prod(lead) if batched_b else 1), (x, y, 1), 0)
+        simt_grid(m, n, tiles, math.prod(lead) if g.batch_grid else 1), (x, y, 1), 0)
 
 
 def conv_kernel(v: OpView, name: str) -> tuple[str, Launch]:

@@ -85,7 +85,8 @@ class MmaGemm:
     copying, never stored), B the HWCF filter as [K, F], C the output [N, OH, OW, F]. With `lead`
     (a batched A times a shared B), A, C and the residual are [*lead, rows, .] seen as one matrix
     of m = prod(lead) x rows rows. With `lead` and `batched_b`, every operand but the bias has
-    the leading dims, m is the rows of one matrix, and block z computes matrix z."""
+    the leading dims, m is the rows of one matrix, and block z computes matrix z; so with `lead`
+    and `transpose_a` (A [*lead, K, M]), whose B may be batched or shared."""
     m: int
     n: int
     k: int
@@ -99,6 +100,12 @@ class MmaGemm:
     lead: tuple[int, ...] = ()
     batched_b: bool = False
     transpose_a: bool = False  # A stored as [K, M]: its tiles are loaded as they lie, transposed by ldmatrix
+
+    @property
+    def batch_grid(self) -> bool:
+        """Block z computes matrix z of the batch: with a batched B, and with a batched A^T, whose
+        [K, M] matrices cannot be stacked into one of prod(lead) x M rows."""
+        return self.batched_b or bool(self.transpose_a and self.lead)
 
     def validate(self) -> None:
         if self.dtype not in MMA_DTYPES:
@@ -118,7 +125,7 @@ class MmaGemm:
         if self.conv is not None:
             (n, h, w, c), (kh, kw), (oh, ow) = self.conv.image.shape, self.conv.kernel, self.conv.out_hw
             return (n, h, w, c), (kh, kw, c, self.n), (n, oh, ow, self.n)
-        rows = self.m if self.batched_b else self.m // math.prod(self.lead)
+        rows = self.m if self.batch_grid else self.m // math.prod(self.lead)
         a = (self.k, rows) if self.transpose_a else (rows, self.k)
         b = (self.n, self.k) if self.transpose_b else (self.k, self.n)
         return (*self.lead, *a), (*self.lead, *b) if self.batched_b else b, (*self.lead, rows, self.n)
@@ -129,7 +136,7 @@ class MmaGemm:
         shape = {"A": (self.k, self.m) if self.transpose_a else (self.m, self.k),
                  "B": (self.n, self.k) if self.transpose_b else (self.k, self.n),
                  "C": (self.m, self.n), "residual": (self.m, self.n)}[name]
-        if not self.batched_b:
+        if not self.batch_grid or (name == "B" and not self.batched_b):  # a shared B is one matrix
             return _memref(shape, dtype)
         return f"memref<{shape[0]}x{shape[1]}x{dtype}, strided<[{shape[1]}, 1], offset: ?>>"
 
@@ -148,7 +155,7 @@ def trips(g: MmaGemm, tiles: MmaTiles) -> int:
 
 
 def grid(g: MmaGemm, tiles: MmaTiles) -> tuple[int, int, int]:
-    return -(-g.n // tiles.block_n), -(-g.m // tiles.block_m), math.prod(g.lead) if g.batched_b else 1
+    return -(-g.n // tiles.block_n), -(-g.m // tiles.block_m), math.prod(g.lead) if g.batch_grid else 1
 
 
 def mma_gemm_module_text(g: MmaGemm, tiles: MmaTiles = MmaTiles(), name: str = "gemm") -> str:
@@ -207,9 +214,9 @@ def kernel_params(g: MmaGemm) -> list[str]:
 
 def collapse_views(g: MmaGemm) -> list[str]:
     """The N-d parameters as the matrices the kernel indexes (all contiguous): %A [M, K], %B [K, N],
-    %C and %residual [M, N]; with a batched B, this block's matrix of each (block z)."""
+    %C and %residual [M, N]; with a batch grid, this block's matrix of each (block z)."""
     lines = []
-    if g.batched_b:
+    if g.batch_grid:
         lines.append("%batch = gpu.block_id z")
         rest = "%batch"
         for i in reversed(range(len(g.lead))):
@@ -218,7 +225,7 @@ def collapse_views(g: MmaGemm) -> list[str]:
                       f"%lead_rest{i} = arith.divui {rest}, %lead_size{i} : index"]
             rest = f"%lead_rest{i}"
     for name, shape, dtype, nd in _operands(g):
-        if nd and g.batched_b:
+        if nd and g.batch_grid:
             lead = len(g.lead)
             offsets = ", ".join([f"%lead{i}" for i in range(lead)] + ["0", "0"])
             sizes = ", ".join(["1"] * lead + [str(d) for d in shape[-2:]])

@@ -10,8 +10,8 @@ func.func @two(%a: tensor<16x16xf16>, %b: tensor<16x16xf16>) -> tensor<16x16xf16
 
 
 // -----
-// expected-error @+1 {{batched A^T is not supported on this target yet}}
-func.func @batched_transposed_a(%a: tensor<2x32x16xf16>, %b: tensor<32x16xf16>) -> tensor<2x16x16xf32> {
-  %c = "tracea.gemm"(%a, %b) {transpose_a = true} : (tensor<2x32x16xf16>, tensor<32x16xf16>) -> tensor<2x16x16xf32>
-  return %c : tensor<2x16x16xf32>
+// expected-error @+1 {{wgmma tiles: block_k must be 64 (one 128-byte swizzled row of 2-byte elements), got 32}}
+func.func @bad_hopper_schedule(%a: tensor<256x64xf16>, %b: tensor<64x256xf16>) -> tensor<256x256xf32> {
+  %c = "tracea.gemm"(%a, %b) {schedule = {tile = array<i64: 128, 128, 32>, stages = 2 : i64}} : (tensor<256x64xf16>, tensor<64x256xf16>) -> tensor<256x256xf32>
+  return %c : tensor<256x256xf32>
 }
