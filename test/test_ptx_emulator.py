@@ -191,3 +191,36 @@ def test_64_bit_mul_hi():
     assert [int(h) for h in pe._mul_hi64(a, b, False)] == [(int(x) * int(y)) >> 64 for x, y in zip(a, b)]
     sa, sb = a.view(np.int64), b.view(np.int64)
     assert [int(h) for h in pe._mul_hi64(sa, sb, True)] == [((int(x) * int(y)) >> 64) % 2 ** 64 for x, y in zip(sa, sb)]
+
+
+def test_diverged_lanes_reconverge_before_a_loop_back_edge():
+    """LLVM lays a loop's latch out before a branch that only lane 0 takes: run lowest PC first,
+    the other lanes would go round the loop without lane 0 (and spin on a wait lane 0 must
+    satisfy). The emulator orders pcs by a topological order of the control flow instead."""
+    ptx = """.version 8.0
+.target sm_80
+.address_size 64
+.visible .entry k()
+{
+\tmov.u32 %r1, %tid.x;
+\tmov.u32 %r2, 0;
+\tbra.uni $L_header;
+$L_latch:
+\tadd.s32 %r2, %r2, 1;
+\tsetp.lt.u32 %p1, %r2, 3;
+\t@!%p1 bra $L_exit;
+$L_header:
+\tsetp.ne.u32 %p2, %r1, 0;
+\t@%p2 bra $L_latch;
+\tadd.s32 %r3, %r3, 1;
+\tbra.uni $L_latch;
+$L_exit:
+\tret;
+}
+"""
+    kernel = pe.parse(ptx)
+    order = pe._topological_order(kernel)
+    latch, lane0_only = (next(n for n, i in enumerate(kernel.code) if i.text.startswith(f"add.s32 {r}"))
+                         for r in ("%r2", "%r3"))
+    assert latch < lane0_only and order[lane0_only] < order[latch]
+    assert order[len(kernel.code)] == order.max()  # past the end: last
