@@ -13,7 +13,8 @@ transposed operands, the SIMT fallback, causal attention with a ragged sequence,
 for every chip the device can run, compared with torch in f32.
 
 `run` needs only numpy, torch (CUDA) and cuda-bindings: it loads tracea/runtime's launcher by
-path. Each kernel is first checked against torch in f32, then Tracea and torch.matmul are timed
+path. The timed kernels write the inputs' dtype, as torch does. Each kernel is first checked
+against torch computing in f32, then Tracea and torch.matmul are timed
 in the same process with CUDA events (median of 50 launches after 10 warm-up ones, L2 not
 flushed: both sides see the same warm cache). Ratio = torch time / Tracea time (> 1: faster).
 """
@@ -185,7 +186,7 @@ def build(directory: str, chips: list[str]) -> int:
             for variant, schedule in [("default", None)] + list(VARIANTS[chip].items()):
                 name = case_name(dtype, transpose_b, size, chip) + ("" if schedule is None else "_" + variant.replace(" ", "_"))
                 fn = td.function(td.tensor((size, size), dtype), td.tensor((size, size), dtype), name="gemm")(
-                    lambda a, b, t=transpose_b, s=schedule: td.gemm(a, b, transpose_b=t, out_dtype="f32",
+                    lambda a, b, t=transpose_b, s=schedule: td.gemm(a, b, transpose_b=t,
                                                                     schedule=s and _schedule(td, s)))
                 artifact = tracea.compile_gpu(fn, chip=chip)
                 artifact.save(os.path.join(directory, name))
@@ -197,7 +198,7 @@ def build(directory: str, chips: list[str]) -> int:
     for batch, hw, c, f, kk, stride, pad in CONVS:
         name = f"conv_f16_n{batch}_{hw}x{hw}_c{c}_f{f}_k{kk}"
         fn = td.function(td.tensor((batch, hw, hw, c), "f16"), td.tensor((kk, kk, c, f), "f16"), name="conv")(
-            lambda x, w, s=stride, p=pad: td.conv2d(x, w, stride=s, padding=p, layout="nhwc", out_dtype="f32"))
+            lambda x, w, s=stride, p=pad: td.conv2d(x, w, stride=s, padding=p, layout="nhwc"))
         artifact = tracea.compile_gpu(fn, chip="sm_80")
         artifact.save(os.path.join(directory, name))
         cases.append({"name": name, "chip": "sm_80", "dtype": "f16", "conv": [batch, hw, c, f, kk, stride, pad]})
