@@ -44,6 +44,8 @@ VARIANTS = {
         "256x128 2wg": {"tile": [256, 128, 64], "warp_tile": [128, 128, 64], "stages": 4},
         "128x128 1wg 6stages": {"tile": [128, 128, 64], "stages": 6, "barrier": "producer_consumer"},
         "128x128 1wg no-producer": {"tile": [128, 128, 64], "stages": 4},
+        "128x256 2wg persistent": {"tile": [128, 256, 64], "warp_tile": [64, 256, 64], "stages": 4,
+                                   "persistent": 132},
     },
 }
 # NHWC f16 convolutions (implicit GEMM on the mma.sync kernel): batch, H = W, C, F, kernel, stride, padding
@@ -80,6 +82,9 @@ CHECKS = [
      {"schedule": {"tile": [256, 128, 64], "warp_tile": [128, 128, 64], "stages": 2}}),
     ("sm_90a_gemm_no_producer_warp_f16", "sm_90a", [((130, 200), "f16"), ((200, 136), "f16")], "gemm",
      {"schedule": {"tile": [128, 128, 64], "stages": 3}}),
+    # 144 output tiles: some of the 132 persistent blocks loop over two
+    ("sm_90a_linear_persistent_bf16", "sm_90a", [((768, 16), "bf16"), ((1536, 16), "bf16")], "linear",
+     {"schedule": {"tile": [64, 128, 64], "stages": 2, "persistent": 132}}),
 ]
 
 

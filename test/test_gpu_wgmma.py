@@ -164,3 +164,21 @@ def test_tensor_map_arguments_are_what_cuda_bindings_takes():
         driver.cuTensorMapEncodeTiled(*arguments)
     except RuntimeError as e:  # no libcuda here
         assert "libcuda" in str(e)
+
+
+def test_persistent_kernel(ptxas):
+    """schedule persistent = n: n blocks (at most one per output tile) loop over the output tiles,
+    the producer loading the next tile while the MMA warps store the last; needs the producer warp."""
+    fn = td.function(td.tensor((1000, 256), "bf16"), td.tensor((1024, 256), "bf16"), name="linear")(
+        lambda x, w: td.gemm(x, w, transpose_b=True, schedule=td.Schedule(tile=(128, 256, 64), warp_tile=(64, 256, 64),
+                                                                         stages=4, persistent=5)))
+    art = tracea.compile_gpu(fn, chip="sm_90a")
+    assert art.grid == (5, 1, 1) and art.block == (288, 1, 1)  # 4 x 8 output tiles over 5 blocks
+    g = MmaGemm(1000, 1024, 256, "bf16", "bf16", True)
+    text = wgmma_gemm_module_text(g, WgmmaTiles(128, 256, 4, warpgroups=2, specialized=True, persistent=5))
+    assert text.count("to %c32 step %c5") == 2  # the producer's and the MMA warps' loops over output tiles
+    assert gpu_wgmma.grid(g, WgmmaTiles(128, 256, 4, warpgroups=2, specialized=True, persistent=132)) == (32, 1, 1)
+    with pytest.raises(tracea.TraceaError, match="a persistent kernel needs the producer warp"):
+        WgmmaTiles(persistent=132).validate(True)
+    with pytest.raises(tracea.TraceaError, match="schedule persistent is for the sm_90a GEMM"):
+        tracea.compile_gpu(fn, chip="sm_80")

@@ -95,6 +95,7 @@ class Schedule:
     swizzle: Swizzle = field(default_factory=Swizzle)
     lane_map: LaneMap | None = None
     barrier: str = "none"
+    persistent: int = 0  # NVIDIA sm_90a: this many blocks loop over the output tiles (132: an H100 SXM's SMs)
 
     def validate(self) -> None:
         for name in ("tile", "warp_tile"):
@@ -111,6 +112,8 @@ class Schedule:
                                   f"{list(self.tile)} entry by entry")
         if self.stages < 1:
             raise OpError(f"schedule stages must be >= 1, got {self.stages}")
+        if self.persistent < 0:
+            raise OpError(f"schedule persistent (blocks) must be >= 0, got {self.persistent}")
         if self.barrier not in BARRIER_MODES:
             raise OpError(f"schedule barrier must be one of {', '.join(BARRIER_MODES)}; got '{self.barrier}'")
         if self.barrier == "producer_consumer" and self.stages < 2:
@@ -141,6 +144,8 @@ class Schedule:
                 "shape": ir.DenseI64ArrayAttr.get(list(self.lane_map.shape))})
         if self.barrier != "none":
             entries["barrier"] = ir.StringAttr.get(self.barrier)
+        if self.persistent:
+            entries["persistent"] = _i64(self.persistent)
         return ir.DictAttr.get(entries)
 
     @staticmethod
@@ -162,6 +167,8 @@ class Schedule:
                 values[key] = decode_int(value, where)
             elif key == "barrier":
                 values[key] = decode_str(value, where)
+            elif key == "persistent":
+                values[key] = decode_int(value, where)
             elif key == "swizzle":
                 values[key] = _decode_swizzle(value)
             elif key == "lane_map":

@@ -82,6 +82,9 @@ def mma_tiles(v: OpView) -> MmaTiles:
     s = _schedule_tile(v)
     if s is None:
         return MmaTiles()
+    if s.persistent:
+        raise OpError("schedule persistent is for the sm_90a GEMM; the other NVIDIA kernels launch a block per "
+                      "output tile")
     bm, bn, bk = s.tile
     wm, wn = (s.warp_tile[:2] if s.warp_tile else (min(bm, 64), min(bn, 64)))
     return MmaTiles(bm, bn, bk, wm, wn, s.stages)
@@ -89,13 +92,15 @@ def mma_tiles(v: OpView) -> MmaTiles:
 
 def wgmma_tiles(v: OpView, g: MmaGemm) -> WgmmaTiles:
     """On sm_90a warp_tile is a warpgroup's share of the block tile ([BM / warpgroups, BN, BK]);
-    barrier = "producer_consumer" (implied by several warpgroups) gives the copies to a producer warp."""
+    barrier = "producer_consumer" (implied by several warpgroups or persistent) gives the copies to
+    a producer warp; persistent = n: n blocks loop over the output tiles."""
     s = _schedule_tile(v)
     if s is None:
         return default_wgmma_tiles(g)
     bm, bn, bk = s.tile
     warpgroups = bm // s.warp_tile[0] if s.warp_tile else 1
-    return WgmmaTiles(bm, bn, s.stages, bk, warpgroups, s.barrier == "producer_consumer" or warpgroups > 1)
+    return WgmmaTiles(bm, bn, s.stages, bk, warpgroups,
+                      s.barrier == "producer_consumer" or warpgroups > 1 or s.persistent > 0, s.persistent)
 
 
 def gemm_kernel(v: OpView, name: str, chip: str = "sm_80") -> tuple[str, Launch]:

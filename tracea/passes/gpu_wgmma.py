@@ -64,6 +64,7 @@ class WgmmaTiles:
     block_k: int = BOX_K
     warpgroups: int = 1  # warpgroups computing, each on block_m / warpgroups rows
     specialized: bool = False  # a producer warp issues the copies (needed for warpgroups > 1)
+    persistent: int = 0  # if > 0, this many blocks loop over the output tiles (specialized only)
 
     @property
     def threads(self) -> int:
@@ -93,6 +94,9 @@ class WgmmaTiles:
             problems.append(f"block_m {self.block_m} must be 64, 128, 192 or 256 (m64 wgmma blocks, one TMA box)")
         if self.warpgroups not in (1, 2, 3, 4) or self.block_m % (64 * self.warpgroups):
             problems.append(f"{self.warpgroups} warpgroups cannot share {self.block_m} rows in m64 blocks")
+        if self.persistent and not self.specialized:
+            problems.append("a persistent kernel needs the producer warp (specialized): it loads the next tile's "
+                            "K slices while the MMA warpgroups store the last one")
         if self.warpgroups > 1 and not self.specialized:
             problems.append("several warpgroups need the producer warp (specialized): a thread of one warpgroup "
                             "cannot know when the others finished reading a buffer")
@@ -150,8 +154,14 @@ def trips(g: MmaGemm, tiles: WgmmaTiles) -> int:
     return -(-g.k // tiles.block_k)
 
 
+def output_tiles(g: MmaGemm, tiles: WgmmaTiles) -> tuple[int, int]:
+    """Along N, along M."""
+    return -(-g.n // tiles.block_n), -(-g.m // tiles.block_m)
+
+
 def grid(g: MmaGemm, tiles: WgmmaTiles) -> tuple[int, int, int]:
-    return -(-g.n // tiles.block_n), -(-g.m // tiles.block_m), 1
+    n_tiles, m_tiles = output_tiles(g, tiles)
+    return (min(n_tiles * m_tiles, tiles.persistent), 1, 1) if tiles.persistent else (n_tiles, m_tiles, 1)
 
 
 def wgmma_gemm_module_text(g: MmaGemm, tiles: WgmmaTiles = WgmmaTiles(), name: str = "gemm") -> str:
@@ -163,8 +173,15 @@ def wgmma_gemm_module_text(g: MmaGemm, tiles: WgmmaTiles = WgmmaTiles(), name: s
                       "the mma.sync kernel")
     tiles.validate(g.transpose_b)
     # the specialized kernel's consumers are its MMA warps: each releases the buffers it read
-    plan = specialized_plan(tiles.stages, 4 * tiles.warpgroups) if tiles.specialized else tma_wgmma_plan(tiles.stages)
-    plan.verify(trips(g, tiles))
+    if tiles.specialized:
+        plan = specialized_plan(tiles.stages, 4 * tiles.warpgroups)
+        n_tiles, m_tiles = output_tiles(g, tiles)
+        blocks = grid(g, tiles)[0] if tiles.persistent else n_tiles * m_tiles
+        for per_block in {-(-n_tiles * m_tiles // blocks), n_tiles * m_tiles // blocks} - {0}:  # ceil and floor
+            plan.verify(per_block * trips(g, tiles), trips(g, tiles), agents=1)  # one consumer stands for all
+    else:
+        plan = tma_wgmma_plan(tiles.stages)
+        plan.verify(trips(g, tiles))
     return _Writer(g, tiles, plan).module_text(name)
 
 
@@ -201,13 +218,14 @@ class _Writer:
         return a, b
 
     # -- events --------------------------------------------------------------------------
-    def load(self, tile: str, predicate: str | None) -> None:
+    def load(self, tile: str, predicate: str | None, k_slice: str | None = None) -> None:
         """The threads where `predicate` holds (thread 0, or the producer thread: None) arm the
-        buffer's barrier with the tile's bytes and issue its copies."""
+        buffer's barrier with the bytes of K tile `k_slice` (default: `tile`, the pipeline's
+        count) and issue its copies."""
         t, g, T = self.t, self.g, self.tiles
         buffer = t.op(f"arith.remui {tile}, {t.c(T.stages)} : index", "i")
         a_off, b_off = self.buffer_offsets(tile)
-        k0 = t.mul(tile, t.c(T.block_k))
+        k0 = t.mul(k_slice or tile, t.c(T.block_k))
         t.line(f"nvgpu.mbarrier.arrive.expect_tx %mbar[{buffer}], {t.c(T.a_bytes() + T.b_bytes())}"
                f"{_predicated(predicate)} : {self.mbar_t}")
         a_map, b_map = self.maps
@@ -281,8 +299,9 @@ class _Writer:
         t.line("nvvm.wgmma.commit.group.sync.aligned")
         return new
 
-    def emit(self, events, k: str | None, accs: list[str]) -> list[str]:
-        """Plan events; in the loop body tiles are relative to `k` (LoopPlan's convention)."""
+    def emit(self, events, k: str | None, accs: list[str], k_slice: str | None = None) -> list[str]:
+        """Plan events; in the loop body tiles are relative to `k` (LoopPlan's convention).
+        `k_slice`: the K tile a persistent kernel's count `k` is at (loads happen at offset 0)."""
         t = self.t
         n_trips = trips(self.g, self.tiles)
         for e in events:
@@ -304,7 +323,7 @@ class _Writer:
                 if k is not None and offset:  # a tile past the last is not loaded
                     inside = t.cmp("ult", tile, t.c(n_trips))
                     predicate = t.op(f"arith.andi {predicate}, {inside} : i1", "p") if predicate else inside
-                self.load(tile, predicate)
+                self.load(tile, predicate, k_slice)
             elif isinstance(e, WaitFull):
                 self.wait_full(tile)
             elif isinstance(e, WaitEmpty):
@@ -330,6 +349,33 @@ class _Writer:
                     store_pair(t, g, pair, grow, gcol, f"%ep{i}_{half}_{j}_")
                 t.close()
 
+    def tile_origin(self, tile_m: str, tile_n: str) -> None:
+        """The output tile's first row and column, and this warpgroup's first row."""
+        t, T = self.t, self.tiles
+        t.line(f"%row0 = arith.muli {tile_m}, {t.c(T.block_m)} : index")
+        t.line(f"%col0 = arith.muli {tile_n}, {t.c(T.block_n)} : index")
+        t.line("%wg_row0 = arith.addi %row0, %wg_rows : index")
+
+    def open_output_tiles(self) -> str | None:
+        """Persistent: open the loop over this block's output tiles (block x, then every grid
+        width on, along N first) and return the pipeline count its first K tile is at; the K loops
+        inside go on counting where the previous tile's stopped, so buffers and phases do too."""
+        t, g, T = self.t, self.g, self.tiles
+        if not T.persistent:
+            return None
+        n_tiles, m_tiles = output_tiles(g, T)
+        blocks = grid(g, T)[0]
+        tile = t.fresh("tile")
+        t.open(f"scf.for {tile} = %bx to {t.c(n_tiles * m_tiles)} step {t.c(blocks)}")
+        self.tile_origin(t.op(f"arith.divui {tile}, {t.c(n_tiles)} : index", "i"),
+                         t.op(f"arith.remui {tile}, {t.c(n_tiles)} : index", "i"))
+        done = t.op(f"arith.divui {t.op(f'arith.subi {tile}, %bx : index', 'i')}, {t.c(blocks)} : index", "i")
+        return t.mul(done, t.c(trips(g, T)))
+
+    def close_output_tiles(self) -> None:
+        if self.tiles.persistent:
+            self.t.close()
+
     def module_text(self, name: str) -> str:
         t, g, T = self.t, self.g, self.tiles
         a_map, b_map = self.maps
@@ -350,12 +396,12 @@ class _Writer:
         t.line(f"%wrow = arith.muli {warp_in_group}, {t.c(16)} : index")
         t.line(f"%lane_group = arith.divui %lane, {t.c(4)} : index")
         t.line(f"%lane_pair = arith.muli {t.op(f'arith.remui %lane, {t.c(4)} : index', 'i')}, {t.c(2)} : index")
-        t.line(f"%row0 = arith.muli %by, {t.c(T.block_m)} : index")
-        t.line(f"%col0 = arith.muli %bx, {t.c(T.block_n)} : index")
         # warpgroup w computes rows w RW .. (w + 1) RW of the block: its part of A starts RW rows in
         group = t.op(f"arith.divui %tid, {t.c(WARPGROUP)} : index", "i")
-        t.line(f"%wg_row0 = arith.addi %row0, {t.mul(group, t.c(T.rows_per_warpgroup))} : index")
+        t.line(f"%wg_rows = arith.muli {group}, {t.c(T.rows_per_warpgroup)} : index")
         t.line(f"%wg_a = arith.muli {group}, {t.c(T.rows_per_warpgroup * SWIZZLE_BYTES)} : index")
+        if not T.persistent:
+            self.tile_origin("%by", "%bx")
         t.line(f"%is0 = arith.cmpi eq, %tid, {t.c(0)} : index")
         t.line(f"%mbar = nvgpu.mbarrier.create -> {self.mbar_t}")
         if T.specialized:
@@ -377,25 +423,30 @@ class _Writer:
         if T.specialized:
             # the producer: one thread of the warp after the MMA warpgroups, looping ahead
             t.open(f"scf.if {t.cmp('eq', '%tid', t.c(WARPGROUP * T.warpgroups))}")
+            first = self.open_output_tiles()
             t.open(f"scf.for %kp = {t.c(0)} to {n_trips} step {t.c(1)}")
-            self.emit(self.plan.producer, "%kp", [])
+            self.emit(self.plan.producer, t.add(first, "%kp") if first else "%kp", [], "%kp" if first else None)
             t.close()
+            self.close_output_tiles()
             t.close()
             t.open(f"scf.if {t.cmp('ult', '%tid', t.c(WARPGROUP * T.warpgroups))}")
             body, epilogue = self.plan.consumer, self.plan.consumer_epilogue
         else:
             self.emit(self.plan.prologue, None, [])
             body, epilogue = self.plan.body, self.plan.epilogue
+        first = self.open_output_tiles()
         accs = [f"%acc{i}" for i in range(self.m_blocks)]
         zero = t.op(f"llvm.mlir.zero : {self.acc_t}", "z")
         types = ", ".join([self.acc_t] * self.m_blocks)
-        t.open(f"%res:{self.m_blocks} = scf.for %k = {t.c(0)} to {n_trips} step {t.c(1)} iter_args("
+        results = t.fresh("res")
+        t.open(f"{results}:{self.m_blocks} = scf.for %k = {t.c(0)} to {n_trips} step {t.c(1)} iter_args("
                + ", ".join(f"{a} = {zero}" for a in accs) + f") -> ({types})")
-        new = self.emit(body, "%k", accs)
+        new = self.emit(body, t.add(first, "%k") if first else "%k", accs, "%k" if first else None)
         t.line(f"scf.yield {', '.join(new)} : {types}")
         t.close()
         self.emit(epilogue, None, [])
-        self.store([f"%res#{i}" for i in range(self.m_blocks)])
+        self.store([f"{results}#{i}" for i in range(self.m_blocks)])
+        self.close_output_tiles()
         if T.specialized:
             t.close()
 

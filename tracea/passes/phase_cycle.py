@@ -312,9 +312,12 @@ class AgentPlan:
     consumer: tuple[Event, ...]
     consumer_epilogue: tuple[Event, ...] = ()
 
-    def unroll(self, trips: int) -> tuple[list[Event], list[Event]]:
-        """The producer's and one consumer's events, in program order, with absolute tiles."""
+    def unroll(self, trips: int, tile_trips: int | None = None) -> tuple[list[Event], list[Event]]:
+        """The producer's and one consumer's events, in program order, with absolute tiles.
+        `tile_trips`: a persistent block's K loop length; its consumers run the epilogue after
+        each output tile's last K tile, while the count (buffers, phases) runs on."""
         S = self.stages
+        tile_trips = tile_trips or trips
 
         def events(body, k):
             for e in body:
@@ -333,12 +336,20 @@ class AgentPlan:
                 else:
                     yield e
         producer = [e for k in range(trips) for e in events(self.producer, k)]
-        consumer = [e for k in range(trips) for e in events(self.consumer, k)] + list(self.consumer_epilogue)
-        return producer, consumer
+        consumer = []
+        for k in range(trips):
+            consumer += events(self.consumer, k)
+            if (k + 1) % tile_trips == 0 or k + 1 == trips:
+                consumer += self.consumer_epilogue
+        return producer, consumer if trips else list(self.consumer_epilogue)
 
-    def verify(self, trips: int) -> None:
-        producer, consumer = self.unroll(trips)
-        check_agents(producer, [consumer] * self.consumers, self.stages, trips)
+    def verify(self, trips: int, tile_trips: int | None = None, agents: int | None = None) -> None:
+        """`agents`: consumers to model, default all. The consumers run one program and meet the
+        producer only at barriers that join all their arrivals, so every happens-before path
+        between the producer and a consumer exists for each of them alike: one stands for all,
+        which keeps the proof of a long persistent loop small."""
+        producer, consumer = self.unroll(trips, tile_trips)
+        check_agents(producer, [consumer] * (agents or self.consumers), self.stages, trips)
 
 
 def specialized_plan(stages: int, consumers: int) -> AgentPlan:
