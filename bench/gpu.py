@@ -280,7 +280,9 @@ def run(directory: str, markdown: bool, iterations: int) -> int:
         ok = error < 1e-2
         ours = kernel.time(*inputs, iterations=iterations, warmup=10)
         problem = json.dumps({k: v for k, v in case.items() if k in ("dtype", "transpose_b", "size", "conv", "attention")})
-        peer = peer_times.get(problem) or peer_times.setdefault(problem, _time_torch(peer_call, iterations))
+        if problem not in peer_times:
+            peer_times[problem] = _time_torch(peer_call, iterations)
+        peer = peer_times[problem]
         row = {**case, "loaded_from": kernel.loaded_from, "ok": ok, "max_rel_error": error,
                "tracea_tflops": flops / ours / 1e12, "cublas_tflops": flops / peer / 1e12}
         rows.append(row)

@@ -35,6 +35,7 @@ bytes (leading offset) made of 8-row atoms (stride offset 1024), a k16 step +204
 """
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 from ..errors import OpError
@@ -144,8 +145,7 @@ def default_tiles(g: MmaGemm) -> WgmmaTiles:
     """The largest default tile that still gives about a block per SM (a full wave), else the
     one giving the most blocks."""
     def blocks(tiles):
-        x, y, z = grid(g, tiles)
-        return x * y * z
+        return math.prod(grid(g, tiles))
     full_wave = [t for t in DEFAULT_TILES if blocks(t) >= 0.9 * SMS]
     return full_wave[0] if full_wave else max(reversed(DEFAULT_TILES), key=blocks)
 
@@ -209,10 +209,13 @@ class _Writer:
         return self.t.op(f"memref.view %smem[{offset}][] : memref<?xi8, {WORKGROUP}> to "
                          f"memref<{rows}x{cols}x{self.g.dtype}, {WORKGROUP}>", "v")
 
-    def buffer_offsets(self, tile: str) -> tuple[str, str]:
-        """Byte offsets (from the aligned base) of the A and B buffers K tile `tile` uses."""
+    def buffer_of(self, tile: str) -> str:
+        """The buffer (and mbarrier) index pipeline count `tile` uses."""
+        return self.t.op(f"arith.remui {tile}, {self.t.c(self.tiles.stages)} : index", "i")
+
+    def buffer_offsets(self, buffer: str) -> tuple[str, str]:
+        """Byte offsets (from the aligned base) of the A and B tiles of `buffer`."""
         t, T = self.t, self.tiles
-        buffer = t.op(f"arith.remui {tile}, {t.c(T.stages)} : index", "i")
         a = t.add("%pad", t.mul(buffer, t.c(T.a_bytes())))
         b = t.add(t.add("%pad", t.c(T.stages * T.a_bytes())), t.mul(buffer, t.c(T.b_bytes())))
         return a, b
@@ -223,8 +226,8 @@ class _Writer:
         buffer's barrier with the bytes of K tile `k_slice` (default: `tile`, the pipeline's
         count) and issue its copies."""
         t, g, T = self.t, self.g, self.tiles
-        buffer = t.op(f"arith.remui {tile}, {t.c(T.stages)} : index", "i")
-        a_off, b_off = self.buffer_offsets(tile)
+        buffer = self.buffer_of(tile)
+        a_off, b_off = self.buffer_offsets(buffer)
         k0 = t.mul(k_slice or tile, t.c(T.block_k))
         t.line(f"nvgpu.mbarrier.arrive.expect_tx %mbar[{buffer}], {t.c(T.a_bytes() + T.b_bytes())}"
                f"{_predicated(predicate)} : {self.mbar_t}")
@@ -258,20 +261,19 @@ class _Writer:
         t.close()
 
     def wait(self, barriers: str, tile: str, phase: str) -> None:
-        t, T = self.t, self.tiles
-        buffer = t.op(f"arith.remui {tile}, {t.c(T.stages)} : index", "i")
+        t = self.t
+        buffer = self.buffer_of(tile)
         parity = t.op(f"arith.index_cast {t.op(f'arith.remui {phase}, {t.c(2)} : index', 'i')} : index to i1", "p")
         t.line(f"nvgpu.mbarrier.try_wait.parity {barriers}[{buffer}], {parity}, %ticks : {self.mbar_t}")
 
     def release(self, k: str, back: int) -> None:
         """Lane 0 of each MMA warp arrives on the empty barrier of tile k - back, whose MMAs it
         has retired (from k >= back on)."""
-        t, T = self.t, self.tiles
+        t = self.t
         first = t.op(f"arith.andi {t.cmp('uge', k, t.c(back))}, {t.cmp('eq', '%lane', t.c(0))} : i1", "p")
         t.open(f"scf.if {first}")
         tile = t.op(f"arith.subi {k}, {t.c(back)} : index", "i") if back else k
-        buffer = t.op(f"arith.remui {tile}, {t.c(T.stages)} : index", "i")
-        t.op(f"nvgpu.mbarrier.arrive %empty[{buffer}] : {self.mbar_t} -> !nvgpu.mbarrier.token", "tok")
+        t.op(f"nvgpu.mbarrier.arrive %empty[{self.buffer_of(tile)}] : {self.mbar_t} -> !nvgpu.mbarrier.token", "tok")
         t.close()
 
     def descriptor(self, address: str, bits: int) -> str:
@@ -283,7 +285,7 @@ class _Writer:
     def compute(self, tile: str, accs: list[str]) -> list[str]:
         """The tile's wgmma group: BK / 16 steps of BM / 64 m64 x BN x k16 MMAs, committed as one."""
         t, g, T = self.t, self.g, self.tiles
-        a_off, b_off = self.buffer_offsets(tile)
+        a_off, b_off = self.buffer_offsets(self.buffer_of(tile))
         a_base, b_base = t.add("%base", t.add(a_off, "%wg_a")), t.add("%base", b_off)
         t.line("nvvm.wgmma.fence.aligned")
         b_layout = "col" if g.transpose_b else "row"  # NVVM: B "col" is K-major, "row" N-major

@@ -386,7 +386,7 @@ def check_agents(producer: list[Event], consumers: list[list[Event]], stages: in
         return len(nodes) - 1
 
     arrivals: dict[tuple[str, int], dict[int, list[int]]] = {}  # barrier -> agent -> its arrivals, in order
-    waits: list[tuple[int, tuple[str, int], int, int, str]] = []  # node, barrier, phase, parity, agent
+    waits: list[tuple[int, tuple[str, int], int, int]] = []  # node, barrier, phase, parity
     loads: dict[int, tuple[int, int]] = {}  # tile -> (load node, landed node)
     computes: list[tuple[dict[int, int], dict[int, int]]] = []  # per consumer: tile -> Compute, retiring WaitMma
     agents = [("producer", producer)] + [(f"consumer {c}", events) for c, events in enumerate(consumers)]
@@ -407,7 +407,7 @@ def check_agents(producer: list[Event], consumers: list[list[Event]], stages: in
             elif isinstance(e, (WaitFull, WaitEmpty)):
                 barrier = ("full" if isinstance(e, WaitFull) else "empty", e.buffer)
                 seen[barrier] = seen.get(barrier, -1) + 1
-                waits.append((me, barrier, seen[barrier], e.parity, agent))
+                waits.append((me, barrier, seen[barrier], e.parity))
             elif isinstance(e, Compute):
                 if not a or e.tile != next_compute or e.buffer != e.tile % stages:
                     raise PhaseError(f"{where}: {nodes[me]}: consumers compute tiles 0..{trips - 1} in order, "
@@ -440,7 +440,7 @@ def check_agents(producer: list[Event], consumers: list[list[Event]], stages: in
         phases = min(len(x) for x in by_agent.values())
         complete[barrier] = [node(f"{barrier[0]} barrier {barrier[1]} completes phase {u}",
                                   *(x[u] for x in by_agent.values())) for u in range(phases)]
-    for w, barrier, u, _, _ in waits:
+    for w, barrier, u, _ in waits:
         if u < len(complete.get(barrier, [])):
             preds[w].append(complete[barrier][u])
 
@@ -449,7 +449,7 @@ def check_agents(producer: list[Event], consumers: list[list[Event]], stages: in
     def before(x: int, y: int) -> bool:
         return bool(ancestors[y] >> x & 1)
 
-    for w, barrier, u, parity, agent in waits:
+    for w, barrier, u, parity in waits:
         phases = complete.get(barrier, [])
         if u >= len(phases):
             raise PhaseError(f"{where}: {nodes[w]} waits for phase {u} of the {barrier[0]} barrier {barrier[1]}, "

@@ -577,7 +577,8 @@ class Emulator:
             live = ~warp.done & ~warp.waiting
             if not live.any():
                 break
-            pc = int(warp.pcs[live][self.order[warp.pcs[live]].argmin()])
+            live_pcs = warp.pcs[live]
+            pc = int(live_pcs[self.order[live_pcs].argmin()])
             active = live & (warp.pcs == pc)
             if pc >= len(self._compiled):
                 warp.done |= active
