@@ -9,7 +9,8 @@ steps, since the compiler (MLIR) and the GPU are on different machines here:
     .venv/bin/python bench/gpu.py check .gpu-bench --emulate  # here: the same, PTX run on the CPU
 
 `build` also writes the `check` cases: each kernel variant Tracea emits (epilogues, batched and
-transposed operands, the SIMT fallback, causal attention with a ragged sequence, strided convs),
+transposed operands, the SIMT fallback, both attention kernels with ragged and causal sequences,
+strided convs),
 for every chip the device can run, compared with torch in f32.
 
 `run` needs only numpy, torch (CUDA) and cuda-bindings: it loads tracea/runtime's launcher by
@@ -50,8 +51,15 @@ VARIANTS = {
 }
 # NHWC f16 convolutions (implicit GEMM on the mma.sync kernel): batch, H = W, C, F, kernel, stride, padding
 CONVS = [(32, 56, 64, 64, 3, 1, 1), (32, 28, 128, 128, 3, 1, 1), (32, 14, 256, 256, 3, 1, 1)]
-# f16 attention (flash, mma.sync): batch, heads, sequence, head dim, causal
-ATTENTIONS = [(4, 16, 1024, 64, False), (4, 16, 4096, 64, False), (4, 16, 4096, 128, False), (4, 16, 4096, 64, True)]
+# attention (flash; wgmma on sm_90a, mma.sync on sm_80): dtype, batch, heads, sequence, head dim, causal
+ATTENTIONS = [("f16", 4, 16, 1024, 64, False), ("f16", 4, 16, 4096, 64, False), ("bf16", 4, 16, 4096, 128, False),
+              ("f16", 4, 16, 4096, 64, True), ("bf16", 2, 16, 8192, 128, False), ("bf16", 2, 16, 8192, 128, True)]
+# attention schedules timed beside the defaults (tile = [queries per block, keys per step, -])
+ATTENTION_VARIANTS = {
+    "sm_80": {"128x64 8warps": {"tile": [128, 64, 64], "stages": 2}, "64x64 3stages": {"tile": [64, 64, 64], "stages": 3}},
+    "sm_90a": {"128x128 3stages": {"tile": [128, 128, 64], "stages": 3}, "192x128 3wg": {"tile": [192, 128, 64], "stages": 2},
+               "128x64 4stages": {"tile": [128, 64, 64], "stages": 4}},
+}
 
 
 # (name, chip, input shapes and dtypes, kind, parameters): small, odd shapes, every variant
@@ -74,6 +82,9 @@ CHECKS = [
          {"stride": 2, "padding": 1}),
         ("attention_causal_bf16", [((2, 3, 129, 64), "bf16")] * 3, "attention", {"causal": True}),
         ("attention_f16_d128", [((1, 2, 200, 128), "f16")] * 3, "attention", {"causal": False}),
+        # more key blocks than stages (buffers and phases wrap), a ragged last one
+        ("attention_long_causal_bf16", [((1, 2, 150, 64), "bf16")] * 3, "attention",
+         {"causal": True, "schedule": {"tile": [128, 32, 64], "stages": 2}}),
     ]
 ] + [  # the Hopper GEMM's other forms: two MMA warpgroups, and no producer warp
     ("sm_90a_linear_two_warpgroups_bf16", "sm_90a", [((130, 200), "bf16"), ((136, 200), "bf16")], "linear",
@@ -85,6 +96,12 @@ CHECKS = [
     # 144 output tiles: some of the 132 persistent blocks loop over two
     ("sm_90a_linear_persistent_bf16", "sm_90a", [((768, 16), "bf16"), ((1536, 16), "bf16")], "linear",
      {"schedule": {"tile": [64, 128, 64], "stages": 2, "persistent": 132}}),
+    # the Hopper attention's: three MMA warpgroups over one buffer; head dim 256 (64 keys a step);
+    # head dim 32 (not a multiple of 64): the mma.sync kernel
+    ("sm_90a_attention_three_warpgroups_d192_f16", "sm_90a", [((1, 2, 100, 192), "f16")] * 3, "attention",
+     {"causal": False, "schedule": {"tile": [192, 16, 64], "stages": 1}}),
+    ("sm_90a_attention_d256_causal_bf16", "sm_90a", [((1, 1, 70, 256), "bf16")] * 3, "attention", {"causal": True}),
+    ("sm_90a_attention_d32_f16", "sm_90a", [((1, 2, 40, 32), "f16")] * 3, "attention", {"causal": False}),
 ]
 
 
@@ -110,7 +127,7 @@ def check_function(td, inputs, kind, params):
                              out_dtype="f32")
     else:
         def body(q, k, v):
-            return td.attention(q, k, v, causal=params["causal"])
+            return td.attention(q, k, v, causal=params["causal"], schedule=schedule)
     return td.function(*tensors, name="kernel")(body)
 
 
@@ -208,14 +225,21 @@ def build(directory: str, chips: list[str]) -> int:
         artifact.save(os.path.join(directory, name))
         cases.append({"name": name, "chip": "sm_80", "dtype": "f16", "conv": [batch, hw, c, f, kk, stride, pad]})
         print(f"built {name}: {artifact.registers} registers", flush=True)
-    for batch, heads, seq, dim, causal in ATTENTIONS:
-        name = f"attention_f16_b{batch}_h{heads}_s{seq}_d{dim}{'_causal' if causal else ''}"
-        fn = td.function(*[td.tensor((batch, heads, seq, dim), "f16")] * 3, name="attention")(
-            lambda q, k, v, c=causal: td.attention(q, k, v, causal=c))
-        artifact = tracea.compile_gpu(fn, chip="sm_80")
-        artifact.save(os.path.join(directory, name))
-        cases.append({"name": name, "chip": "sm_80", "dtype": "f16", "attention": [batch, heads, seq, dim, causal]})
-        print(f"built {name}: {artifact.registers} registers", flush=True)
+    for chip in chips:
+        for dtype, batch, heads, seq, dim, causal in ATTENTIONS:
+            for variant, schedule in [("default", None)] + list(ATTENTION_VARIANTS[chip].items()):
+                name = (f"attention_{dtype}_b{batch}_h{heads}_s{seq}_d{dim}{'_causal' if causal else ''}_{chip}"
+                        + ("" if schedule is None else "_" + variant.replace(" ", "_")))
+                fn = td.function(*[td.tensor((batch, heads, seq, dim), dtype)] * 3, name="attention")(
+                    lambda q, k, v, c=causal, s=schedule: td.attention(q, k, v, causal=c,
+                                                                       schedule=s and _schedule(td, s)))
+                artifact = tracea.compile_gpu(fn, chip=chip)
+                artifact.save(os.path.join(directory, name))
+                cases.append({"name": name, "chip": chip, "dtype": dtype, "attention": [batch, heads, seq, dim, causal],
+                              "variant": variant, "registers": artifact.registers,
+                              "shared_bytes": artifact.dynamic_shared_bytes, "block": artifact.block})
+                print(f"built {name}: {artifact.registers} registers, {artifact.dynamic_shared_bytes // 1024} KB "
+                      f"shared memory, grid {artifact.grid}, block {artifact.block}", flush=True)
     with open(os.path.join(directory, "cases.json"), "w") as f:
         json.dump(cases, f, indent=1)
     for name, chip, inputs, kind, params in CHECKS:
@@ -303,12 +327,13 @@ def run(directory: str, markdown: bool, iterations: int) -> int:
     best: dict[tuple, dict] = {}
     for r in rows:
         if "variant" in r and r["ok"]:
-            key = (r["chip"], r["dtype"], r["transpose_b"], r["size"])
+            key = (r["chip"], r["dtype"], str(r.get("attention")), r.get("transpose_b"), r.get("size"))
             if key not in best or r["tracea_tflops"] > best[key]["tracea_tflops"]:
                 best[key] = r
-    for (chip, dtype, transpose_b, size), r in best.items():
-        print(f"best {chip} {dtype} {'A B^T' if transpose_b else 'A B'} {size}^3: {r['variant']} "
-              f"(x{r['tracea_tflops'] / r['cublas_tflops']:.2f} torch)")
+    for (chip, dtype, attention, transpose_b, size), r in best.items():
+        what = (f"attention {attention}" if attention != "None" else
+                f"{'A B^T' if transpose_b else 'A B'} {size}^3")
+        print(f"best {chip} {dtype} {what}: {r['variant']} (x{r['tracea_tflops'] / r['cublas_tflops']:.2f} torch)")
     return 0 if all(r["ok"] for r in rows) else 1
 
 

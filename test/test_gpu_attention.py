@@ -40,7 +40,8 @@ def test_compile_gpu_attention_artifact(ptxas):
 
 
 @pytest.mark.parametrize("shapes,message", [
-    (((1, 64, 40), (1, 64, 40), (1, 64, 40)), "multiple of 16 up to 256"),
+    (((1, 64, 40), (1, 64, 40), (1, 64, 40)), "head dim of 16, 32, 64, 128, 256 .* got 40: pad"),
+    (((1, 64, 80), (1, 64, 80), (1, 64, 80)), "got 80: pad Q, K and V's last dim"),
     (((1, 64, 64), (1, 64, 64), (1, 64, 32)), r"value's head dim \(32\)"),
 ])
 def test_attention_shapes_the_kernel_cannot_take_are_named(shapes, message):

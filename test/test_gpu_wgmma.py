@@ -101,7 +101,7 @@ def test_compile_gpu_for_hopper_describes_the_tensor_maps(ptxas, tmp_path):
     assert gpu_wgmma.default_tiles(MmaGemm(300, 512, 256, "bf16", "f32", True)) == tiles
     assert (art.grid, art.block, art.dynamic_shared_bytes) == ((4, 5, 1), (160, 1, 1), tiles.shared_bytes())
     assert [(p.name, p.dtype, p.tensor_map) for p in art.params[3:]] == [
-        ("x.tensor_map", "tensormap", (0, 64, 64, 128)), ("w.tensor_map", "tensormap", (1, 64, 128, 128))]
+        ("x.tensor_map", "tensormap", (0, 64, 64, 128, 2)), ("w.tensor_map", "tensormap", (1, 64, 128, 128, 2))]
     assert art.launch_arguments([0x100, 0x200, 0x300, 0x400, 0x500])[-2:] == [("ptr", 0x400), ("ptr", 0x500)]
     assert ".param .u64 .ptr .align 1 linear_param_22" in art.ptx  # 3 x 7 memref fields, then the 2 maps
     # the tiles live in the dynamic shared memory proper, after the static mbarriers (a demoted

@@ -51,9 +51,11 @@ CASES = {
     "wgmma_gemm_nn_f16": ("sm_90a", [((130, 72), "f16"), ((72, 136), "f16")], "gemm", {}),
     "wgmma_linear_bias_gelu_bf16": ("sm_90a", [((64, 64), "bf16"), ((128, 64), "bf16"), ((128,), "bf16")],
                                     "linear", {}),
-    # the Hopper kernel's other forms (bench/gpu.py's checks): two MMA warpgroups, no producer warp
-    **{name[len("sm_90a_"):]: (chip, inputs, kind, params) for name, chip, inputs, kind, params in bench_gpu.CHECKS
-       if "schedule" in params and not params["schedule"].get("persistent")},  # that one: below, smaller
+    # bench/gpu.py's checks of the kernels' other forms (two MMA warpgroups, no producer warp, the
+    # attention kernels' schedules), and the Hopper attention's head dims 256 and 32 (mma.sync)
+    **{name: (chip, inputs, kind, params) for name, chip, inputs, kind, params in bench_gpu.CHECKS
+       if "schedule" in params and not params["schedule"].get("persistent")  # that one: below, smaller
+       or name in ("sm_90a_attention_d256_causal_bf16", "sm_90a_attention_d32_f16")},
 }
 
 

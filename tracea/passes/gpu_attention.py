@@ -18,7 +18,7 @@ lowered by targets/nvvm.py.
     O / sum, cast, stored
 
 Shared tiles are XOR-swizzled (bank_conflicts.conflict_free_swizzle) like the GEMM's.
-Requirements: head dim a multiple of 16 up to 256; any sequence lengths.
+Requirements: head dim 16, 32, 64, 128 or 256; any sequence lengths.
 """
 from __future__ import annotations
 
@@ -30,6 +30,7 @@ from .cpu_gemm import _memref, _Text
 from .gpu_mma import ELEM_BYTES, MMA_DTYPES, PER_CHUNK, WORKGROUP, _Writer, gpu_module_text
 from .phase_cycle import LoopPlan, cp_async_plan
 
+HEAD_DIMS = (16, 32, 64, 128, 256)
 _MASKED = -1.0e30  # finite: a fully masked row never makes exp(-inf - -inf)
 
 
@@ -48,9 +49,6 @@ class MmaAttention:
     def validate(self) -> None:
         if self.dtype not in MMA_DTYPES:
             raise OpError(f"the NVIDIA attention kernel takes f16 or bf16 Q, K, V, got {self.dtype}")
-        if self.head_dim % 16 or not 16 <= self.head_dim <= 256:
-            raise OpError(f"the NVIDIA attention kernel needs a head dim that is a multiple of 16 up to 256, "
-                          f"got {self.head_dim}")
 
 
 @dataclass(frozen=True)
@@ -86,6 +84,10 @@ def attention_module_text(a: MmaAttention, tiles: AttentionTiles = AttentionTile
     """A gpu.module with kernel @name(Q, K, V, O), tiles.threads threads, tiles.shared_bytes()
     of dynamic shared memory."""
     a.validate()
+    if a.head_dim not in HEAD_DIMS:
+        raise OpError(f"the mma.sync attention kernel needs a head dim of {', '.join(map(str, HEAD_DIMS))} (rows of a "
+                      f"power-of-two number of 16-byte chunks, for the XOR swizzle), got {a.head_dim}: pad Q, K and "
+                      "V's last dim with zeros to the next one (on sm_90a the wgmma kernel also takes 192)")
     tiles.validate(a.head_dim)
     layout = TileLayout(tiles.block_m, a.head_dim, ELEM_BYTES, conflict_free_swizzle(a.head_dim, ELEM_BYTES))
     found = report(layout)
@@ -102,6 +104,95 @@ def key_blocks(a: MmaAttention, tiles: AttentionTiles) -> int:
     return -(-a.seq_k // tiles.block_n)
 
 
+def head_view(t: _Text, a: MmaAttention, mem: str, seq: int, dtype: str) -> tuple[str, str]:
+    """The [seq, D] matrix of the block's batch-head (%lead0, ...) in a [..., seq, D] parameter,
+    and its type."""
+    lead = len(a.lead)
+    if not lead:
+        return mem, _memref((seq, a.head_dim), dtype)
+    strided = f"memref<{seq}x{a.head_dim}x{dtype}, strided<[{a.head_dim}, 1], offset: ?>>"
+    offsets = ", ".join([f"%lead{i}" for i in range(lead)] + ["0", "0"])
+    sizes = ", ".join(["1"] * lead + [str(seq), str(a.head_dim)])
+    view = t.op(f"memref.subview {mem}[{offsets}] [{sizes}] [{', '.join(['1'] * (lead + 2))}] : "
+                f"{_memref((*a.lead, seq, a.head_dim), dtype)} to {strided}", "m")
+    return view, strided
+
+
+def lead_indices(t: _Text, a: MmaAttention, flat: str) -> None:
+    """%lead0, ...: the leading (batch, head) indices of batch-head `flat`, last dim fastest."""
+    rest = flat
+    for i in reversed(range(len(a.lead))):
+        t.line(f"%lead{i} = arith.remui {rest}, {t.c(a.lead[i])} : index")
+        rest = t.op(f"arith.divui {rest}, {t.c(a.lead[i])} : index", "i")
+
+
+def f32_const(t: _Text, value: float) -> str:
+    return t.op(f"arith.constant {value:.9e} : f32", "f")
+
+
+def quad_reduce(t: _Text, x: str, op: str) -> str:
+    """`op` (arith.maximumf / arith.addf) over the 4 lanes holding one row's columns (needs
+    %i32_1, %i32_2, %i32_32)."""
+    for offset in ("%i32_1", "%i32_2"):
+        other = t.fresh("s")
+        t.line(f"{other}, {other}_valid = gpu.shuffle xor {x}, {offset}, %i32_32 : f32")
+        x = t.op(f"{op} {x}, {other} : f32", "r")
+    return x
+
+
+def online_softmax(t: _Text, a: MmaAttention, scores, m: list[str], l: list[str], k0: str, queries: list[str]):
+    """One key block's step of the online softmax over scores[n][h][e]: the f32 score of query
+    row queries[h] and key k0 + %lane_pair + 8 n + e (the m16n8 accumulator layout, which
+    wgmma's m64 one repeats per warp). Scales and masks (keys past the sequence; after the query
+    when causal), takes the new row maxima across the row's 4 lanes, and returns (new maxima,
+    running sums (this thread's part) rescaled and increased, the factors alpha = exp(old max -
+    new max) the O rows scale by, the probabilities exp(score - max) cast to the inputs' dtype
+    as probs[n][h][e])."""
+    neg, scale = f32_const(t, _MASKED), f32_const(t, a.scale)
+    values = [[[None, None] for _ in range(2)] for _ in scores]
+    row_max = list(m)
+    for n, tile in enumerate(scores):
+        for h in (0, 1):
+            for e in (0, 1):
+                x = t.op(f"arith.mulf {tile[h][e]}, {scale} : f32", "x")
+                key = t.add(k0, t.add("%lane_pair", t.c(8 * n + e)))
+                valid = t.cmp("ult", key, t.c(a.seq_k))
+                if a.causal:
+                    valid = t.op(f"arith.andi {valid}, {t.cmp('ule', key, queries[h])} : i1", "p")
+                x = t.op(f"arith.select {valid}, {x}, {neg} : f32", "x")
+                values[n][h][e] = x
+                row_max[h] = t.op(f"arith.maximumf {row_max[h]}, {x} : f32", "r")
+    new_max = [quad_reduce(t, row_max[h], "arith.maximumf") for h in (0, 1)]
+    alpha = [t.op(f"math.exp {t.op(f'arith.subf {m[h]}, {new_max[h]} : f32', 'x')} : f32", "x") for h in (0, 1)]
+    sums = [t.op(f"arith.mulf {l[h]}, {alpha[h]} : f32", "x") for h in (0, 1)]
+    probs = [[[None, None] for _ in range(2)] for _ in scores]
+    for n in range(len(scores)):
+        for h in (0, 1):
+            for e in (0, 1):
+                p = t.op(f"math.exp {t.op(f'arith.subf {values[n][h][e]}, {new_max[h]} : f32', 'x')} : f32", "x")
+                sums[h] = t.op(f"arith.addf {sums[h]}, {p} : f32", "x")
+                probs[n][h][e] = t.op(f"arith.truncf {p} : f32 to {a.dtype}", "x")
+    return new_max, sums, alpha, probs
+
+
+def store_normalized(t: _Text, a: MmaAttention, o: str, o_t: str, sums: list[str], queries: list[str],
+                     pairs: list[list[str]]) -> None:
+    """O[queries[h], %lane_pair + 8 i : +2] = pairs[h][i] (vector<2xf32>) / the row's sum (summed
+    across its 4 lanes), cast; rows past the sequence are not stored."""
+    one = f32_const(t, 1.0)
+    inverse = [t.op(f"arith.divf {one}, {quad_reduce(t, sums[h], 'arith.addf')} : f32", "x") for h in (0, 1)]
+    for h in (0, 1):
+        t.open(f"scf.if {t.cmp('ult', queries[h], t.c(a.seq_q))}")
+        factor = t.op(f"vector.broadcast {inverse[h]} : f32 to vector<2xf32>", "x")
+        for i, pair in enumerate(pairs[h]):
+            pair = t.op(f"arith.mulf {pair}, {factor} : vector<2xf32>", "v")
+            if a.out_dtype != "f32":
+                pair = t.op(f"arith.truncf {pair} : vector<2xf32> to vector<2x{a.out_dtype}>", "v")
+            t.line(f"vector.store {pair}, {o}[{queries[h]}, {t.add('%lane_pair', t.c(8 * i))}] : {o_t}, "
+                   f"vector<2x{a.out_dtype}>")
+        t.close()
+
+
 class _AttentionWriter(_Writer):
     """Reuses the GEMM writer's copies, swizzle, ldmatrix and mma (self.g.dtype, self.tiles.threads)."""
 
@@ -115,31 +206,6 @@ class _AttentionWriter(_Writer):
         d, T = a.head_dim, a.dtype
         self.Qs_t = f"memref<1x{tiles.block_m}x{d}x{T}, {WORKGROUP}>"
         self.KVs_t = f"memref<{tiles.stages}x{tiles.block_n}x{d}x{T}, {WORKGROUP}>"
-
-    def row_view(self, mem: str, seq: int, dtype: str) -> tuple[str, str]:
-        """The [seq, D] matrix of this block's batch-head in a [..., seq, D] parameter."""
-        t, a = self.t, self.a
-        lead = len(a.lead)
-        if not lead:
-            return mem, _memref((seq, a.head_dim), dtype)
-        strided = f"memref<{seq}x{a.head_dim}x{dtype}, strided<[{a.head_dim}, 1], offset: ?>>"
-        offsets = ", ".join([f"%lead{i}" for i in range(lead)] + ["0", "0"])
-        sizes = ", ".join(["1"] * lead + [str(seq), str(a.head_dim)])
-        view = t.op(f"memref.subview {mem}[{offsets}] [{sizes}] [{', '.join(['1'] * (lead + 2))}] : "
-                    f"{_memref((*a.lead, seq, a.head_dim), dtype)} to {strided}", "m")
-        return view, strided
-
-    def f32(self, value: float) -> str:
-        return self.t.op(f"arith.constant {value:.9e} : f32", "f")
-
-    def quad_reduce(self, x: str, op: str) -> str:
-        """`op` (arith.maximumf / arith.addf) over the 4 lanes holding one row's columns."""
-        t = self.t
-        for offset in ("%i32_1", "%i32_2"):
-            other = t.fresh("s")
-            t.line(f"{other}, {other}_valid = gpu.shuffle xor {x}, {offset}, %i32_32 : f32")
-            x = t.op(f"{op} {x}, {other} : f32", "r")
-        return x
 
     def trip_limit(self) -> tuple[int, str]:
         return key_blocks(self.a, self.tiles), "%bound"
@@ -177,36 +243,11 @@ class _AttentionWriter(_Writer):
         m, l, o = accs[0:2], accs[2:4], accs[4:]
         buffer = t.op(f"arith.remui {tile}, {t.c(T.stages)} : index", "i")
         k0 = t.mul(tile, t.c(T.block_n))
-        neg = self.f32(_MASKED)
         s = self.scores(self.q_frags, buffer)
-
-        # scale and mask; p[tile][half] are the two scores of row `half` (g, g + 8) in n8 tile `tile`
-        scale = self.f32(a.scale)
-        values = [[[None, None] for _ in range(2)] for _ in s]
-        row_max = [m[0], m[1]]
-        for n, score in enumerate(s):
-            for h in (0, 1):
-                query = t.add(t.add("%q0", "%wrow"), t.add("%lane_group", t.c(8 * h)))
-                for e in (0, 1):
-                    x = t.op(f"arith.mulf {t.op(f'vector.extract {score}[{h}, {e}] : f32 from vector<2x2xf32>', 'x')}, "
-                             f"{scale} : f32", "x")
-                    key = t.add(k0, t.add("%lane_pair", t.c(8 * n + e)))
-                    valid = t.cmp("ult", key, t.c(a.seq_k))
-                    if a.causal:
-                        valid = t.op(f"arith.andi {valid}, {t.cmp('ule', key, query)} : i1", "p")
-                    x = t.op(f"arith.select {valid}, {x}, {neg} : f32", "x")
-                    values[n][h][e] = x
-                    row_max[h] = t.op(f"arith.maximumf {row_max[h]}, {x} : f32", "r")
-        new_max = [self.quad_reduce(row_max[h], "arith.maximumf") for h in (0, 1)]
-        alpha = [t.op(f"math.exp {t.op(f'arith.subf {m[h]}, {new_max[h]} : f32', 'x')} : f32", "x") for h in (0, 1)]
-        sums = [t.op(f"arith.mulf {l[h]}, {alpha[h]} : f32", "x") for h in (0, 1)]
-        probs = [[[None, None] for _ in range(2)] for _ in s]
-        for n in range(len(s)):
-            for h in (0, 1):
-                for e in (0, 1):
-                    p = t.op(f"math.exp {t.op(f'arith.subf {values[n][h][e]}, {new_max[h]} : f32', 'x')} : f32", "x")
-                    sums[h] = t.op(f"arith.addf {sums[h]}, {p} : f32", "x")
-                    probs[n][h][e] = t.op(f"arith.truncf {p} : f32 to {dt}", "x")
+        queries = [t.add(t.add("%q0", "%wrow"), t.add("%lane_group", t.c(8 * h))) for h in (0, 1)]
+        scores = [[[t.op(f"vector.extract {acc}[{h}, {e}] : f32 from vector<2x2xf32>", "x") for e in (0, 1)]
+                   for h in (0, 1)] for acc in s]
+        new_max, sums, alpha, probs = online_softmax(t, a, scores, m, l, k0, queries)
         # O *= alpha (row 0 of each accumulator tile is row g, row 1 is g + 8)
         scaling = t.op(f"vector.from_elements {alpha[0]}, {alpha[0]}, {alpha[1]}, {alpha[1]} : vector<2x2xf32>", "x")
         outs = [t.op(f"arith.mulf {o_acc}, {scaling} : vector<2x2xf32>", "o") for o_acc in o]
@@ -240,14 +281,11 @@ class _AttentionWriter(_Writer):
         t.line(f"%wrow = arith.muli {t.op(f'arith.divui %tid, {t.c(32)} : index', 'i')}, {t.c(16)} : index")
         self.lane_indices()
         t.line(f"%q0 = arith.muli %bx, {t.c(T.block_m)} : index")
-        rest = "%by"  # the batch-head index -> its leading indices, last dim fastest
-        for i in reversed(range(len(a.lead))):
-            t.line(f"%lead{i} = arith.remui {rest}, {t.c(a.lead[i])} : index")
-            rest = t.op(f"arith.divui {rest}, {t.c(a.lead[i])} : index", "i")
-        q, q_t = self.row_view("%Q", a.seq_q, dt)
-        k_view, self.kv_t = self.row_view("%K", a.seq_k, dt)
-        self.kv_views = (k_view, self.row_view("%V", a.seq_k, dt)[0])
-        o, o_t = self.row_view("%O", a.seq_q, a.out_dtype)
+        lead_indices(t, a, "%by")
+        q, q_t = head_view(t, a, "%Q", a.seq_q, dt)
+        k_view, self.kv_t = head_view(t, a, "%K", a.seq_k, dt)
+        self.kv_views = (k_view, head_view(t, a, "%V", a.seq_k, dt)[0])
+        o, o_t = head_view(t, a, "%O", a.seq_q, a.out_dtype)
         t.line(f"%smem = gpu.dynamic_shared_memory : memref<?xi8, {WORKGROUP}>")
         q_bytes, kv_bytes = T.block_m * d * ELEM_BYTES, T.stages * T.block_n * d * ELEM_BYTES
         t.line(f"%Qs = memref.view %smem[{t.c(0)}][] : memref<?xi8, {WORKGROUP}> to {self.Qs_t}")
@@ -270,7 +308,7 @@ class _AttentionWriter(_Writer):
             t.line(f"%bound = arith.minui {last}, {t.c(blocks)} : index")
         else:
             t.line(f"%bound = arith.addi {t.c(blocks)}, {t.c(0)} : index")
-        neg, zero = self.f32(_MASKED), self.f32(0.0)
+        neg, zero = f32_const(t, _MASKED), f32_const(t, 0.0)
         o_zero = t.op("arith.constant dense<0.0> : vector<2x2xf32>", "z")
         n_o = d // 8
         carried = ["%m0", "%m1", "%l0", "%l1"] + [f"%o{i}" for i in range(n_o)]
@@ -285,21 +323,10 @@ class _AttentionWriter(_Writer):
         t.close()
         t.line("nvvm.cp.async.wait.group 0")  # the empty groups of loads past the last block
 
-        one = self.f32(1.0)
-        inverse = [t.op(f"arith.divf {one}, {self.quad_reduce(f'%res#{2 + h}', 'arith.addf')} : f32", "x")
-                   for h in (0, 1)]
-        for h in (0, 1):
-            row = t.add(t.add("%q0", "%wrow"), t.add("%lane_group", t.c(8 * h)))
-            t.open(f"scf.if {t.cmp('ult', row, t.c(a.seq_q))}")
-            factor = t.op(f"vector.broadcast {inverse[h]} : f32 to vector<2xf32>", "x")
-            for i in range(n_o):
-                pair = t.op(f"vector.extract %res#{4 + i}[{h}] : vector<2xf32> from vector<2x2xf32>", "v")
-                pair = t.op(f"arith.mulf {pair}, {factor} : vector<2xf32>", "v")
-                if a.out_dtype != "f32":
-                    pair = t.op(f"arith.truncf {pair} : vector<2xf32> to vector<2x{a.out_dtype}>", "v")
-                t.line(f"vector.store {pair}, {o}[{row}, {t.add('%lane_pair', t.c(8 * i))}] : {o_t}, "
-                       f"vector<2x{a.out_dtype}>")
-            t.close()
+        queries = [t.add(t.add("%q0", "%wrow"), t.add("%lane_group", t.c(8 * h))) for h in (0, 1)]
+        pairs = [[t.op(f"vector.extract %res#{4 + i}[{h}] : vector<2xf32> from vector<2x2xf32>", "v")
+                  for i in range(n_o)] for h in (0, 1)]
+        store_normalized(t, a, o, o_t, ["%res#2", "%res#3"], queries, pairs)
 
         shape_q = (*a.lead, a.seq_q, d)
         shape_k = (*a.lead, a.seq_k, d)

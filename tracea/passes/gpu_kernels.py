@@ -6,8 +6,9 @@ Tensor Cores — on sm_90a the Hopper kernel (gpu_wgmma.py: TMA + mbarrier pipel
 swizzled shared memory), on sm_80 gpu_mma.py (cp.async pipeline, swizzled shared memory,
 ldmatrix + mma.sync m16n8k16), both with the fused epilogue — and f32 onto the SIMT kernel
 (gpu_gemm.py). An NHWC conv2d (f16 / bf16, groups 1) is an implicit GEMM on the mma.sync kernel,
-its A tiles gathered from the image; attention is a flash-attention kernel on mma.sync
-(gpu_attention.py: online softmax, S x S never stored). The result is a `gpu.module @kernels` holding one `gpu.func` per function, named
+its A tiles gathered from the image; attention is a flash-attention kernel (online softmax,
+S x S never stored): on sm_90a gpu_wgmma_attention.py (producer warp, TMA, wgmma for Q K^T and,
+with P from registers, P V), else gpu_attention.py on mma.sync. The result is a `gpu.module @kernels` holding one `gpu.func` per function, named
 after it, whose parameters are the op's operands then the result buffer (then, for the Hopper
 kernel, a pointer to each TMA descriptor); its launch configuration is the attribute
 `tracea.launch = {grid, block, dynamic_shared_bytes[, tensor_maps]}`. The host function is
@@ -36,6 +37,8 @@ from .gpu_mma import grid as mma_grid
 from .gpu_wgmma import TensorMap, WgmmaTiles, tensor_maps, wgmma_gemm_module_text
 from .gpu_wgmma import default_tiles as default_wgmma_tiles
 from .gpu_wgmma import grid as wgmma_grid
+from . import gpu_wgmma_attention as wgmma_attention
+from .gpu_wgmma_attention import WgmmaAttentionTiles
 from .registry import PassFailed, TraceaPass, option, register
 
 CHIPS = ("sm_80", "sm_90a")
@@ -54,7 +57,7 @@ class Launch:
                   "block": ir.DenseI64ArrayAttr.get(list(self.block)),
                   "dynamic_shared_bytes": ir.IntegerAttr.get(i64, self.dynamic_shared_bytes)}
         if self.tensor_maps:
-            fields["tensor_maps"] = ir.ArrayAttr.get([ir.DenseI64ArrayAttr.get([m.operand, *m.box, m.swizzle_bytes])
+            fields["tensor_maps"] = ir.ArrayAttr.get([ir.DenseI64ArrayAttr.get([m.operand, *m.box, m.swizzle_bytes, m.rank])
                                                       for m in self.tensor_maps])
         return ir.DictAttr.get(fields)
 
@@ -63,7 +66,7 @@ class Launch:
         d = ir.DictAttr(attr)
         maps = ()
         if "tensor_maps" in d:
-            maps = tuple(TensorMap(v[0], (v[1], v[2]), v[3])
+            maps = tuple(TensorMap(v[0], (v[1], v[2]), v[3], v[4])
                          for v in (list(ir.DenseI64ArrayAttr(a)) for a in ir.ArrayAttr(d["tensor_maps"])))
         return Launch(tuple(ir.DenseI64ArrayAttr(d["grid"])), tuple(ir.DenseI64ArrayAttr(d["block"])),
                       ir.IntegerAttr(d["dynamic_shared_bytes"]).value, maps)
@@ -156,8 +159,10 @@ def conv_kernel(v: OpView, name: str) -> tuple[str, Launch]:
     return mma_gemm_module_text(g, tiles, name), Launch(mma_grid(g, tiles), (tiles.threads, 1, 1), tiles.shared_bytes())
 
 
-def attention_kernel(v: OpView, name: str) -> tuple[str, Launch]:
-    """Flash attention on mma.sync (sm_80 and sm_90a)."""
+def attention_kernel(v: OpView, name: str, chip: str = "sm_80") -> tuple[str, Launch]:
+    """Flash attention: on sm_90a with head dim 64, 128, 192 or 256 the wgmma kernel (producer
+    warp, TMA, wgmma for both products), else mma.sync. A schedule's tile = [queries per block,
+    keys per step, ...] and stages replace the kernel's defaults."""
     q, k, val = v.operands["query"], v.operands["key"], v.operands["value"]
     if val.shape[-1] != q.shape[-1]:
         raise OpError(f"the NVIDIA attention kernel needs value's head dim ({val.shape[-1]}) equal to the "
@@ -165,7 +170,16 @@ def attention_kernel(v: OpView, name: str) -> tuple[str, Launch]:
     scale = v.attrs.get("scale")
     a = MmaAttention(q.shape[:-2], q.shape[-2], k.shape[-2], q.shape[-1], q.dtype, v.result.dtype,
                      q.shape[-1] ** -0.5 if scale is None else scale, v.attrs["causal"])
-    tiles = AttentionTiles()
+    s = v.attrs.get("schedule")
+    if s is not None and s.persistent:
+        raise OpError("schedule persistent is for the sm_90a GEMM; attention launches a block per query tile")
+    chosen = s is not None and s.tile is not None
+    if chip == "sm_90a" and wgmma_attention.supports(a):
+        wt = WgmmaAttentionTiles(*s.tile[:2], s.stages) if chosen else wgmma_attention.default_tiles(a)
+        return wgmma_attention.wgmma_attention_module_text(a, wt, name), Launch(
+            wgmma_attention.grid(a, wt), (wt.threads, 1, 1), wt.shared_bytes(a.head_dim),
+            wgmma_attention.tensor_maps(a, wt))
+    tiles = AttentionTiles(*s.tile[:2], s.stages) if chosen else AttentionTiles()
     return attention_module_text(a, tiles, name), Launch(attention_grid(a, tiles), (tiles.threads, 1, 1),
                                                          tiles.shared_bytes(a.head_dim))
 
@@ -197,7 +211,7 @@ class GpuKernelsPass(TraceaPass):
     SUMMARY = ("tile each function's gemm / fused_gemm / NHWC conv2d / attention onto NVIDIA thread blocks and warps: a "
                "gpu.module kernel (f16/bf16 GEMMs on sm_90a: TMA + mbarrier pipeline, wgmma; on sm_80, and convs "
                "as implicit GEMMs: cp.async pipeline, swizzled shared memory, ldmatrix + mma.sync; attention: flash "
-               "attention on mma.sync; f32: SIMT) with its launch configuration")
+               "attention on wgmma (sm_90a) or mma.sync; f32: SIMT) with its launch configuration")
     chip: str = option("sm_80", "the NVIDIA architecture the kernels are for", CHIPS)
 
     def run(self, module: ir.Operation) -> None:
@@ -209,9 +223,12 @@ class GpuKernelsPass(TraceaPass):
             name = ir.StringAttr(func.attributes["sym_name"]).value
             try:
                 op = view(_single_kernel_op(func))
-                builders = {"tracea.conv2d": conv_kernel, "tracea.attention": attention_kernel}
-                build = builders.get(op.op.name)
-                text, launch = build(op, name) if build else gemm_kernel(op, name, self.chip)
+                if op.op.name == "tracea.conv2d":
+                    text, launch = conv_kernel(op, name)
+                elif op.op.name == "tracea.attention":
+                    text, launch = attention_kernel(op, name, self.chip)
+                else:
+                    text, launch = gemm_kernel(op, name, self.chip)
             except OpError as e:
                 func.location.emit_error(f"{self.NAME}: {e}")
                 failed = True

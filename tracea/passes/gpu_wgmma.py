@@ -120,10 +120,13 @@ class WgmmaTiles:
 @dataclass(frozen=True)
 class TensorMap:
     """The TMA descriptor a kernel parameter points to: of kernel operand `operand` (an index
-    into its tensor parameters), `box` elements per copy (innermost first), 128-byte swizzle."""
+    into its tensor parameters), `box` elements per copy (innermost first), 128-byte swizzle;
+    rank 2 sees the operand as one matrix of its last dim's columns, rank 3 as a stack of its
+    [rows, cols] matrices (a copy's third coordinate picks the matrix)."""
     operand: int
     box: tuple[int, int]
     swizzle_bytes: int = SWIZZLE_BYTES
+    rank: int = 2
 
 
 def tensor_maps(tiles: WgmmaTiles, transpose_b: bool) -> tuple[TensorMap, TensorMap]:
@@ -190,9 +193,15 @@ def _predicated(predicate: str | None) -> str:
     return f", predicate = {predicate}" if predicate else ""
 
 
-def _tensormap_type(dtype: str, box: tuple[int, int]) -> str:
-    return (f"!nvgpu.tensormap.descriptor<tensor = memref<{box[1]}x{box[0]}x{dtype}, 3>, swizzle = swizzle_128b, "
-            "l2promo = none, oob = zero, interleave = none>")
+def box_type(dtype: str, tmap: TensorMap) -> str:
+    """The shared-memory memref one copy of `tmap` fills."""
+    shape = ((1,) if tmap.rank == 3 else ()) + (tmap.box[1], tmap.box[0])
+    return f"memref<{'x'.join(map(str, shape))}x{dtype}, {WORKGROUP}>"
+
+
+def tensormap_type(dtype: str, tmap: TensorMap) -> str:
+    return (f"!nvgpu.tensormap.descriptor<tensor = {box_type(dtype, tmap).replace(WORKGROUP, '3')}, "
+            "swizzle = swizzle_128b, l2promo = none, oob = zero, interleave = none>")
 
 
 class _Writer:
@@ -205,9 +214,10 @@ class _Writer:
         self.acc_t = "!llvm.struct<(" + ", ".join(["f32"] * (tiles.block_n // 2)) + ")>"
         self.m_blocks = tiles.rows_per_warpgroup // 64  # per warpgroup
 
-    def smem_view(self, offset: str, rows: int, cols: int) -> str:
+    def box_view(self, offset: str, tmap: TensorMap) -> str:
+        """The shared memory at byte `offset` (from %smem) as the destination of one copy of `tmap`."""
         return self.t.op(f"memref.view %smem[{offset}][] : memref<?xi8, {WORKGROUP}> to "
-                         f"memref<{rows}x{cols}x{self.g.dtype}, {WORKGROUP}>", "v")
+                         f"{box_type(self.g.dtype, tmap)}", "v")
 
     def buffer_of(self, tile: str) -> str:
         """The buffer (and mbarrier) index pipeline count `tile` uses."""
@@ -232,19 +242,18 @@ class _Writer:
         t.line(f"nvgpu.mbarrier.arrive.expect_tx %mbar[{buffer}], {t.c(T.a_bytes() + T.b_bytes())}"
                f"{_predicated(predicate)} : {self.mbar_t}")
         a_map, b_map = self.maps
-        self.tma(self.smem_view(a_off, T.block_m, T.block_k), "%tmaA", a_map, [k0, "%row0"], buffer, predicate)
+        self.tma(self.box_view(a_off, a_map), "%tmaA", a_map, [k0, "%row0"], buffer, predicate)
         if g.transpose_b:
-            self.tma(self.smem_view(b_off, T.block_n, T.block_k), "%tmaB", b_map, [k0, "%col0"], buffer, predicate)
+            self.tma(self.box_view(b_off, b_map), "%tmaB", b_map, [k0, "%col0"], buffer, predicate)
         else:
             for c in range(0, T.block_n, BOX_K):  # 64-column boxes, one after the other
-                view = self.smem_view(t.add(b_off, t.c(c * T.block_k * ELEM_BYTES)), T.block_k, BOX_K)
+                view = self.box_view(t.add(b_off, t.c(c * T.block_k * ELEM_BYTES)), b_map)
                 self.tma(view, "%tmaB", b_map, [t.add("%col0", t.c(c)), k0], buffer, predicate)
 
     def tma(self, dst: str, desc: str, tmap: TensorMap, coords: list[str], buffer: str, predicate: str | None) -> None:
-        rows, cols = tmap.box[1], tmap.box[0]
         self.t.line(f"nvgpu.tma.async.load {desc}[{', '.join(coords)}], %mbar[{buffer}] to {dst}"
-                    f"{_predicated(predicate)} : {_tensormap_type(self.g.dtype, tmap.box)}, {self.mbar_t} -> "
-                    f"memref<{rows}x{cols}x{self.g.dtype}, {WORKGROUP}>")
+                    f"{_predicated(predicate)} : {tensormap_type(self.g.dtype, tmap)}, {self.mbar_t} -> "
+                    f"{box_type(self.g.dtype, tmap)}")
 
     def wait_full(self, tile: str) -> None:
         """Wait for the tile's copies: phase `use` of its buffer's full barrier."""
@@ -301,11 +310,13 @@ class _Writer:
         t.line("nvvm.wgmma.commit.group.sync.aligned")
         return new
 
+    def trip_count(self) -> int:
+        return trips(self.g, self.tiles)
+
     def emit(self, events, k: str | None, accs: list[str], k_slice: str | None = None) -> list[str]:
         """Plan events; in the loop body tiles are relative to `k` (LoopPlan's convention).
         `k_slice`: the K tile a persistent kernel's count `k` is at (loads happen at offset 0)."""
         t = self.t
-        n_trips = trips(self.g, self.tiles)
         for e in events:
             if isinstance(e, WaitMma):
                 t.line(f"nvvm.wgmma.wait.group.sync.aligned {e.pending}")
@@ -315,7 +326,7 @@ class _Writer:
                 continue
             offset = e.buffer if isinstance(e, (WaitFull, WaitEmpty)) else e.tile
             if k is None:
-                if offset >= n_trips:
+                if offset >= self.trip_count():
                     continue
                 tile = t.c(offset)
             else:
@@ -323,7 +334,7 @@ class _Writer:
             if isinstance(e, Load):
                 predicate = None if self.tiles.specialized else "%is0"  # in the producer thread, or thread 0
                 if k is not None and offset:  # a tile past the last is not loaded
-                    inside = t.cmp("ult", tile, t.c(n_trips))
+                    inside = t.cmp("ult", tile, t.c(self.trip_count()))
                     predicate = t.op(f"arith.andi {predicate}, {inside} : i1", "p") if predicate else inside
                 self.load(tile, predicate, k_slice)
             elif isinstance(e, WaitFull):
@@ -383,10 +394,8 @@ class _Writer:
         a_map, b_map = self.maps
         for line in collapse_views(g):
             t.line(line)
-        t.line(f"%tmaA = builtin.unrealized_conversion_cast %tmaA_ptr : !llvm.ptr to "
-               f"{_tensormap_type(g.dtype, a_map.box)}")
-        t.line(f"%tmaB = builtin.unrealized_conversion_cast %tmaB_ptr : !llvm.ptr to "
-               f"{_tensormap_type(g.dtype, b_map.box)}")
+        for desc, tmap in (("%tmaA", a_map), ("%tmaB", b_map)):
+            t.line(f"{desc} = builtin.unrealized_conversion_cast {desc}_ptr : !llvm.ptr to {tensormap_type(g.dtype, tmap)}")
         t.line("%i64_4 = arith.constant 4 : i64")
         t.line("%i64_start_mask = arith.constant 16383 : i64")
         t.line("%ticks = arith.constant 10000000 : index")
@@ -413,8 +422,8 @@ class _Writer:
             t.line(f"nvgpu.mbarrier.init %mbar[{t.c(s)}], {t.c(1)} : {self.mbar_t}")
             if T.specialized:  # every MMA warp releases
                 t.line(f"nvgpu.mbarrier.init %empty[{t.c(s)}], {t.c(4 * T.warpgroups)} : {self.mbar_t}")
-        t.line(f"nvgpu.tma.prefetch.descriptor %tmaA : {_tensormap_type(g.dtype, a_map.box)}")
-        t.line(f"nvgpu.tma.prefetch.descriptor %tmaB : {_tensormap_type(g.dtype, b_map.box)}")
+        for desc, tmap in (("%tmaA", a_map), ("%tmaB", b_map)):
+            t.line(f"nvgpu.tma.prefetch.descriptor {desc} : {tensormap_type(g.dtype, tmap)}")
         t.close()
         t.line("gpu.barrier")  # the barriers are initialized before anyone arrives or waits
         t.line(f"%smem = gpu.dynamic_shared_memory : memref<?xi8, {WORKGROUP}>")

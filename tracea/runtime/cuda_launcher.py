@@ -280,9 +280,11 @@ def pack_parameters(arguments: list[tuple[str, int | float]]):
     return array, values
 
 
-def tensor_map_arguments(ptr: int, shape: tuple[int, ...], dtype: str, spec: tuple[int, int, int, int]) -> tuple:
-    """cuTensorMapEncodeTiled's arguments for a row-major tensor at `ptr`, seen as a matrix of
-    its last dim's columns, and a Param.tensor_map spec (operand, box inner, box outer, swizzle bytes)."""
+def tensor_map_arguments(ptr: int, shape: tuple[int, ...], dtype: str, spec: tuple[int, ...]) -> tuple:
+    """cuTensorMapEncodeTiled's arguments for a row-major tensor at `ptr` and a Param.tensor_map
+    spec (operand, box inner, box outer, swizzle bytes[, rank]): rank 2 sees the tensor as a
+    matrix of its last dim's columns, rank 3 as a stack of its [rows, cols] matrices (boxes one
+    matrix deep, zero-filled past its rows rather than reading the next one's)."""
     driver = _driver()
     types = driver.CUtensorMapDataType
     data_type = {"f16": types.CU_TENSOR_MAP_DATA_TYPE_FLOAT16, "bf16": types.CU_TENSOR_MAP_DATA_TYPE_BFLOAT16,
@@ -290,10 +292,15 @@ def tensor_map_arguments(ptr: int, shape: tuple[int, ...], dtype: str, spec: tup
     swizzles = driver.CUtensorMapSwizzle
     swizzle = {0: swizzles.CU_TENSOR_MAP_SWIZZLE_NONE, 32: swizzles.CU_TENSOR_MAP_SWIZZLE_32B,
                64: swizzles.CU_TENSOR_MAP_SWIZZLE_64B, 128: swizzles.CU_TENSOR_MAP_SWIZZLE_128B}[spec[3]]
-    rows, cols = math.prod(shape[:-1]), shape[-1]
     u64, u32 = driver.cuuint64_t, driver.cuuint32_t
-    return (data_type, 2, ptr, [u64(cols), u64(rows)], [u64(cols * _ITEM_BYTES[dtype])], [u32(spec[1]), u32(spec[2])],
-            [u32(1), u32(1)], driver.CUtensorMapInterleave.CU_TENSOR_MAP_INTERLEAVE_NONE, swizzle,
+    row_bytes = shape[-1] * _ITEM_BYTES[dtype]
+    if len(spec) > 4 and spec[4] == 3:
+        dims = [shape[-1], shape[-2], math.prod(shape[:-2])]
+        strides, box = [row_bytes, row_bytes * shape[-2]], [spec[1], spec[2], 1]
+    else:
+        dims, strides, box = [shape[-1], math.prod(shape[:-1])], [row_bytes], [spec[1], spec[2]]
+    return (data_type, len(dims), ptr, [u64(d) for d in dims], [u64(s) for s in strides], [u32(b) for b in box],
+            [u32(1)] * len(dims), driver.CUtensorMapInterleave.CU_TENSOR_MAP_INTERLEAVE_NONE, swizzle,
             driver.CUtensorMapL2promotion.CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
             driver.CUtensorMapFloatOOBfill.CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE)  # zeros outside the tensor
 
@@ -383,7 +390,7 @@ class CudaKernel:
             addresses.append(self._tensor_map(buffers[param.tensor_map[0]], param.tensor_map))
         return addresses
 
-    def _tensor_map(self, buffer: DeviceBuffer, spec: tuple[int, int, int, int]) -> int:
+    def _tensor_map(self, buffer: DeviceBuffer, spec: tuple[int, ...]) -> int:
         key = (buffer.ptr, buffer.shape, buffer.dtype, spec)
         if key not in self._tensor_maps:
             if buffer.ptr % 16 or (buffer.shape[-1] * _ITEM_BYTES[buffer.dtype]) % 16:

@@ -32,12 +32,18 @@ class Param:
     """One kernel argument: a tensor (`shape`, `dtype`) passed as a memref, a scalar (shape
     None), or (dtype "tensormap") the device address of a TMA descriptor of tensor parameter
     `tensor_map[0]`, for boxes of tensor_map[1:3] elements (innermost first) with a
-    tensor_map[3]-byte swizzle; `output`: the kernel writes it (outputs follow the inputs)."""
+    tensor_map[3]-byte swizzle, seeing the tensor as one matrix of its last dim's columns or
+    (tensor_map[4] == 3) as a stack of its [rows, cols] matrices; `output`: the kernel writes it
+    (outputs follow the inputs)."""
     name: str
     dtype: str
     shape: tuple[int, ...] | None = None
     output: bool = False
-    tensor_map: tuple[int, int, int, int] | None = None
+    tensor_map: tuple[int, ...] | None = None
+
+    @property
+    def tensor_map_rank(self) -> int:
+        return self.tensor_map[4] if len(self.tensor_map) > 4 else 2
 
     @property
     def fields(self) -> list[str]:

@@ -2,8 +2,8 @@
 
 An interpreter for the PTX that LLVM's NVPTX back end emits for Tracea's kernels (integer and
 float arithmetic, loads and stores, branches, `bar.sync`, shuffles, `cp.async` groups,
-`ldmatrix`, `mma.sync` m16n8k16, mbarriers, TMA tile copies and `wgmma` from shared-memory
-descriptors), written from the PTX ISA's definitions, not from Tracea's code generators: it
+`ldmatrix`, `mma.sync` m16n8k16, mbarriers, 2-D and 3-D TMA tile copies and `wgmma` with A
+from shared-memory descriptors or registers), written from the PTX ISA's definitions, not from Tracea's code generators: it
 checks their lane mappings, swizzles and descriptors by running them.
 
 It is adversarial where the hardware is free to be: asynchronous copies fill their destination
@@ -361,13 +361,15 @@ def _to_bytes(values: np.ndarray, width: int) -> np.ndarray:
 
 @dataclass
 class TensorMap:
-    """What cuTensorMapEncodeTiled encodes for Tracea's 2-D maps (see cuda_launcher)."""
+    """What cuTensorMapEncodeTiled encodes for Tracea's maps (see cuda_launcher): a matrix of
+    `rows` x `cols`, or `slices` of them (3-D: boxes stay inside their slice)."""
     address: int
     rows: int
     cols: int
     item: int
     box: tuple[int, int]  # (inner, outer) elements
     swizzle: int  # bytes: 0 or 128
+    slices: int = 0  # 0: a 2-D map
 
 
 def swizzled(address: np.ndarray, swizzle: int) -> np.ndarray:
@@ -398,6 +400,7 @@ class _Wgmma:
     desc_a: int
     desc_b: int
     scale_d: bool
+    a_regs: np.ndarray | None = None  # A in registers: the 4 x 32 lanes' b32 fragments, read at issue
 
 
 @dataclass
@@ -1022,6 +1025,9 @@ class Emulator:
 
     _op_barrier = _op_bar
 
+    def _op_setmaxnreg(self, inst):  # registers are not modelled; the instruction is warp-collective
+        return lambda w, m, _: self._whole_warp(w, m, "setmaxnreg")
+
     def _whole_warp(self, w: Warp, m: np.ndarray, what: str) -> None:
         if not (m | w.done).all():
             raise EmulationError(f"{what} executed by lanes {np.flatnonzero(m).tolist()} only: a warp-collective "
@@ -1214,8 +1220,9 @@ class Emulator:
             self._maybe_complete(addr)
 
     def _tma(self, inst):
-        if "2d" not in inst.parts or "mbarrier::complete_tx::bytes" not in inst.parts:
-            raise EmulationError(f"PTX line {inst.line}: only 2-D TMA loads completing on an mbarrier are modelled")
+        if not {"2d", "3d"} & set(inst.parts) or "mbarrier::complete_tx::bytes" not in inst.parts:
+            raise EmulationError(f"PTX line {inst.line}: only 2-D and 3-D TMA loads completing on an mbarrier are "
+                                 "modelled")
         dst, src, bar = inst.operands[:3]
 
         def issue(w, m, _):
@@ -1227,6 +1234,9 @@ class Emulator:
                 if tm is None:
                     raise EmulationError(f"{tm_addr:#x} is not the address of a tensor map")
                 coords = [int(typed(self.read(w, c, "s32"), "s32")[lane]) for c in src.items]
+                if len(coords) != (3 if tm.slices else 2):
+                    raise EmulationError(f"PTX line {inst.line}: {len(coords)} coordinates for a "
+                                         f"{3 if tm.slices else 2}-D tensor map")
                 b = int(self.address(w, bar)[lane])
                 self._barrier(b, inst.line)
                 inner, outer = tm.box
@@ -1246,6 +1256,9 @@ class Emulator:
         x = coords[0] + np.tile(np.arange(inner), outer)
         y = coords[1] + np.repeat(np.arange(outer), inner)
         inside = (x >= 0) & (x < tm.cols) & (y >= 0) & (y < tm.rows)
+        if tm.slices:  # a 3-D box is one slice deep
+            inside &= 0 <= coords[2] < tm.slices
+            y = y + coords[2] * tm.rows
         data = np.zeros((len(targets), tm.item), np.uint8)  # zeros outside the tensor
         if inside.any():
             src = (tm.address + (y[inside] * tm.cols + x[inside]) * tm.item).astype(np.uint64)
@@ -1278,8 +1291,8 @@ class Emulator:
         if inst.parts[-3] != "f32":
             raise EmulationError(f"PTX line {inst.line}: only f32 accumulators are modelled")
         d, desc_a, desc_b, scale_d = inst.operands[:4]
-        if desc_a.kind == "vec":
-            raise EmulationError(f"PTX line {inst.line}: wgmma with A in registers is not modelled")
+        if desc_a.kind == "vec" and len(desc_a.items) != 4:
+            raise EmulationError(f"PTX line {inst.line}: A in registers is 4 b32 registers, got {len(desc_a.items)}")
         n = int(re.search(r"n(\d+)", shape).group(1))
         if len(d.items) != n // 2:
             raise EmulationError(f"PTX line {inst.line}: {shape} needs {n // 2} accumulator registers")
@@ -1292,9 +1305,14 @@ class Emulator:
                 raise EmulationError("a wgmma accumulates into registers only some of which a wgmma in flight writes")
             chained = in_flight == {True}  # D += on the result of the one before: read at retirement
             old = None if chained else {x: w.regs.get(x, np.zeros(WARP, np.uint64)).copy() for x in names}
-            da, db = (int(self.read(w, o, "b64")[0]) for o in (desc_a, desc_b))
+            db = int(self.read(w, desc_b, "b64")[0])
+            a_regs = None
+            if desc_a.kind == "vec":
+                da, a_regs = 0, np.stack([self.read(w, o, "b32") for o in desc_a.items])
+            else:
+                da = int(self.read(w, desc_a, "b64")[0])
             sd = bool(self.read(w, scale_d, "pred")[0])
-            w.mma_open.append(_Wgmma(inst, old, da, db, sd))
+            w.mma_open.append(_Wgmma(inst, old, da, db, sd, a_regs))
             for x in names:  # the accumulators are the Tensor Cores' until the wait
                 if not chained:
                     w.regs[x] = np.full(WARP, 0x7FC00000, np.uint64)
@@ -1327,14 +1345,21 @@ class Emulator:
         n = int(re.search(r"m64n(\d+)k16", inst.opcode).group(1))
         atype, btype = inst.parts[-2], inst.parts[-1]
         imm = [o.value for o in inst.operands[4:]]
-        scale_a, scale_b, trans_a, trans_b = (imm + [1, 1, 0, 0])[:4]
-        item = 2
-        A = self._descriptor_matrix(op.desc_a, 64, trans_a == 0, item, atype)  # [m, k]
-        B = self._descriptor_matrix(op.desc_b, n, trans_b == 0, item, btype)  # [n, k]
-        D = (scale_a * A) @ (scale_b * B).T  # 64 x n
-        rows = D[16 * (w.index % 4):16 * (w.index % 4) + 16]
         lane = np.arange(WARP)
         g, tq = lane // 4, lane % 4
+        item = 2
+        if op.a_regs is None:
+            scale_a, scale_b, trans_a, trans_b = (imm + [1, 1, 0, 0])[:4]
+            A = self._descriptor_matrix(op.desc_a, 64, trans_a == 0, item, atype)[16 * (w.index % 4):][:16]
+        else:  # the warp's 16 rows of A, laid out as mma.sync m16n8k16's A fragments
+            scale_a, scale_b, trans_b = (imm + [1, 1, 0])[:3]
+            A = np.zeros((16, 16))
+            for r, bits in enumerate(op.a_regs):
+                lo, hi = self._halves(bits, atype)
+                row, col = g + 8 * (r % 2), 2 * tq + 8 * (r // 2)
+                A[row, col], A[row, col + 1] = lo, hi
+        B = self._descriptor_matrix(op.desc_b, n, trans_b == 0, item, btype)  # [n, k]
+        rows = (scale_a * A) @ (scale_b * B).T  # the warp's 16 x n of D
         for i, o in enumerate(inst.operands[0].items):
             prev = typed(op.old[o.value] if op.old is not None else w.mma_values.pop(o.value), "f32").astype(np.float64)
             value = rows[g + 8 * ((i // 2) % 2), 8 * (i // 4) + 2 * tq + i % 2]
@@ -1395,8 +1420,11 @@ def emulate(artifact, *inputs, seed: int = 0, blocks=None) -> list[np.ndarray]:
     for j, p in enumerate(maps):
         source = artifact.params[p.tensor_map[0]]
         address = GLOBAL_BASE + layout[len(tensors) + j]
-        em.tensor_maps[address] = TensorMap(addresses[source.name], math.prod(source.shape[:-1]), source.shape[-1],
-                                            item[source.dtype], (p.tensor_map[1], p.tensor_map[2]), p.tensor_map[3])
+        sliced = p.tensor_map_rank == 3  # [..., rows, cols] as slices of matrices, else one matrix
+        rows = source.shape[-2] if sliced else math.prod(source.shape[:-1])
+        em.tensor_maps[address] = TensorMap(addresses[source.name], rows, source.shape[-1], item[source.dtype],
+                                            (p.tensor_map[1], p.tensor_map[2]), p.tensor_map[3],
+                                            math.prod(source.shape[:-2]) if sliced else 0)
         addresses[p.name] = address
     values = [addresses[p.name] for p in artifact.params]
     arguments = artifact.launch_arguments(values)

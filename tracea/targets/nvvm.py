@@ -180,7 +180,7 @@ def kernel_artifact(text: str, signature, chip: str, source_name: str = "<input>
     params = [Param(n, s.dtype, s.shape) for n, s in zip(names, signature.inputs)]
     params += [Param("out" if len(signature.outputs) == 1 else f"out{i}", s.dtype, s.shape, output=True)
                for i, s in enumerate(signature.outputs)]
-    params += [Param(f"{params[m.operand].name}.tensor_map", "tensormap", None, False, (m.operand, *m.box, m.swizzle_bytes))
+    params += [Param(f"{params[m.operand].name}.tensor_map", "tensormap", None, False, (m.operand, *m.box, m.swizzle_bytes, m.rank))
                for m in launch.tensor_maps]
     return GpuKernelArtifact(signature.name, chip, cubin.image, ptx, launch.grid, launch.block,
                              launch.dynamic_shared_bytes, tuple(params), cubin.registers, cubin.static_shared_bytes)
