@@ -57,7 +57,7 @@ ATTENTIONS = [("f16", 4, 16, 1024, 64, False), ("f16", 4, 16, 4096, 64, False), 
 # attention schedules timed beside the defaults (tile = [queries per block, keys per step, -])
 ATTENTION_VARIANTS = {
     "sm_80": {"128x64 8warps": {"tile": [128, 64, 64], "stages": 2}, "64x64 3stages": {"tile": [64, 64, 64], "stages": 3}},
-    "sm_90a": {"128x128 3stages": {"tile": [128, 128, 64], "stages": 3}, "192x128 3wg": {"tile": [192, 128, 64], "stages": 2},
+    "sm_90a": {"128x128 3stages": {"tile": [128, 128, 64], "stages": 3}, "192x64 3wg": {"tile": [192, 64, 64], "stages": 2},
                "128x64 4stages": {"tile": [128, 64, 64], "stages": 4}},
 }
 
@@ -197,6 +197,19 @@ def case_name(dtype: str, transpose_b: bool, size: int, chip: str) -> str:
     return f"gemm_{dtype}_{'nt' if transpose_b else 'nn'}_{size}_{chip}"
 
 
+def _compile_variant(tracea, fn, chip: str, name: str, schedule):
+    """The artifact, or None (said why) for a schedule the compiler refuses for this problem
+    (too many registers or too much shared memory for its head dim, say); the defaults must
+    always compile."""
+    try:
+        return tracea.compile_gpu(fn, chip=chip)
+    except tracea.TraceaError as e:
+        if schedule is None:
+            raise
+        print(f"skip {name}: {str(e).splitlines()[-1].strip()}", flush=True)
+        return None
+
+
 def build(directory: str, chips: list[str]) -> int:
     sys.path.insert(0, os.path.join(HERE, ".."))
     import tracea
@@ -210,7 +223,9 @@ def build(directory: str, chips: list[str]) -> int:
                 fn = td.function(td.tensor((size, size), dtype), td.tensor((size, size), dtype), name="gemm")(
                     lambda a, b, t=transpose_b, s=schedule: td.gemm(a, b, transpose_b=t,
                                                                     schedule=s and _schedule(td, s)))
-                artifact = tracea.compile_gpu(fn, chip=chip)
+                artifact = _compile_variant(tracea, fn, chip, name, schedule)
+                if artifact is None:
+                    continue
                 artifact.save(os.path.join(directory, name))
                 cases.append({"name": name, "chip": chip, "dtype": dtype, "transpose_b": transpose_b, "size": size,
                               "variant": variant, "registers": artifact.registers,
@@ -233,7 +248,9 @@ def build(directory: str, chips: list[str]) -> int:
                 fn = td.function(*[td.tensor((batch, heads, seq, dim), dtype)] * 3, name="attention")(
                     lambda q, k, v, c=causal, s=schedule: td.attention(q, k, v, causal=c,
                                                                        schedule=s and _schedule(td, s)))
-                artifact = tracea.compile_gpu(fn, chip=chip)
+                artifact = _compile_variant(tracea, fn, chip, name, schedule)
+                if artifact is None:
+                    continue
                 artifact.save(os.path.join(directory, name))
                 cases.append({"name": name, "chip": chip, "dtype": dtype, "attention": [batch, heads, seq, dim, causal],
                               "variant": variant, "registers": artifact.registers,

@@ -141,13 +141,18 @@ def test_nhwc_conv2d_matches_torch(gpu, stride, padding):
     torch.testing.assert_close(out, expected, rtol=2e-2, atol=5e-2)
 
 
-@pytest.mark.parametrize("dtype,causal,seq", [("f16", False, 200), ("bf16", True, 129)])
-def test_flash_attention_matches_torch_sdpa(gpu, dtype, causal, seq):
+@pytest.mark.parametrize("chip", ["sm_80", "sm_90a"])
+@pytest.mark.parametrize("dtype,causal,seq,dim", [("f16", False, 200, 64), ("bf16", True, 129, 64),
+                                                  ("bf16", True, 300, 128)])
+def test_flash_attention_matches_torch_sdpa(gpu, chip, dtype, causal, seq, dim):
+    """sm_80: mma.sync; sm_90a: the wgmma kernel (producer warpgroup, 3-D TMA maps), on Hopper only."""
     import torch
     from tracea import dialects as td
-    shape = (2, 3, seq, 64)
+    if gpu.runs(chip) is None:
+        pytest.skip(f"{gpu} cannot run {chip} code")
+    shape = (2, 3, seq, dim)
     fn = td.function(*[td.tensor(shape, dtype)] * 3, name="attn")(lambda q, k, v: td.attention(q, k, v, causal=causal))
-    kernel = cl.CudaKernel(tracea.compile_gpu(fn, chip="sm_80"), gpu)
+    kernel = cl.CudaKernel(tracea.compile_gpu(fn, chip=chip), gpu)
     torch_dtype = torch.float16 if dtype == "f16" else torch.bfloat16
     q, k, v = (torch.randn(*shape, device="cuda", dtype=torch_dtype) for _ in range(3))
     out = kernel(q, k, v)

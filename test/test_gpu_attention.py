@@ -9,6 +9,7 @@ import pytest
 
 import tracea
 from tracea import dialects as td
+from tracea.passes import gpu_wgmma_attention as wgmma_attention
 from tracea.passes.gpu_attention import AttentionTiles, MmaAttention, attention_module_text
 from tracea.targets import nvvm
 
@@ -65,3 +66,68 @@ def test_the_key_value_pipeline_is_the_checked_plan(monkeypatch):
     monkeypatch.setattr(gpu_attention, "cp_async_plan", lambda stages: broken)
     with pytest.raises(phase_cycle.PhaseError, match="while some threads may still read"):
         attention_module_text(a)
+
+
+# -- the Hopper kernel (passes/gpu_wgmma_attention.py) --------------------------------------
+
+@pytest.mark.parametrize("dim,dtype,causal", [(64, "f16", False), (128, "bf16", True), (256, "bf16", False)])
+def test_wgmma_attention_machine_code(sass, dim, dtype, causal):
+    """Per key block: D/16 HGMMAs for S = Q K^T from shared memory and BN/16 for P V with P in
+    registers, each product one pipelined group (ptxas serializes every wgmma of a kernel whose
+    wgmma registers are written after their fence: a DEPBAR after each); 3-D TMA copies; the
+    producer warpgroup's registers go to the MMA ones; no spills."""
+    a = MmaAttention((2, 4), 1000, 1000, dim, dtype, dtype, dim ** -0.5, causal)
+    tiles = wgmma_attention.default_tiles(a)
+    cubin = nvvm.assemble(nvvm.to_ptx(wgmma_attention.wgmma_attention_module_text(a, tiles), "sm_90a"), "sm_90a")
+    code = sass(cubin)
+    kind = r"\.BF16" if dtype == "bf16" else ""  # (f16 is the default)
+    scores = re.findall(rf"HGMMA\.64x{tiles.block_n}x16\.F32{kind} R\d+, gdesc", code)
+    pv = re.findall(rf"HGMMA\.64x{dim}x16\.F32{kind} R\d+, R\d+, gdesc\[UR\d+\]\.tnspB", code)
+    assert len(scores) == dim // 16 and len(pv) == tiles.block_n // 16
+    assert len(re.findall(r"HGMMA\S* .*gsb0", code)) == 2  # one wgmma group per product
+    assert "UTMALDG.3D" in code and "USETMAXREG.DEALLOC" in code and "USETMAXREG.TRY_ALLOC" in code
+    assert cubin.spilled_bytes == 0
+    nvvm.check_launch("attention", cubin, tiles.threads, tiles.shared_bytes(dim))
+
+
+def test_compile_gpu_attention_on_hopper_takes_the_wgmma_kernel(ptxas):
+    """Head dims 64, 128, 192, 256 on sm_90a: the wgmma kernel, with a 3-D tensor map per operand
+    (boxes one batch-head deep); other head dims: the mma.sync kernel."""
+    fn = td.function(*[td.tensor((2, 4, 200, 128), "bf16")] * 3, name="attn")(
+        lambda q, k, v: td.attention(q, k, v, causal=True))
+    art = tracea.compile_gpu(fn, chip="sm_90a")
+    assert (art.grid, art.block) == ((2, 8, 1), (384, 1, 1))
+    assert [(p.name, p.tensor_map) for p in art.params[4:]] == [
+        ("q.tensor_map", (0, 64, 128, 128, 3)), ("k.tensor_map", (1, 64, 128, 128, 3)),
+        ("v.tensor_map", (2, 64, 128, 128, 3))]
+    small = td.function(*[td.tensor((2, 4, 200, 32), "f16")] * 3, name="attn")(lambda q, k, v: td.attention(q, k, v))
+    assert tracea.compile_gpu(small, chip="sm_90a").block == (128, 1, 1)  # mma.sync: 4 warps
+    scheduled = td.function(*[td.tensor((1, 300, 64), "f16")] * 3, name="attn")(
+        lambda q, k, v: td.attention(q, k, v, schedule=td.Schedule(tile=(192, 64, 64), stages=3)))
+    art = tracea.compile_gpu(scheduled, chip="sm_90a")
+    assert art.block == (512, 1, 1) and art.dynamic_shared_bytes == (192 + 2 * 3 * 64) * 64 * 2 + 1024
+
+
+def test_wgmma_attention_tiles_are_validated():
+    with pytest.raises(tracea.TraceaError, match="block_m 96 must be 64, 128, 192 or 256"):
+        wgmma_attention.WgmmaAttentionTiles(96, 128).validate(64)
+    with pytest.raises(tracea.TraceaError, match="block_n 40 must be a multiple of 16"):
+        wgmma_attention.WgmmaAttentionTiles(128, 40).validate(64)
+    with pytest.raises(tracea.TraceaError, match="need about 264 registers a thread, 2 MMA warpgroups get 240"):
+        wgmma_attention.WgmmaAttentionTiles(128, 128).validate(256)
+    a = MmaAttention((), 64, 64, 96, "f16", "f16", 0.1)
+    with pytest.raises(tracea.TraceaError, match="head dim of 64, 128, 192 or 256, got 96"):
+        wgmma_attention.wgmma_attention_module_text(a)
+
+
+def test_wgmma_attention_pipeline_is_the_checked_plan(monkeypatch):
+    """K and V stream through phase_cycle's warp-specialized plan, proved for every causal
+    block's count of key blocks; a consumer that releases the buffer it is about to read is refused."""
+    from tracea.passes import phase_cycle
+    a = MmaAttention((1,), 300, 300, 64, "f16", "f16", 0.125, True)
+    good = phase_cycle.specialized_plan(2, 8)
+    broken = phase_cycle.AgentPlan(2, 8, good.producer, (phase_cycle.WaitFull(0, 0), phase_cycle.Release(0),
+                                                         phase_cycle.Compute(0, 0)), good.consumer_epilogue)
+    monkeypatch.setattr(wgmma_attention, "specialized_plan", lambda stages, consumers: broken)
+    with pytest.raises(phase_cycle.PhaseError):
+        wgmma_attention.wgmma_attention_module_text(a, wgmma_attention.WgmmaAttentionTiles(128, 64, 2))

@@ -160,10 +160,15 @@ def test_tensor_map_arguments_are_what_cuda_bindings_takes():
     from tracea.runtime import cuda_launcher as cl
     arguments = cl.tensor_map_arguments(0x10000, (300, 256), "bf16", (0, 64, 128, 128))
     assert [int(x) for x in arguments[3]] == [256, 300] and [int(x) for x in arguments[4]] == [512]
-    try:
-        driver.cuTensorMapEncodeTiled(*arguments)
-    except RuntimeError as e:  # no libcuda here
-        assert "libcuda" in str(e)
+    # rank 3 (the attention's operands): head dim, sequence, batch-heads; boxes one matrix deep
+    sliced = cl.tensor_map_arguments(0x10000, (2, 4, 300, 128), "f16", (0, 64, 128, 128, 3))
+    assert sliced[1] == 3 and [int(x) for x in sliced[3]] == [128, 300, 8]
+    assert [int(x) for x in sliced[4]] == [256, 256 * 300] and [int(x) for x in sliced[5]] == [64, 128, 1]
+    for args in (arguments, sliced):
+        try:
+            driver.cuTensorMapEncodeTiled(*args)
+        except RuntimeError as e:  # no libcuda here
+            assert "libcuda" in str(e)
 
 
 def test_persistent_kernel(ptxas):

@@ -240,3 +240,16 @@ def test_persistent_blocks_loop_over_output_tiles(ptxas):
     out, = pe.emulate(art, *xs)
     assert not np.isnan(out).any()
     assert _relative_error(out, _reference("linear", params, xs)) < 2e-2
+
+
+def test_a_key_box_past_the_sequence_is_zero_filled_not_the_next_heads_rows(ptxas):
+    """The Hopper attention reads K and V through 3-D tensor maps: the box of a head's last key
+    block stops at its sequence's end, so NaN keys and values of the next head cannot leak in
+    (a 2-D map over all heads' rows would copy them: 0 x NaN is NaN)."""
+    fn = td.function(*[td.tensor((1, 2, 40, 64), "f16")] * 3, name="attn")(lambda q, k, v: td.attention(q, k, v))
+    art = tracea.compile_gpu(fn, chip="sm_90a")
+    q, k, v = _inputs([((1, 2, 40, 64), "f16")] * 3)
+    k[:, 1], v[:, 1] = np.nan, np.nan
+    out, = pe.emulate(art, q, k, v)
+    expected = _reference("attention", {"causal": False}, [q, k, v])
+    assert _relative_error(out[:, 0], expected[:, 0]) < 2e-2 and np.isnan(out[:, 1]).all()

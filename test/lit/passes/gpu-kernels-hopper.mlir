@@ -6,7 +6,7 @@
 // RUN: tracea-opt %s --pass-pipeline='builtin.module(tracea-gpu-kernels{chip=sm_90a})' | FileCheck %s
 
 // CHECK: gpu.func @linear(%{{.*}}: memref<200x128xbf16>, %{{.*}}: memref<96x128xbf16>, %{{.*}}: memref<96xf32>, %{{.*}}: memref<200x96xbf16>, %[[MAPA:.*]]: !llvm.ptr, %[[MAPB:.*]]: !llvm.ptr) kernel
-// CHECK-SAME: tracea.launch = {block = array<i64: 128, 1, 1>, dynamic_shared_bytes = 132096 : i64, grid = array<i64: 1, 2, 1>, tensor_maps = [array<i64: 0, 64, 128, 128>, array<i64: 1, 64, 128, 128>]}
+// CHECK-SAME: tracea.launch = {block = array<i64: 128, 1, 1>, dynamic_shared_bytes = 132096 : i64, grid = array<i64: 1, 2, 1>, tensor_maps = [array<i64: 0, 64, 128, 128, 2>, array<i64: 1, 64, 128, 128, 2>]}
 // CHECK: builtin.unrealized_conversion_cast %[[MAPA]] : !llvm.ptr to !nvgpu.tensormap.descriptor<tensor = memref<128x64xbf16, 3>, swizzle = swizzle_128b
 // CHECK: nvgpu.mbarrier.create
 // CHECK: nvgpu.mbarrier.init
@@ -41,7 +41,7 @@ func.func @linear(%x: tensor<200x128xbf16>, %w: tensor<96x128xbf16>, %bias: tens
 // producer warp (160 threads).
 // CHECK: gpu.func @nn
 // CHECK-SAME: block = array<i64: 160, 1, 1>
-// CHECK-SAME: tensor_maps = [array<i64: 0, 64, 64, 128>, array<i64: 1, 64, 64, 128>]
+// CHECK-SAME: tensor_maps = [array<i64: 0, 64, 64, 128, 2>, array<i64: 1, 64, 64, 128, 2>]
 // CHECK: nvvm.wgmma.mma_async {{.*}} B[<f16>, <one>, <row>]
 func.func @nn(%a: tensor<128x64xf16>, %b: tensor<64x256xf16>) -> tensor<128x256xf32> {
   %c = "tracea.gemm"(%a, %b) : (tensor<128x64xf16>, tensor<64x256xf16>) -> tensor<128x256xf32>
