@@ -22,6 +22,7 @@ Requirements: head dim 16, 32, 64, 128 or 256; any sequence lengths.
 """
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 from ..errors import OpError
@@ -73,11 +74,9 @@ class AttentionTiles:
                               f"of the block's {self.threads}")
 
 
-def grid(a: MmaAttention, tiles: AttentionTiles) -> tuple[int, int, int]:
-    blocks = 1
-    for d in a.lead:
-        blocks *= d
-    return -(-a.seq_q // tiles.block_m), blocks, 1
+def grid(a: MmaAttention, tiles) -> tuple[int, int, int]:
+    """Query blocks along x, batch-heads along y (both kernels; `tiles`: their block_m)."""
+    return -(-a.seq_q // tiles.block_m), math.prod(a.lead), 1
 
 
 def attention_module_text(a: MmaAttention, tiles: AttentionTiles = AttentionTiles(), name: str = "attention") -> str:
@@ -100,7 +99,7 @@ def attention_module_text(a: MmaAttention, tiles: AttentionTiles = AttentionTile
     return _AttentionWriter(a, tiles, plan).module_text(name)
 
 
-def key_blocks(a: MmaAttention, tiles: AttentionTiles) -> int:
+def key_blocks(a: MmaAttention, tiles) -> int:
     return -(-a.seq_k // tiles.block_n)
 
 

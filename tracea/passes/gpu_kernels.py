@@ -177,7 +177,7 @@ def attention_kernel(v: OpView, name: str, chip: str = "sm_80") -> tuple[str, La
     if chip == "sm_90a" and wgmma_attention.supports(a):
         wt = WgmmaAttentionTiles(*s.tile[:2], s.stages) if chosen else wgmma_attention.default_tiles(a)
         return wgmma_attention.wgmma_attention_module_text(a, wt, name), Launch(
-            wgmma_attention.grid(a, wt), (wt.threads, 1, 1), wt.shared_bytes(a.head_dim),
+            attention_grid(a, wt), (wt.threads, 1, 1), wt.shared_bytes(a.head_dim),
             wgmma_attention.tensor_maps(a, wt))
     tiles = AttentionTiles(*s.tile[:2], s.stages) if chosen else AttentionTiles()
     return attention_module_text(a, tiles, name), Launch(attention_grid(a, tiles), (tiles.threads, 1, 1),

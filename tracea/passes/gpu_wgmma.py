@@ -54,7 +54,14 @@ _ALIGN = 1024  # a 128-byte-swizzle atom: TMA's and the descriptors' swizzle sta
 _SWIZZLE_128B = 1 << 62
 _ATOM_STRIDE = (8 * SWIZZLE_BYTES >> 4) << 32
 _K_MAJOR = _SWIZZLE_128B | _ATOM_STRIDE | (1 << 16)  # leading offset unused for swizzled K-major
-_N_MAJOR = _SWIZZLE_128B | _ATOM_STRIDE | ((BOX_K * SWIZZLE_BYTES >> 4) << 16)
+
+
+def n_major_bits(chunk_bytes: int) -> int:
+    """The descriptor bits of an N-major operand whose 64-column chunks are `chunk_bytes` apart."""
+    return _SWIZZLE_128B | _ATOM_STRIDE | ((chunk_bytes >> 4) << 16)
+
+
+_N_MAJOR = n_major_bits(BOX_K * SWIZZLE_BYTES)  # B tiles of BK = 64 rows
 
 
 @dataclass(frozen=True)

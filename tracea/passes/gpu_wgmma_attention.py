@@ -1,4 +1,4 @@
-"""Flash attention for Hopper (sm_90a): TMA copies paced by mbarriers, a producer warp, and
+"""Flash attention for Hopper (sm_90a): TMA copies paced by mbarriers, a producer warpgroup, and
 `wgmma` for both products, in the way of FlashAttention-3. A gpu.module text, lowered by
 targets/nvvm.py.
 
@@ -26,16 +26,15 @@ the P V product is inline PTX.
 """
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 
 from ..errors import OpError
 from .cpu_gemm import _memref, _Text
-from .gpu_attention import (_MASKED, MmaAttention, f32_const, head_view, lead_indices, online_softmax,
-                            store_normalized)
+from .gpu_attention import (_MASKED, MmaAttention, f32_const, head_view, key_blocks, lead_indices,
+                            online_softmax, store_normalized)
 from .gpu_mma import WORKGROUP, gpu_module_text
-from .gpu_wgmma import (_ALIGN, _K_MAJOR, _SWIZZLE_128B, _ATOM_STRIDE, BOX_K, ELEM_BYTES, REGISTERS, SWIZZLE_BYTES,
-                        WARP, WARPGROUP, TensorMap, box_type, tensormap_type)
+from .gpu_wgmma import (_ALIGN, _K_MAJOR, BOX_K, ELEM_BYTES, REGISTERS, SWIZZLE_BYTES, WARP, WARPGROUP, TensorMap,
+                        box_type, n_major_bits, tensormap_type)
 from .gpu_wgmma import _Writer as _GemmWriter
 from .phase_cycle import AgentPlan, specialized_plan
 
@@ -108,14 +107,6 @@ def tensor_maps(a: MmaAttention, tiles: WgmmaAttentionTiles) -> tuple[TensorMap,
     """Q, K, V in 64-column boxes of BM (Q) or BN rows, one batch-head deep."""
     return (TensorMap(0, (BOX_K, tiles.block_m), rank=3), TensorMap(1, (BOX_K, tiles.block_n), rank=3),
             TensorMap(2, (BOX_K, tiles.block_n), rank=3))
-
-
-def grid(a: MmaAttention, tiles: WgmmaAttentionTiles) -> tuple[int, int, int]:
-    return -(-a.seq_q // tiles.block_m), math.prod(a.lead), 1
-
-
-def key_blocks(a: MmaAttention, tiles: WgmmaAttentionTiles) -> int:
-    return -(-a.seq_k // tiles.block_n)
 
 
 def wgmma_attention_module_text(a: MmaAttention, tiles: WgmmaAttentionTiles | None = None,
@@ -243,7 +234,7 @@ class _Writer(_GemmWriter):
         regs = [self.pack(probs[2 * c + half][h]) for c in range(T.block_n // 16) for half in (0, 1) for h in (0, 1)]
         regs, outs = self.fenced(regs, "i32"), self.fenced(outs, "f32")
         v_base = t.add("%base", self.kv_offset(1, buffer))
-        v_bits = _SWIZZLE_128B | _ATOM_STRIDE | ((T.block_n * SWIZZLE_BYTES >> 4) << 16)  # chunks BN rows apart
+        v_bits = n_major_bits(T.block_n * SWIZZLE_BYTES)  # V's 64-column chunks are BN rows apart
         t.line("nvvm.wgmma.fence.aligned")  # O and P were written by ordinary instructions
         for c in range(T.block_n // 16):
             v_desc = self.descriptor(t.add(v_base, t.c(c * 16 * SWIZZLE_BYTES)), v_bits)
