@@ -28,7 +28,7 @@ def test_attention_machine_code(sass, chip, dtype, causal):
     assert "LDGSTS.E.BYPASS.128" in machine_code
     assert len(re.findall(r"\bMUFU.EX2\b", machine_code)) >= 64 // 8 * 4  # one exp per score held
     assert "SHFL.BFLY" in machine_code  # row max and sum across the 4 lanes of a row
-    assert cubin.spilled_bytes <= 32  # (ptxas spills 28 bytes for bf16 + causal on sm_90a)
+    assert cubin.spilled_bytes <= 32  # (ptxas keeps this kernel to 128 registers: 20 bytes spill when causal on sm_80)
     nvvm.check_launch("attention", cubin, tiles.threads, tiles.shared_bytes(64))
 
 

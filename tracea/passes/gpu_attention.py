@@ -139,6 +139,11 @@ def quad_reduce(t: _Text, x: str, op: str) -> str:
     return x
 
 
+def exp2(t: _Text, x: str) -> str:
+    """2^x as one ex2.approx (relative error ~2^-22; 0 for the masked scores' -1e30)."""
+    return t.op(f"math.exp2 {x} fastmath<afn> : f32", "x")
+
+
 def online_softmax(t: _Text, a: MmaAttention, scores, m: list[str], l: list[str], k0: str, queries: list[str]):
     """One key block's step of the online softmax over scores[n][h][e]: the f32 score of query
     row queries[h] and key k0 + %lane_pair + 8 n + e (the m16n8 accumulator layout, which
@@ -146,29 +151,37 @@ def online_softmax(t: _Text, a: MmaAttention, scores, m: list[str], l: list[str]
     when causal), takes the new row maxima across the row's 4 lanes, and returns (new maxima,
     running sums (this thread's part) rescaled and increased, the factors alpha = exp(old max -
     new max) the O rows scale by, the probabilities exp(score - max) cast to the inputs' dtype
-    as probs[n][h][e])."""
-    neg, scale = f32_const(t, _MASKED), f32_const(t, a.scale)
+    as probs[n][h][e]). Maxima are of scale x score x log2 e: exponentials are base 2."""
+    # scores in base 2 (scale log2 e folded in): one ex2.approx per probability, where math.exp
+    # costs libdevice's ten instructions; maxima and alpha are base-2 too
+    neg, scale = f32_const(t, _MASKED), f32_const(t, a.scale * math.log2(math.e))
+    # keys k0 + %lane_pair + j are valid for j < limit[h]: before the sequence's end (and, when
+    # causal, up to the query): one compare with a constant per score
+    first = t.add(k0, "%lane_pair")
+    limit = []
+    for h in (0, 1):
+        end = t.c(a.seq_k)
+        if a.causal:
+            end = t.op(f"arith.minsi {end}, {t.add(queries[h], t.c(1))} : index", "i")
+        limit.append(t.op(f"arith.subi {end}, {first} : index", "i"))
     values = [[[None, None] for _ in range(2)] for _ in scores]
     row_max = list(m)
     for n, tile in enumerate(scores):
         for h in (0, 1):
             for e in (0, 1):
                 x = t.op(f"arith.mulf {tile[h][e]}, {scale} : f32", "x")
-                key = t.add(k0, t.add("%lane_pair", t.c(8 * n + e)))
-                valid = t.cmp("ult", key, t.c(a.seq_k))
-                if a.causal:
-                    valid = t.op(f"arith.andi {valid}, {t.cmp('ule', key, queries[h])} : i1", "p")
+                valid = t.cmp("slt", t.c(8 * n + e), limit[h])
                 x = t.op(f"arith.select {valid}, {x}, {neg} : f32", "x")
                 values[n][h][e] = x
                 row_max[h] = t.op(f"arith.maximumf {row_max[h]}, {x} : f32", "r")
     new_max = [quad_reduce(t, row_max[h], "arith.maximumf") for h in (0, 1)]
-    alpha = [t.op(f"math.exp {t.op(f'arith.subf {m[h]}, {new_max[h]} : f32', 'x')} : f32", "x") for h in (0, 1)]
+    alpha = [exp2(t, t.op(f"arith.subf {m[h]}, {new_max[h]} : f32", "x")) for h in (0, 1)]
     sums = [t.op(f"arith.mulf {l[h]}, {alpha[h]} : f32", "x") for h in (0, 1)]
     probs = [[[None, None] for _ in range(2)] for _ in scores]
     for n in range(len(scores)):
         for h in (0, 1):
             for e in (0, 1):
-                p = t.op(f"math.exp {t.op(f'arith.subf {values[n][h][e]}, {new_max[h]} : f32', 'x')} : f32", "x")
+                p = exp2(t, t.op(f"arith.subf {values[n][h][e]}, {new_max[h]} : f32", "x"))
                 sums[h] = t.op(f"arith.addf {sums[h]}, {p} : f32", "x")
                 probs[n][h][e] = t.op(f"arith.truncf {p} : f32 to {a.dtype}", "x")
     return new_max, sums, alpha, probs

@@ -68,7 +68,8 @@ func.func @conv(%x: tensor<1x16x16x32xf16>, %w: tensor<3x3x32x64xf16>, %b: tenso
 
 // Attention: flash attention on mma.sync: Q fragments kept in registers, K and V blocks through a
 // 2-stage cp.async pipeline (the checked plan: block j + 1's copies in flight while block j is
-// computed), per key block S = Q K^T, the online softmax (row max across a quad of lanes, exp,
+// computed), per key block S = Q K^T, the online softmax (keys past the query masked: one
+// compare per score against a per-row limit; row max across a quad of lanes, base-2 exp,
 // rescaled sums), then O += P V with P's accumulators as the A fragments; causal blocks past the
 // diagonal are not visited.
 // CHECK: gpu.func @attn(%{{.*}}: memref<2x4x96x64xf16>, %{{.*}}: memref<2x4x96x64xf16>, %{{.*}}: memref<2x4x96x64xf16>, %{{.*}}: memref<2x4x96x64xf16>) kernel
@@ -84,9 +85,11 @@ func.func @conv(%x: tensor<1x16x16x32xf16>, %w: tensor<3x3x32x64xf16>, %b: tenso
 // CHECK: nvgpu.device_async_copy
 // CHECK: nvvm.cp.async.commit.group
 // CHECK: nvgpu.mma.sync
-// CHECK: arith.cmpi ule
+// CHECK: arith.minsi
+// CHECK: arith.cmpi slt
+// CHECK: arith.select
 // CHECK: gpu.shuffle xor
-// CHECK: math.exp
+// CHECK: math.exp2 {{.*}} fastmath<afn>
 // CHECK: vector.from_elements {{.*}} : vector<4x2xf16>
 // CHECK: nvgpu.ldmatrix %{{.*}} {numTiles = 4 : i32, transpose = true}
 // CHECK: scf.yield
