@@ -103,6 +103,18 @@ def key_blocks(a: MmaAttention, tiles) -> int:
     return -(-a.seq_k // tiles.block_n)
 
 
+def key_block_bound(t: _Text, a: MmaAttention, tiles) -> None:
+    """%bound: the key blocks block %q0's queries visit (causal: none past its last query, all
+    masked)."""
+    blocks = key_blocks(a, tiles)
+    if a.causal:
+        last = t.op(f"arith.divui {t.add('%q0', t.c(tiles.block_m + tiles.block_n - 1))}, {t.c(tiles.block_n)} : index",
+                    "i")
+        t.line(f"%bound = arith.minui {last}, {t.c(blocks)} : index")
+    else:
+        t.line(f"%bound = arith.addi {t.c(blocks)}, {t.c(0)} : index")
+
+
 def head_view(t: _Text, a: MmaAttention, mem: str, seq: int, dtype: str) -> tuple[str, str]:
     """The [seq, D] matrix of the block's batch-head (%lead0, ...) in a [..., seq, D] parameter,
     and its type."""
@@ -314,12 +326,7 @@ class _AttentionWriter(_Writer):
                                  t.add("%lane_chunk16", t.c(kk * 16)), False)
             self.q_frags.append(self.registers(frag, 4) if dt == "bf16" else frag)
 
-        blocks = key_blocks(a, T)
-        if a.causal:  # key blocks past the block's last query are all masked: not visited
-            last = t.op(f"arith.divui {t.add('%q0', t.c(T.block_m + T.block_n - 1))}, {t.c(T.block_n)} : index", "i")
-            t.line(f"%bound = arith.minui {last}, {t.c(blocks)} : index")
-        else:
-            t.line(f"%bound = arith.addi {t.c(blocks)}, {t.c(0)} : index")
+        key_block_bound(t, a, T)
         neg, zero = f32_const(t, _MASKED), f32_const(t, 0.0)
         o_zero = t.op("arith.constant dense<0.0> : vector<2x2xf32>", "z")
         n_o = d // 8

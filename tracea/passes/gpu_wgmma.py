@@ -217,6 +217,7 @@ class _Writer:
         self.t = _Text()
         self.t.depth = 3
         self.maps = tensor_maps(tiles, g.transpose_b)
+        self.map_names = ("%tmaA", "%tmaB")
         self.mbar_t = f"!nvgpu.mbarrier.group<memorySpace = {WORKGROUP}, num_barriers = {tiles.stages}>"
         self.acc_t = "!llvm.struct<(" + ", ".join(["f32"] * (tiles.block_n // 2)) + ")>"
         self.m_blocks = tiles.rows_per_warpgroup // 64  # per warpgroup
@@ -396,13 +397,14 @@ class _Writer:
         if self.tiles.persistent:
             self.t.close()
 
-    def module_text(self, name: str) -> str:
-        t, g, T = self.t, self.g, self.tiles
-        a_map, b_map = self.maps
-        for line in collapse_views(g):
-            t.line(line)
-        for desc, tmap in (("%tmaA", a_map), ("%tmaB", b_map)):
-            t.line(f"{desc} = builtin.unrealized_conversion_cast {desc}_ptr : !llvm.ptr to {tensormap_type(g.dtype, tmap)}")
+    # -- the kernel's start ----------------------------------------------------------------
+    def preamble(self) -> str:
+        """The tensor maps from their pointer parameters, constants, thread and lane indices (the
+        accumulator layout's %wrow, %lane_group, %lane_pair); returns the warpgroup index."""
+        t = self.t
+        for desc, tmap in zip(self.map_names, self.maps):
+            t.line(f"{desc} = builtin.unrealized_conversion_cast {desc}_ptr : !llvm.ptr to "
+                   f"{tensormap_type(self.g.dtype, tmap)}")
         t.line("%i64_4 = arith.constant 4 : i64")
         t.line("%i64_start_mask = arith.constant 16383 : i64")
         t.line("%ticks = arith.constant 10000000 : index")
@@ -414,29 +416,46 @@ class _Writer:
         t.line(f"%wrow = arith.muli {warp_in_group}, {t.c(16)} : index")
         t.line(f"%lane_group = arith.divui %lane, {t.c(4)} : index")
         t.line(f"%lane_pair = arith.muli {t.op(f'arith.remui %lane, {t.c(4)} : index', 'i')}, {t.c(2)} : index")
-        # warpgroup w computes rows w RW .. (w + 1) RW of the block: its part of A starts RW rows in
-        group = t.op(f"arith.divui %tid, {t.c(WARPGROUP)} : index", "i")
-        t.line(f"%wg_rows = arith.muli {group}, {t.c(T.rows_per_warpgroup)} : index")
-        t.line(f"%wg_a = arith.muli {group}, {t.c(T.rows_per_warpgroup * SWIZZLE_BYTES)} : index")
-        if not T.persistent:
-            self.tile_origin("%by", "%bx")
+        return t.op(f"arith.divui %tid, {t.c(WARPGROUP)} : index", "i")
+
+    def barriers(self, extra: tuple[tuple[str, str, int], ...] = ()) -> None:
+        """Create the stages' full (and, specialized, empty) mbarriers and `extra` ones (name,
+        group type, arrivals), thread 0 initializing them and prefetching the tensor maps; then
+        %smem, %base and %pad (the bytes up to the first 1024-byte aligned address)."""
+        t, T = self.t, self.tiles
         t.line(f"%is0 = arith.cmpi eq, %tid, {t.c(0)} : index")
         t.line(f"%mbar = nvgpu.mbarrier.create -> {self.mbar_t}")
         if T.specialized:
             t.line(f"%empty = nvgpu.mbarrier.create -> {self.mbar_t}")
+        for bar, type_, _ in extra:
+            t.line(f"{bar} = nvgpu.mbarrier.create -> {type_}")
         t.open("scf.if %is0")
         for s in range(T.stages):
             t.line(f"nvgpu.mbarrier.init %mbar[{t.c(s)}], {t.c(1)} : {self.mbar_t}")
             if T.specialized:  # every MMA warp releases
                 t.line(f"nvgpu.mbarrier.init %empty[{t.c(s)}], {t.c(4 * T.warpgroups)} : {self.mbar_t}")
-        for desc, tmap in (("%tmaA", a_map), ("%tmaB", b_map)):
-            t.line(f"nvgpu.tma.prefetch.descriptor {desc} : {tensormap_type(g.dtype, tmap)}")
+        for bar, type_, count in extra:
+            t.line(f"nvgpu.mbarrier.init {bar}[{t.c(0)}], {t.c(count)} : {type_}")
+        for desc, tmap in zip(self.map_names, self.maps):
+            t.line(f"nvgpu.tma.prefetch.descriptor {desc} : {tensormap_type(self.g.dtype, tmap)}")
         t.close()
         t.line("gpu.barrier")  # the barriers are initialized before anyone arrives or waits
         t.line(f"%smem = gpu.dynamic_shared_memory : memref<?xi8, {WORKGROUP}>")
         t.line(f"%base = memref.extract_aligned_pointer_as_index %smem : memref<?xi8, {WORKGROUP}> -> index")
         misalign = t.op(f"arith.remui %base, {t.c(_ALIGN)} : index", "i")
         t.line(f"%pad = arith.remui {t.op(f'arith.subi {t.c(_ALIGN)}, {misalign} : index', 'i')}, {t.c(_ALIGN)} : index")
+
+    def module_text(self, name: str) -> str:
+        t, g, T = self.t, self.g, self.tiles
+        for line in collapse_views(g):
+            t.line(line)
+        group = self.preamble()
+        # warpgroup w computes rows w RW .. (w + 1) RW of the block: its part of A starts RW rows in
+        t.line(f"%wg_rows = arith.muli {group}, {t.c(T.rows_per_warpgroup)} : index")
+        t.line(f"%wg_a = arith.muli {group}, {t.c(T.rows_per_warpgroup * SWIZZLE_BYTES)} : index")
+        if not T.persistent:
+            self.tile_origin("%by", "%bx")
+        self.barriers()
         n_trips = t.c(trips(g, T))
         if T.specialized:
             # the producer: one thread of the warp after the MMA warpgroups, looping ahead

@@ -30,10 +30,10 @@ from dataclasses import dataclass
 
 from ..errors import OpError
 from .cpu_gemm import _memref, _Text
-from .gpu_attention import (_MASKED, MmaAttention, f32_const, head_view, key_blocks, lead_indices,
-                            online_softmax, store_normalized)
+from .gpu_attention import (_MASKED, MmaAttention, f32_const, head_view, key_block_bound, key_blocks,
+                            lead_indices, online_softmax, store_normalized)
 from .gpu_mma import WORKGROUP, gpu_module_text
-from .gpu_wgmma import (_ALIGN, _K_MAJOR, BOX_K, ELEM_BYTES, REGISTERS, SWIZZLE_BYTES, WARP, WARPGROUP, TensorMap,
+from .gpu_wgmma import (_ALIGN, _K_MAJOR, BOX_K, ELEM_BYTES, REGISTERS, SWIZZLE_BYTES, WARPGROUP, TensorMap,
                         box_type, n_major_bits, tensormap_type)
 from .gpu_wgmma import _Writer as _GemmWriter
 from .phase_cycle import AgentPlan, specialized_plan
@@ -135,6 +135,7 @@ class _Writer(_GemmWriter):
         self.t = _Text()
         self.t.depth = 3
         self.maps = tensor_maps(a, tiles)
+        self.map_names = ("%tmaQ", "%tmaK", "%tmaV")
         self.mbar_t = f"!nvgpu.mbarrier.group<memorySpace = {WORKGROUP}, num_barriers = {tiles.stages}>"
         self.q_bar_t = f"!nvgpu.mbarrier.group<memorySpace = {WORKGROUP}, num_barriers = 1>"
         self.s_t = "!llvm.struct<(" + ", ".join(["f32"] * (tiles.block_n // 2)) + ")>"
@@ -253,49 +254,15 @@ class _Writer(_GemmWriter):
     def module_text(self, name: str) -> str:
         t, a, T = self.t, self.a, self.tiles
         d, dt = a.head_dim, a.dtype
-        for desc, tmap in zip(("%tmaQ", "%tmaK", "%tmaV"), self.maps):
-            t.line(f"{desc} = builtin.unrealized_conversion_cast {desc}_ptr : !llvm.ptr to {tensormap_type(dt, tmap)}")
+        group = self.preamble()
         t.line("%i32_1 = arith.constant 1 : i32")
         t.line("%i32_2 = arith.constant 2 : i32")
         t.line("%i32_32 = arith.constant 32 : i32")
-        t.line("%i64_4 = arith.constant 4 : i64")
-        t.line("%i64_start_mask = arith.constant 16383 : i64")
-        t.line("%ticks = arith.constant 10000000 : index")
-        t.line("%tid = gpu.thread_id x")
-        t.line("%bx = gpu.block_id x")
-        t.line("%by = gpu.block_id y")
-        t.line(f"%lane = arith.remui %tid, {t.c(WARP)} : index")
-        warp_in_group = t.op(f"arith.remui {t.op(f'arith.divui %tid, {t.c(WARP)} : index', 'i')}, {t.c(4)} : index", "i")
-        t.line(f"%wrow = arith.muli {warp_in_group}, {t.c(16)} : index")
-        t.line(f"%lane_group = arith.divui %lane, {t.c(4)} : index")
-        t.line(f"%lane_pair = arith.muli {t.op(f'arith.remui %lane, {t.c(4)} : index', 'i')}, {t.c(2)} : index")
-        group = t.op(f"arith.divui %tid, {t.c(WARPGROUP)} : index", "i")
         t.line(f"%wg_q = arith.muli {group}, {t.c(64 * SWIZZLE_BYTES)} : index")  # its 64 rows in each Q chunk
         t.line(f"%q0 = arith.muli %bx, {t.c(T.block_m)} : index")
         lead_indices(t, a, "%by")
-        t.line(f"%is0 = arith.cmpi eq, %tid, {t.c(0)} : index")
-        t.line(f"%mbar = nvgpu.mbarrier.create -> {self.mbar_t}")
-        t.line(f"%empty = nvgpu.mbarrier.create -> {self.mbar_t}")
-        t.line(f"%qbar = nvgpu.mbarrier.create -> {self.q_bar_t}")
-        t.open("scf.if %is0")
-        for s in range(T.stages):
-            t.line(f"nvgpu.mbarrier.init %mbar[{t.c(s)}], {t.c(1)} : {self.mbar_t}")
-            t.line(f"nvgpu.mbarrier.init %empty[{t.c(s)}], {t.c(4 * T.warpgroups)} : {self.mbar_t}")
-        t.line(f"nvgpu.mbarrier.init %qbar[{t.c(0)}], {t.c(1)} : {self.q_bar_t}")
-        for desc, tmap in zip(("%tmaQ", "%tmaK", "%tmaV"), self.maps):
-            t.line(f"nvgpu.tma.prefetch.descriptor {desc} : {tensormap_type(dt, tmap)}")
-        t.close()
-        t.line("gpu.barrier")  # the barriers are initialized before anyone arrives or waits
-        t.line(f"%smem = gpu.dynamic_shared_memory : memref<?xi8, {WORKGROUP}>")
-        t.line(f"%base = memref.extract_aligned_pointer_as_index %smem : memref<?xi8, {WORKGROUP}> -> index")
-        misalign = t.op(f"arith.remui %base, {t.c(_ALIGN)} : index", "i")
-        t.line(f"%pad = arith.remui {t.op(f'arith.subi {t.c(_ALIGN)}, {misalign} : index', 'i')}, {t.c(_ALIGN)} : index")
-        blocks = key_blocks(a, T)
-        if a.causal:  # key blocks past the block's last query are all masked: not visited
-            last = t.op(f"arith.divui {t.add('%q0', t.c(T.block_m + T.block_n - 1))}, {t.c(T.block_n)} : index", "i")
-            t.line(f"%bound = arith.minui {last}, {t.c(blocks)} : index")
-        else:
-            t.line(f"%bound = arith.addi {t.c(blocks)}, {t.c(0)} : index")
+        self.barriers((("%qbar", self.q_bar_t, 1),))
+        key_block_bound(t, a, T)
 
         # the producer warpgroup gives its registers to the MMA ones; its first thread copies Q
         # once, then K and V ahead of the MMA warpgroups
