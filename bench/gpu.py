@@ -39,6 +39,7 @@ VARIANTS = {
         "256x128x32 8warps": {"tile": [256, 128, 32], "warp_tile": [64, 64, 32], "stages": 3},
         "128x128x32 4stages": {"tile": [128, 128, 32], "warp_tile": [64, 64, 32], "stages": 4},
         "128x128x64": {"tile": [128, 128, 64], "warp_tile": [64, 64, 64], "stages": 3},
+        "group 1": {"group_m": 1},  # the default tiles launched row by row (no L2 grouping)
     },
     "sm_90a": {
         "128x256 2wg 3stages": {"tile": [128, 256, 64], "warp_tile": [64, 256, 64], "stages": 3},
@@ -47,6 +48,8 @@ VARIANTS = {
         "128x128 1wg no-producer": {"tile": [128, 128, 64], "stages": 4},
         "128x256 2wg persistent": {"tile": [128, 256, 64], "warp_tile": [64, 256, 64], "stages": 4,
                                    "persistent": 132},
+        "group 1": {"group_m": 1},
+        "group 16": {"group_m": 16},
     },
 }
 # NHWC f16 convolutions (implicit GEMM on the mma.sync kernel): batch, H = W, C, F, kernel, stride, padding
@@ -96,6 +99,11 @@ CHECKS = [
     # 144 output tiles: some of the 132 persistent blocks loop over two
     ("sm_90a_linear_persistent_bf16", "sm_90a", [((768, 16), "bf16"), ((1536, 16), "bf16")], "linear",
      {"schedule": {"tile": [64, 128, 64], "stages": 2, "persistent": 132}}),
+    # launch order in groups of two tile rows, the last group short (5 tile rows)
+    ("sm_80_gemm_grouped_launch_f16", "sm_80", [((157, 32), "f16"), ((32, 96), "f16")], "gemm",
+     {"schedule": {"tile": [32, 32, 32], "warp_tile": [32, 32, 32], "stages": 2, "group_m": 2}}),
+    ("sm_90a_linear_grouped_launch_bf16", "sm_90a", [((310, 64), "bf16"), ((256, 64), "bf16")], "linear",
+     {"schedule": {"tile": [64, 128, 64], "stages": 2, "group_m": 2}}),
     # the Hopper attention's: three MMA warpgroups over one buffer; head dim 256 (64 keys a step);
     # head dim 32 (not a multiple of 64): the mma.sync kernel
     ("sm_90a_attention_three_warpgroups_d192_f16", "sm_90a", [((1, 2, 100, 192), "f16")] * 3, "attention",

@@ -51,6 +51,14 @@ def test_attention_shapes_the_kernel_cannot_take_are_named(shapes, message):
         tracea.compile_gpu(fn, chip="sm_80")
 
 
+@pytest.mark.parametrize("schedule", [td.Schedule(persistent=132), td.Schedule(group_m=4)])
+def test_gemm_only_schedule_keys_are_refused_for_attention(schedule):
+    fn = td.function(*[td.tensor((1, 64, 64), "f16")] * 3, name="attn")(
+        lambda q, k, v: td.attention(q, k, v, schedule=schedule))
+    with pytest.raises(tracea.CompileError, match="persistent and group_m are for the NVIDIA GEMMs"):
+        tracea.compile_gpu(fn, chip="sm_90a")
+
+
 def test_the_key_value_pipeline_is_the_checked_plan(monkeypatch):
     """K and V stream through phase_cycle's cp.async plan, proved for every block's count of key
     blocks (causal blocks visit fewer); a plan that refills a buffer still being read is refused."""

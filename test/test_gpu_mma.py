@@ -85,6 +85,38 @@ def test_bad_tiles_and_shapes_are_named():
         MmaGemm(64, 64, 64, "f32", "f32").validate()
 
 
+@pytest.mark.parametrize("n_tiles,m_tiles", [(1, 1), (3, 5), (7, 2), (32, 64), (5, 17)])
+@pytest.mark.parametrize("group", [1, 2, 3, 8, 100])
+def test_launch_order_visits_every_output_tile_once_in_groups(n_tiles, m_tiles, group):
+    order = [gpu_mma.launch_order_tile(b, n_tiles, m_tiles, group, gpu_mma.int_arith)
+             for b in range(n_tiles * m_tiles)]
+    assert sorted(order) == [(r, c) for r in range(m_tiles) for c in range(n_tiles)]
+    if group == 1:
+        assert order == sorted(order)  # row by row
+    # within a group (the last one may be short) the blocks go down each column in turn
+    rows = min(group, m_tiles)
+    assert order[:rows] == [(r, 0) for r in range(rows)]
+    first_rows = {b // (group * n_tiles): set() for b in range(len(order))}
+    for b, (r, _) in enumerate(order):
+        first_rows[b // (group * n_tiles)].add(r // group)
+    assert all(len(groups) == 1 for groups in first_rows.values())
+
+
+def test_schedule_group_m_reaches_the_kernels(ptxas):
+    def gemm(schedule):
+        return td.function(td.tensor((512, 256), "f16"), td.tensor((256, 512), "f16"), name="gemm")(
+            lambda a, b: td.gemm(a, b, schedule=schedule))
+    g = MmaGemm(512, 512, 256, "f16", "f16", False)
+    assert "arith.constant 12 : index" in mma_gemm_module_text(g, MmaTiles(group_m=3))  # 3 rows x 4 columns
+    assert "arith.constant 12 : index" not in mma_gemm_module_text(g, MmaTiles(group_m=2))
+    art = tracea.compile_gpu(gemm(Schedule(group_m=3)), chip="sm_80")  # no tile: the default tiles, grouped
+    assert art.grid == (4, 4, 1)
+    with pytest.raises(tracea.TraceaError, match="group_m must be >= 1"):
+        MmaTiles(group_m=0).validate()
+    with pytest.raises(tracea.TraceaError, match="group_m .* must be >= 0"):
+        Schedule(group_m=-1).validate()
+
+
 def test_compile_gpu_gives_a_checked_artifact(ptxas, tmp_path):
     fn = td.function(td.tensor((300, 256), "bf16"), td.tensor((512, 256), "bf16"), name="linear")(
         lambda x, w: td.gemm(x, w, transpose_b=True, out_dtype="f32"))

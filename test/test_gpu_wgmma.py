@@ -187,3 +187,6 @@ def test_persistent_kernel(ptxas):
         WgmmaTiles(persistent=132).validate(True)
     with pytest.raises(tracea.TraceaError, match="schedule persistent is for the sm_90a GEMM"):
         tracea.compile_gpu(fn, chip="sm_80")
+    default_tiles = td.function(td.tensor((1000, 256), "bf16"), td.tensor((1024, 256), "bf16"), name="linear")(
+        lambda x, w: td.gemm(x, w, transpose_b=True, schedule=td.Schedule(persistent=5)))
+    assert tracea.compile_gpu(default_tiles, chip="sm_90a").grid == (5, 1, 1)  # no tile: the default ones

@@ -139,6 +139,21 @@ def test_tma_wgmma_reusing_a_buffer_its_mmas_may_still_read():
         early.verify(6)
 
 
+def test_tma_wgmma_refill_waits_for_every_warp_to_retire_the_mmas():
+    """A warp's wait_group retires only its own part of the MMAs, and a slower warp may not yet
+    have waited on the buffer's full barrier: the copying thread refills after a barrier that
+    follows the wait_group."""
+    plan = tma_wgmma_plan(3)
+    assert plan.body[2:4] == (WaitMma(1), Barrier())
+    for body in [(WaitFull(0, 0), Compute(0, 0), WaitMma(1), Load(2, 2)),
+                 (WaitFull(0, 0), Compute(0, 0), Barrier(), WaitMma(1), Load(2, 2))]:  # before the retire
+        with pytest.raises(PhaseError, match=r"while some threads may still read tile 0 \(no barrier since the "
+                                             "read, retired\)"):
+            _with_body(plan, body).verify(6)
+    with pytest.raises(PhaseError, match="no barrier since the read, retired"):
+        _with_body(tma_wgmma_plan(1), tma_wgmma_plan(1).body[:-1]).verify(3)
+
+
 def test_tma_wgmma_without_the_final_wait_races_the_epilogue():
     with pytest.raises(PhaseError, match=r"MMAs of tiles \[4\] may still read shared memory at the end"):
         _with_body(tma_wgmma_plan(2), tma_wgmma_plan(2).body, epilogue=()).verify(5)

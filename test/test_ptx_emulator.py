@@ -163,6 +163,29 @@ def test_releasing_a_buffer_its_mmas_still_read_gives_a_wrong_product(ptxas):
     assert np.isnan(out).any() or _relative_error(out, expected) > 0.1
 
 
+def test_one_warpgroup_kernel_refills_a_buffer_only_after_every_warp_retired_its_mmas(ptxas):
+    """Without a producer warp, thread 0 refills the buffer of the last K tile after its own
+    wgmma.wait_group: the barrier after that wait keeps it from running ahead of the other warps,
+    which may still read the buffer or not yet have waited on its full barrier. The kernel is
+    right for every interleaving tried; without the barrier some give a deadlock or NaN."""
+    name = "sm_90a_gemm_no_producer_warp_f16"
+    for seed in range(4):
+        out, expected = _run(_artifact(name), name, seed)
+        assert _relative_error(out, expected) < 2e-2
+    art = _artifact(name)
+    loop_barrier = [m.start() for m in re.finditer(r"bar\.sync\s+0;", art.ptx)][1]  # the first: after the inits
+    broken = dataclasses.replace(art, ptx=art.ptx[:loop_barrier] + re.sub(r"bar\.sync\s+0;", "", art.ptx[loop_barrier:],
+                                                                         count=1))
+    failures = 0
+    for seed in range(4):
+        try:
+            out, expected = _run(broken, name, seed)
+            failures += bool(np.isnan(out).any() or _relative_error(out, expected) > 0.1)
+        except pe.EmulationError as e:
+            failures += "deadlock" in str(e)
+    assert failures
+
+
 def test_out_of_bounds_reads_name_the_buffer(ptxas):
     """The kernel was compiled for 70 rows of A; given a buffer of 40 it reads past the end."""
     name = "mma_gemm_nn_f16"
@@ -231,9 +254,9 @@ $L_exit:
 def test_persistent_blocks_loop_over_output_tiles(ptxas):
     """Three blocks for eight output tiles: each loops over its tiles, the pipeline's count (and
     so buffers and mbarrier phases) running on from one tile to the next while the MMA warps
-    store the previous one."""
+    store the previous one; in launch order, groups of 3 of the 4 tile rows."""
     inputs = [((200, 200), "bf16"), ((136, 200), "bf16")]
-    params = {"schedule": {"tile": [64, 128, 64], "stages": 3, "persistent": 3}}
+    params = {"schedule": {"tile": [64, 128, 64], "stages": 3, "persistent": 3, "group_m": 3}}
     art = tracea.compile_gpu(bench_gpu.check_function(td, inputs, "linear", params), chip="sm_90a")
     assert art.grid == (3, 1, 1)
     xs = _inputs(inputs)

@@ -96,6 +96,8 @@ class Schedule:
     lane_map: LaneMap | None = None
     barrier: str = "none"
     persistent: int = 0  # NVIDIA sm_90a: this many blocks loop over the output tiles (132: an H100 SXM's SMs)
+    # NVIDIA GEMM / conv: output tiles run in groups of this many tile rows, for L2 reuse; 0: the default (8)
+    group_m: int = 0
 
     def validate(self) -> None:
         for name in ("tile", "warp_tile"):
@@ -114,6 +116,8 @@ class Schedule:
             raise OpError(f"schedule stages must be >= 1, got {self.stages}")
         if self.persistent < 0:
             raise OpError(f"schedule persistent (blocks) must be >= 0, got {self.persistent}")
+        if self.group_m < 0:
+            raise OpError(f"schedule group_m (tile rows per launch group) must be >= 0, got {self.group_m}")
         if self.barrier not in BARRIER_MODES:
             raise OpError(f"schedule barrier must be one of {', '.join(BARRIER_MODES)}; got '{self.barrier}'")
         if self.barrier == "producer_consumer" and self.stages < 2:
@@ -146,6 +150,8 @@ class Schedule:
             entries["barrier"] = ir.StringAttr.get(self.barrier)
         if self.persistent:
             entries["persistent"] = _i64(self.persistent)
+        if self.group_m:
+            entries["group_m"] = _i64(self.group_m)
         return ir.DictAttr.get(entries)
 
     @staticmethod
@@ -167,7 +173,7 @@ class Schedule:
                 values[key] = decode_int(value, where)
             elif key == "barrier":
                 values[key] = decode_str(value, where)
-            elif key == "persistent":
+            elif key in ("persistent", "group_m"):
                 values[key] = decode_int(value, where)
             elif key == "swizzle":
                 values[key] = _decode_swizzle(value)

@@ -20,7 +20,7 @@ stages), else from the defaults of the chosen kernel.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import mlir.ir as ir
 
@@ -32,7 +32,7 @@ from .gpu_attention import AttentionTiles, MmaAttention, attention_module_text
 from .gpu_attention import grid as attention_grid
 from .gpu_gemm import SimtTiles, simt_gemm_module_text
 from .gpu_gemm import grid as simt_grid
-from .gpu_mma import MMA_DTYPES, MmaGemm, MmaTiles, mma_gemm_module_text
+from .gpu_mma import GROUP_M, MMA_DTYPES, MmaGemm, MmaTiles, mma_gemm_module_text
 from .gpu_mma import grid as mma_grid
 from .gpu_wgmma import TensorMap, WgmmaTiles, tensor_maps, wgmma_gemm_module_text
 from .gpu_wgmma import default_tiles as default_wgmma_tiles
@@ -82,28 +82,35 @@ def _schedule_tile(v: OpView):
 
 
 def mma_tiles(v: OpView) -> MmaTiles:
-    s = _schedule_tile(v)
-    if s is None:
-        return MmaTiles()
-    if s.persistent:
+    s = v.attrs.get("schedule")
+    if s is not None and s.persistent:
         raise OpError("schedule persistent is for the sm_90a GEMM; the other NVIDIA kernels launch a block per "
                       "output tile")
+    group_m = s.group_m if s is not None and s.group_m else GROUP_M
+    if _schedule_tile(v) is None:
+        return MmaTiles(group_m=group_m)
     bm, bn, bk = s.tile
     wm, wn = (s.warp_tile[:2] if s.warp_tile else (min(bm, 64), min(bn, 64)))
-    return MmaTiles(bm, bn, bk, wm, wn, s.stages)
+    return MmaTiles(bm, bn, bk, wm, wn, s.stages, group_m)
 
 
 def wgmma_tiles(v: OpView, g: MmaGemm) -> WgmmaTiles:
     """On sm_90a warp_tile is a warpgroup's share of the block tile ([BM / warpgroups, BN, BK]);
     barrier = "producer_consumer" (implied by several warpgroups or persistent) gives the copies to
-    a producer warp; persistent = n: n blocks loop over the output tiles."""
-    s = _schedule_tile(v)
+    a producer warp; persistent = n: n blocks loop over the output tiles (over the default tiles
+    too when no tile is given)."""
+    s = v.attrs.get("schedule")
     if s is None:
         return default_wgmma_tiles(g)
+    group_m = s.group_m or GROUP_M
+    if _schedule_tile(v) is None:
+        default = default_wgmma_tiles(g)
+        return replace(default, specialized=default.specialized or s.persistent > 0, persistent=s.persistent,
+                       group_m=group_m)
     bm, bn, bk = s.tile
     warpgroups = bm // s.warp_tile[0] if s.warp_tile else 1
     return WgmmaTiles(bm, bn, s.stages, bk, warpgroups,
-                      s.barrier == "producer_consumer" or warpgroups > 1 or s.persistent > 0, s.persistent)
+                      s.barrier == "producer_consumer" or warpgroups > 1 or s.persistent > 0, s.persistent, group_m)
 
 
 def gemm_kernel(v: OpView, name: str, chip: str = "sm_80") -> tuple[str, Launch]:
@@ -171,8 +178,9 @@ def attention_kernel(v: OpView, name: str, chip: str = "sm_80") -> tuple[str, La
     a = MmaAttention(q.shape[:-2], q.shape[-2], k.shape[-2], q.shape[-1], q.dtype, v.result.dtype,
                      q.shape[-1] ** -0.5 if scale is None else scale, v.attrs["causal"])
     s = v.attrs.get("schedule")
-    if s is not None and s.persistent:
-        raise OpError("schedule persistent is for the sm_90a GEMM; attention launches a block per query tile")
+    if s is not None and (s.persistent or s.group_m):
+        raise OpError("schedule persistent and group_m are for the NVIDIA GEMMs; attention launches a block per "
+                      "query tile of each batch-head")
     chosen = s is not None and s.tile is not None
     if chip == "sm_90a" and wgmma_attention.supports(a):
         wt = WgmmaAttentionTiles(*s.tile[:2], s.stages) if chosen else wgmma_attention.default_tiles(a)

@@ -2,7 +2,8 @@
 `mma.sync.m16n8k16`, fed from shared memory by `ldmatrix`, which asynchronous copies (cp.async)
 fill through a multi-stage pipeline. A gpu.module text, lowered by targets/nvvm.py.
 
-    block (bx, by) computes C[by BM : +BM, bx BN : +BN]; warp (wm, wn) its WM x WN part, as
+    block (bx, by) computes output tile launch_order_tile(by * blocks x + bx) (grouped for L2
+    reuse), C[row BM : +BM, col BN : +BN]; warp (wm, wn) its WM x WN part, as
     (WM / 16) x (WN / 8) m16n8 accumulator tiles (vector<2x2xf32> per thread)
     pipeline (phase_cycle.cp_async_plan, proved safe by its checker for this K before emission):
         tiles of A (BM x BK) and B (BK x BN, or BN x BK for B^T) stream into `stages` buffers
@@ -19,6 +20,7 @@ rows), rank-2 operands; M, N and K need not be multiples of the tile.
 from __future__ import annotations
 
 import math
+import operator
 from dataclasses import dataclass
 
 from ..dialects.ops import Epilogue
@@ -32,6 +34,7 @@ MMA_DTYPES = ("f16", "bf16")
 ELEM_BYTES = 2
 PER_CHUNK = CHUNK_BYTES // ELEM_BYTES  # elements per 16-byte copy / ldmatrix row
 WORKGROUP = "#gpu.address_space<workgroup>"
+GROUP_M = 8  # output-tile rows per launch-order group (Triton's GROUP_SIZE_M)
 
 
 @dataclass(frozen=True)
@@ -42,6 +45,7 @@ class MmaTiles:
     warp_m: int = 64
     warp_n: int = 64
     stages: int = 3
+    group_m: int = GROUP_M  # launch order: output tiles in groups of this many tile rows (launch_order_tile)
 
     @property
     def warps(self) -> tuple[int, int]:
@@ -68,6 +72,8 @@ class MmaTiles:
             problems.append(f"block_k {self.block_k} must be a multiple of 16 (the mma's K)")
         if self.stages < 1:
             problems.append(f"stages must be >= 1, got {self.stages}")
+        if self.group_m < 1:
+            problems.append(f"group_m must be >= 1, got {self.group_m}")
         if not problems:
             for rows, cols in ((self.block_m, self.block_k), (self.block_k, self.block_n)):
                 if rows * cols // PER_CHUNK % self.threads:
@@ -152,6 +158,38 @@ def tile_layouts(tiles: MmaTiles, transpose_b: bool, transpose_a: bool = False) 
 
 def trips(g: MmaGemm, tiles: MmaTiles) -> int:
     return -(-g.k // tiles.block_k)
+
+
+def launch_order_tile(block, n_tiles: int, m_tiles: int, group: int, arith):
+    """(tile row, tile column) of output tile number `block` in launch order: the tiles go in
+    groups of `group` tile rows, column by column down each group, so the blocks running at once
+    share a few A row panels and B column panels in L2 instead of sweeping all of B once per row
+    of tiles (group 1: row by row). `arith(op, x, y)` does the arith dialect's index op `op`:
+    on Python ints here and in tests, as emitted ops in the kernels (IndexArith)."""
+    per_group = group * n_tiles
+    first_row = arith("muli", arith("divui", block, per_group), group)
+    rows = arith("minui", arith("subi", m_tiles, first_row), group)  # the last group may be short
+    within = arith("remui", block, per_group)
+    return arith("addi", first_row, arith("remui", within, rows)), arith("divui", within, rows)
+
+
+_INT_OPS = {"muli": operator.mul, "divui": operator.floordiv, "remui": operator.mod, "minui": min,
+            "subi": operator.sub, "addi": operator.add}
+
+
+def int_arith(op: str, x: int, y: int) -> int:
+    return _INT_OPS[op](x, y)
+
+
+class IndexArith:
+    """`arith` for launch_order_tile that emits index ops into `t` (ints become constants)."""
+
+    def __init__(self, t: _Text):
+        self.t = t
+
+    def __call__(self, op: str, x, y) -> str:
+        x, y = (self.t.c(v) if isinstance(v, int) else v for v in (x, y))
+        return self.t.op(f"arith.{op} {x}, {y} : index", "i")
 
 
 def grid(g: MmaGemm, tiles: MmaTiles) -> tuple[int, int, int]:
@@ -511,8 +549,11 @@ class _Writer:
         warps_n = T.warps[1]
         t.line(f"%wrow = arith.muli {t.op(f'arith.divui %warp, {t.c(warps_n)} : index', 'i')}, {t.c(T.warp_m)} : index")
         t.line(f"%wcol = arith.muli {t.op(f'arith.remui %warp, {t.c(warps_n)} : index', 'i')}, {t.c(T.warp_n)} : index")
-        t.line(f"%row0 = arith.muli %by, {t.c(T.block_m)} : index")
-        t.line(f"%col0 = arith.muli %bx, {t.c(T.block_n)} : index")
+        n_tiles, m_tiles, _ = grid(g, T)
+        row, col = launch_order_tile(t.add(t.mul("%by", t.c(n_tiles)), "%bx"), n_tiles, m_tiles, T.group_m,
+                                     IndexArith(t))
+        t.line(f"%row0 = arith.muli {row}, {t.c(T.block_m)} : index")
+        t.line(f"%col0 = arith.muli {col}, {t.c(T.block_n)} : index")
         self.lane_indices()
         t.line(f"%smem = gpu.dynamic_shared_memory : memref<?xi8, {WORKGROUP}>")
         b_offset = T.stages * T.block_m * T.block_k * ELEM_BYTES

@@ -14,7 +14,8 @@ descriptors. A gpu.module text, lowered by targets/nvvm.py. Two forms:
   the producer waits on it before refilling the buffer, so copies run ahead of the MMAs by up
   to `stages` tiles without the MMA warps ever issuing one.
 
-    block (bx, by) computes C[by BM : +BM, bx BN : +BN]; warpgroup w its rows w BM / W onwards, as
+    block (bx, by) computes output tile launch_order_tile(by * blocks x + bx) (gpu_mma), C[row BM :
+    +BM, col BN : +BN]; warpgroup w its rows w BM / W onwards, as
     BM / W / 64 accumulators of m64 x BN (BN / 2 f32 registers per thread each)
     the schedule is proved for the kernel's K by phase_cycle's checker before emission
     epilogue: the fused_gemm steps on accumulator pairs in registers, cast, stored (the m64nNk16
@@ -40,8 +41,9 @@ from dataclasses import dataclass
 
 from ..errors import OpError
 from .cpu_gemm import _Text
-from .gpu_mma import WORKGROUP, MmaGemm, collapse_views, gpu_module_text, kernel_params, store_pair
-from .phase_cycle import (AgentPlan, Compute, Load, LoopPlan, Release, WaitEmpty, WaitFull, WaitMma,
+from .gpu_mma import (GROUP_M, WORKGROUP, IndexArith, MmaGemm, collapse_views, gpu_module_text, kernel_params,
+                      launch_order_tile, store_pair)
+from .phase_cycle import (AgentPlan, Barrier, Compute, Load, LoopPlan, Release, WaitEmpty, WaitFull, WaitMma,
                           specialized_plan, tma_wgmma_plan)
 
 ELEM_BYTES = 2
@@ -73,6 +75,7 @@ class WgmmaTiles:
     warpgroups: int = 1  # warpgroups computing, each on block_m / warpgroups rows
     specialized: bool = False  # a producer warp issues the copies (needed for warpgroups > 1)
     persistent: int = 0  # if > 0, this many blocks loop over the output tiles (specialized only)
+    group_m: int = GROUP_M  # launch order: output tiles in groups of this many tile rows (launch_order_tile)
 
     @property
     def threads(self) -> int:
@@ -120,6 +123,8 @@ class WgmmaTiles:
                             f"for {accumulators} accumulators: use fewer warpgroups or a narrower tile")
         if self.stages < 1:
             problems.append(f"stages must be >= 1, got {self.stages}")
+        if self.group_m < 1:
+            problems.append(f"group_m must be >= 1, got {self.group_m}")
         if problems:
             raise OpError("wgmma tiles: " + "; ".join(problems))
 
@@ -332,6 +337,9 @@ class _Writer:
             if isinstance(e, Release):
                 self.release(k, -e.buffer)
                 continue
+            if isinstance(e, Barrier):  # the block is the one warpgroup
+                t.line("gpu.barrier")
+                continue
             offset = e.buffer if isinstance(e, (WaitFull, WaitEmpty)) else e.tile
             if k is None:
                 if offset >= self.trip_count():
@@ -370,16 +378,18 @@ class _Writer:
                     store_pair(t, g, pair, grow, gcol, f"%ep{i}_{half}_{j}_")
                 t.close()
 
-    def tile_origin(self, tile_m: str, tile_n: str) -> None:
-        """The output tile's first row and column, and this warpgroup's first row."""
+    def tile_origin(self, tile: str) -> None:
+        """Output tile number `tile`'s (launch_order_tile) first row and column, and this
+        warpgroup's first row."""
         t, T = self.t, self.tiles
+        tile_m, tile_n = launch_order_tile(tile, *output_tiles(self.g, T), T.group_m, IndexArith(t))
         t.line(f"%row0 = arith.muli {tile_m}, {t.c(T.block_m)} : index")
         t.line(f"%col0 = arith.muli {tile_n}, {t.c(T.block_n)} : index")
         t.line("%wg_row0 = arith.addi %row0, %wg_rows : index")
 
     def open_output_tiles(self) -> str | None:
-        """Persistent: open the loop over this block's output tiles (block x, then every grid
-        width on, along N first) and return the pipeline count its first K tile is at; the K loops
+        """Persistent: open the loop over this block's output tiles (numbers block x, then every
+        grid width on, in launch order) and return the pipeline count its first K tile is at; the K loops
         inside go on counting where the previous tile's stopped, so buffers and phases do too."""
         t, g, T = self.t, self.g, self.tiles
         if not T.persistent:
@@ -388,8 +398,7 @@ class _Writer:
         blocks = grid(g, T)[0]
         tile = t.fresh("tile")
         t.open(f"scf.for {tile} = %bx to {t.c(n_tiles * m_tiles)} step {t.c(blocks)}")
-        self.tile_origin(t.op(f"arith.divui {tile}, {t.c(n_tiles)} : index", "i"),
-                         t.op(f"arith.remui {tile}, {t.c(n_tiles)} : index", "i"))
+        self.tile_origin(tile)
         done = t.op(f"arith.divui {t.op(f'arith.subi {tile}, %bx : index', 'i')}, {t.c(blocks)} : index", "i")
         return t.mul(done, t.c(trips(g, T)))
 
@@ -454,7 +463,7 @@ class _Writer:
         t.line(f"%wg_rows = arith.muli {group}, {t.c(T.rows_per_warpgroup)} : index")
         t.line(f"%wg_a = arith.muli {group}, {t.c(T.rows_per_warpgroup * SWIZZLE_BYTES)} : index")
         if not T.persistent:
-            self.tile_origin("%by", "%bx")
+            self.tile_origin(t.add(t.mul("%by", t.c(output_tiles(g, T)[0])), "%bx"))
         self.barriers()
         n_trips = t.c(trips(g, T))
         if T.specialized:

@@ -15,7 +15,10 @@ time. The two NVIDIA mechanisms track completion differently:
 - TMA + wgmma in one warpgroup ("tma.wgmma", sm_90a): a thread of the warpgroup issues the TMA
   copies (full barriers as above) and the warpgroup's wgmma reads the tiles *asynchronously*:
   a buffer is free again only once `wgmma.wait_group n` has retired the MMAs that read it (all
-  but the n most recent groups), not when they were issued.
+  but the n most recent groups), not when they were issued, and only once every warp did so:
+  each warp's wait retires its own part of the MMAs (its 16 rows, on its SM sub-partition's
+  Tensor Core), and a warp may still be about to wait on the buffer's full barrier. So a
+  barrier after the wait_group precedes the refill.
 
 - warp-specialized TMA + wgmma ("tma.wgmma.specialized"): a producer thread and the MMA warps
   run concurrently, meeting only at full and empty mbarriers. There is no single event order to
@@ -161,16 +164,17 @@ def cp_async_plan(stages: int) -> LoopPlan:
 
 def tma_wgmma_plan(stages: int) -> LoopPlan:
     """One warpgroup: a thread issues the TMA copies of tile k + stages - 1 into the buffer tile
-    k - 1 used, once wgmma.wait_group 1 has retired the MMAs of iteration k - 1 (those of
-    iteration k may still run); every MMA is retired before the epilogue reuses the buffers."""
+    k - 1 used, once every warp's wgmma.wait_group 1 has retired the MMAs of iteration k - 1
+    (those of iteration k may still run) and a barrier told it so; every MMA is retired before
+    the epilogue reuses the buffers."""
     if stages < 1:
         raise ValueError(f"a pipeline needs stages >= 1, got {stages}")
     if stages == 1:
-        return LoopPlan(1, (), (Load(0, 0), WaitFull(0, 0), Compute(0, 0), WaitMma(0)), (), "tma.wgmma")
+        return LoopPlan(1, (), (Load(0, 0), WaitFull(0, 0), Compute(0, 0), WaitMma(0), Barrier()), (), "tma.wgmma")
     ahead = stages - 1
     return LoopPlan(stages, tuple(Load(j, j) for j in range(ahead)),
-                    (WaitFull(0, 0), Compute(0, 0), WaitMma(1), Load(ahead, ahead % stages)), (WaitMma(0),),
-                    "tma.wgmma")
+                    (WaitFull(0, 0), Compute(0, 0), WaitMma(1), Barrier(), Load(ahead, ahead % stages)),
+                    (WaitMma(0),), "tma.wgmma")
 
 
 def _tma(stages: int, trips: int) -> list[Event]:
@@ -218,9 +222,9 @@ def check(events: list[Event], stages: int, trips: int, mechanism: str) -> None:
             buf = buffers[e.buffer]
             if buf.tile is not None and not buf.read:
                 fail(i, e, f"overwrites tile {buf.tile} before it is read")
-            if mechanism == "cp.async" and not buf.read_barrier:
+            if mechanism in ("cp.async", "tma.wgmma") and not buf.read_barrier and buf.tile not in reading:
                 fail(i, e, f"overwrites buffer {e.buffer} while some threads may still read tile {buf.tile} "
-                           "(no barrier since the read)")
+                           "(no barrier since the read" + (", retired" if mechanism == "tma.wgmma" else "") + ")")
             if mechanism == "tma" and buf.uses and buf.empty_waited < buf.uses:
                 fail(i, e, f"reuses buffer {e.buffer} without waiting for the release of tile {buf.tile}")
             if mechanism == "tma.wgmma" and buf.tile in reading:
@@ -242,9 +246,9 @@ def check(events: list[Event], stages: int, trips: int, mechanism: str) -> None:
                         in_flight.discard(tile)
                         buffers[tile % stages].landed = True
         elif isinstance(e, Barrier):
-            for buf in buffers:
+            for buf in buffers:  # tma.wgmma: a thread's read ends when its wait_group retired the MMAs
                 buf.visible = buf.visible or buf.landed
-                buf.read_barrier = buf.read_barrier or buf.read
+                buf.read_barrier = buf.read_barrier or buf.read and buf.tile not in reading
         elif isinstance(e, WaitFull):
             buf = buffers[e.buffer]
             if buf.tile is None:
