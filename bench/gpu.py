@@ -61,7 +61,8 @@ ATTENTIONS = [("f16", 4, 16, 1024, 64, False), ("f16", 4, 16, 4096, 64, False), 
 ATTENTION_VARIANTS = {
     "sm_80": {"128x64 8warps": {"tile": [128, 64, 64], "stages": 2}, "64x64 3stages": {"tile": [64, 64, 64], "stages": 3}},
     "sm_90a": {"128x128 3stages": {"tile": [128, 128, 64], "stages": 3}, "192x64 3wg": {"tile": [192, 64, 64], "stages": 2},
-               "128x64 4stages": {"tile": [128, 64, 64], "stages": 4}},
+               "128x64 4stages": {"tile": [128, 64, 64], "stages": 4},
+               "no ping-pong": {"barrier": "producer_consumer", "stages": 2}},
 }
 
 
@@ -108,6 +109,8 @@ CHECKS = [
     # head dim 32 (not a multiple of 64): the mma.sync kernel
     ("sm_90a_attention_three_warpgroups_d192_f16", "sm_90a", [((1, 2, 100, 192), "f16")] * 3, "attention",
      {"causal": False, "schedule": {"tile": [192, 16, 64], "stages": 1}}),
+    ("sm_90a_attention_three_warpgroups_taking_turns_causal_f16", "sm_90a", [((1, 2, 300, 64), "f16")] * 3,
+     "attention", {"causal": True, "schedule": {"tile": [192, 32, 64], "stages": 2}}),
     ("sm_90a_attention_d256_causal_bf16", "sm_90a", [((1, 1, 70, 256), "bf16")] * 3, "attention", {"causal": True}),
     ("sm_90a_attention_d32_f16", "sm_90a", [((1, 2, 40, 32), "f16")] * 3, "attention", {"causal": False}),
 ]

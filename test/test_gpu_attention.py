@@ -10,6 +10,7 @@ import pytest
 import tracea
 from tracea import dialects as td
 from tracea.passes import gpu_wgmma_attention as wgmma_attention
+from tracea.passes import phase_cycle
 from tracea.passes.gpu_attention import AttentionTiles, MmaAttention, attention_module_text
 from tracea.targets import nvvm
 
@@ -94,6 +95,7 @@ def test_wgmma_attention_machine_code(sass, dim, dtype, causal):
     assert len(scores) == dim // 16 and len(pv) == tiles.block_n // 16
     assert len(re.findall(r"HGMMA\S* .*gsb0", code)) == 2  # one wgmma group per product
     assert "UTMALDG.3D" in code and "USETMAXREG.DEALLOC" in code and "USETMAXREG.TRY_ALLOC" in code
+    assert re.search(r"BAR\.SYNC\S* R\d+, 0x100", code) and re.search(r"BAR\.ARV\S* R\d+, 0x100", code)  # turns
     assert cubin.spilled_bytes == 0
     nvvm.check_launch("attention", cubin, tiles.threads, tiles.shared_bytes(dim))
 
@@ -136,6 +138,51 @@ def test_wgmma_attention_pipeline_is_the_checked_plan(monkeypatch):
     good = phase_cycle.specialized_plan(2, 8)
     broken = phase_cycle.AgentPlan(2, 8, good.producer, (phase_cycle.WaitFull(0, 0), phase_cycle.Release(0),
                                                          phase_cycle.Compute(0, 0)), good.consumer_epilogue)
-    monkeypatch.setattr(wgmma_attention, "specialized_plan", lambda stages, consumers: broken)
+    monkeypatch.setattr(wgmma_attention, "specialized_plan", lambda stages, consumers, turns: broken)
     with pytest.raises(phase_cycle.PhaseError):
         wgmma_attention.wgmma_attention_module_text(a, wgmma_attention.WgmmaAttentionTiles(128, 64, 2))
+    # a plan the writer does not implement (it passes the turn after the release) is refused
+    other = phase_cycle.AgentPlan(2, 8, good.producer, (
+        phase_cycle.WaitFull(0, 0), phase_cycle.Compute(0, 0), phase_cycle.WaitMma(1), phase_cycle.Release(-1),
+        phase_cycle.PassTurn(), phase_cycle.AwaitTurn()), good.consumer_epilogue, turns=2)
+    monkeypatch.setattr(wgmma_attention, "specialized_plan", lambda stages, consumers, turns: other)
+    with pytest.raises(tracea.TraceaError, match="the wgmma attention kernel emits the consumer steps"):
+        wgmma_attention.wgmma_attention_module_text(a, wgmma_attention.WgmmaAttentionTiles(128, 64, 2))
+
+
+@pytest.mark.parametrize("tiles,turns", [((128, 64, 2), 2), ((192, 32, 3), 3), ((128, 64, 1), 0), ((64, 64, 2), 0)])
+def test_mma_warpgroups_take_turns_at_the_tensor_cores(tiles, turns):
+    """FlashAttention-3's ping-pong: with two or more MMA warpgroups and two or more buffers,
+    warpgroup w waits at named barrier 1 + w for its turn to issue P V and the next Q K^T, and
+    arrives at the next one's once they are issued (256 threads: its waiters and its arrivals);
+    the last warpgroup opens the first round, the others close their last turn. With one buffer
+    a turn would wait for a release that only the next turn makes: no turns (the plan's checker
+    finds that deadlock)."""
+    a = MmaAttention((1,), 300, 300, 64, "f16", "f16", 0.125, True)
+    text = wgmma_attention.wgmma_attention_module_text(a, wgmma_attention.WgmmaAttentionTiles(*tiles))
+    syncs = text.count("nvvm.barrier id = %turn number_of_threads = %turn_threads")
+    arrivals = text.count("nvvm.barrier.arrive id = %next_turn number_of_threads = %turn_threads")
+    assert (syncs, arrivals) == ((2, 3) if turns else (0, 0))  # before the loop, in it; seed, in it, after it
+    if turns:
+        assert f"arith.constant {turns} : i32" in text and "%turn_threads = arith.constant 256 : i32" in text
+        assert not wgmma_attention.WgmmaAttentionTiles(*tiles, pingpong=False).pingpong
+    with pytest.raises(ValueError, match="turns need stages >= 2"):
+        phase_cycle.specialized_plan(1, 8, 2)
+
+
+def test_schedule_barrier_chooses_whether_warpgroups_take_turns(ptxas):
+    def attention(schedule):
+        return td.function(*[td.tensor((1, 2, 256, 64), "f16")] * 3, name="attn")(
+            lambda q, k, v: td.attention(q, k, v, schedule=schedule))
+    turns = tracea.compile_gpu(attention(td.Schedule(barrier="pingpong", stages=2)), chip="sm_90a")
+    free = tracea.compile_gpu(attention(td.Schedule(barrier="producer_consumer", stages=2)), chip="sm_90a")
+    assert "bar.arrive" in turns.ptx and "bar.arrive" not in free.ptx
+    assert "bar.arrive" in tracea.compile_gpu(attention(None), chip="sm_90a").ptx  # the default
+    with pytest.raises(tracea.CompileError, match="'pingpong' .* is for the sm_90a attention kernel; the mma.sync"):
+        tracea.compile_gpu(attention(td.Schedule(barrier="pingpong", stages=2)), chip="sm_80")
+    gemm = td.function(td.tensor((64, 64), "f16"), td.tensor((64, 64), "f16"), name="gemm")(
+        lambda x, y: td.gemm(x, y, schedule=td.Schedule(barrier="pingpong", stages=2)))
+    with pytest.raises(tracea.CompileError, match="is for the sm_90a attention kernel; the GEMM takes"):
+        tracea.compile_gpu(gemm, chip="sm_90a")
+    with pytest.raises(tracea.TraceaError, match="'pingpong' needs stages >= 2"):
+        td.Schedule(barrier="pingpong").validate()

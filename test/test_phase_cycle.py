@@ -6,7 +6,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from tracea.passes.phase_cycle import (AgentPlan, Barrier, Commit, Compute, Load, LoopPlan, PhaseError, Release,
+from tracea.passes.phase_cycle import (AgentPlan, AwaitTurn, Barrier, Commit, Compute, Load, LoopPlan, PassTurn, PhaseError, Release,
                                        WaitEmpty, WaitFull, WaitGroups, WaitMma, check, check_agents, schedule,
                                        specialized_plan, tma_wgmma_plan)
 
@@ -148,7 +148,7 @@ def test_tma_wgmma_refill_waits_for_every_warp_to_retire_the_mmas():
     for body in [(WaitFull(0, 0), Compute(0, 0), WaitMma(1), Load(2, 2)),
                  (WaitFull(0, 0), Compute(0, 0), Barrier(), WaitMma(1), Load(2, 2))]:  # before the retire
         with pytest.raises(PhaseError, match=r"while some threads may still read tile 0 \(no barrier since the "
-                                             "read, retired\)"):
+                                             r"read, retired\)"):
             _with_body(plan, body).verify(6)
     with pytest.raises(PhaseError, match="no barrier since the read, retired"):
         _with_body(tma_wgmma_plan(1), tma_wgmma_plan(1).body[:-1]).verify(3)
@@ -237,3 +237,37 @@ def test_specialized_deadlock_is_a_cycle():
     late = [producer[0], producer[2], producer[1]] + producer[3:]  # waits for tile 0's release before loading tile 1
     with pytest.raises(PhaseError, match="deadlock: .* wait on each other"):
         check_agents(late, [consumer], 2, 4)
+
+
+# -- consumer groups taking turns (the attention's ping-pong) ---------------------------------
+
+@pytest.mark.parametrize("stages", [2, 3, 4])
+@pytest.mark.parametrize("groups", [2, 3, 4])
+def test_consumer_groups_taking_turns_are_proved(stages, groups):
+    plan = specialized_plan(stages, 4 * groups, groups)
+    for trips in range(8):
+        plan.verify(trips, trips)
+    first, last = plan.unroll(3, group=0)[1], plan.unroll(3, group=groups - 1)[1]
+    assert first[0] == AwaitTurn() and first[-2:] == [PassTurn(), WaitMma(0)]  # closes its last turn
+    assert last[:2] == [PassTurn(), AwaitTurn()] and last[-1] == WaitMma(0)  # opens the first round
+
+
+def test_a_turn_that_waits_before_releasing_the_last_buffer_deadlocks():
+    """Group 0's turn waits for tile k + 1, whose load waits for group 1's release of tile k - 1,
+    which group 1 makes only in its next turn, after group 0's: a cycle."""
+    good = specialized_plan(2, 8, 2)
+    late = AgentPlan(2, 8, good.producer, (WaitFull(0, 0), Compute(0, 0), PassTurn(), AwaitTurn(), WaitMma(1),
+                                           Release(-1)), good.consumer_epilogue, turns=2)
+    late.verify(2, 2)  # two tiles fit the two buffers
+    with pytest.raises(PhaseError, match="deadlock"):
+        late.verify(3, 3)
+
+
+def test_unbalanced_turns_are_refused():
+    good = specialized_plan(2, 8, 2)
+    no_pass = AgentPlan(2, 8, good.producer, (WaitFull(0, 0), Compute(0, 0), WaitMma(1), Release(-1), AwaitTurn()),
+                        good.consumer_epilogue, turns=2)
+    with pytest.raises(PhaseError, match="turn barrier left unbalanced"):
+        no_pass.verify(3, 3)
+    with pytest.raises(PhaseError, match="not an event of a specialized pipeline"):
+        AgentPlan(2, 8, (PassTurn(),) + good.producer, good.consumer, good.consumer_epilogue, turns=2).verify(3, 3)

@@ -186,6 +186,16 @@ def test_one_warpgroup_kernel_refills_a_buffer_only_after_every_warp_retired_its
     assert failures
 
 
+def test_warpgroups_taking_turns_deadlock_without_the_first_rounds_opening(ptxas):
+    """Three MMA warpgroups pass turns round named barriers 1-3 (bar.sync / bar.arrive with 256
+    threads); the emulator counts their threads. Without the last warpgroup's opening arrival no
+    turn ever starts."""
+    name = "sm_90a_attention_three_warpgroups_taking_turns_causal_f16"
+    assert len(re.findall(r"bar\.arrive", _artifact(name).ptx)) == 3
+    with pytest.raises(pe.EmulationError, match="deadlock"):
+        _run(_broken(name, r"bar\.arrive[^;]*;", ""), name)
+
+
 def test_out_of_bounds_reads_name_the_buffer(ptxas):
     """The kernel was compiled for 70 rows of A; given a buffer of 40 it reads past the end."""
     name = "mma_gemm_nn_f16"

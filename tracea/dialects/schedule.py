@@ -17,7 +17,7 @@ import mlir.ir as ir
 
 from ..errors import OpError
 
-BARRIER_MODES = ("none", "producer_consumer")
+BARRIER_MODES = ("none", "producer_consumer", "pingpong")
 
 # Shapes each matrix-instruction lane mapping accepts, (m, n, k).
 _MMA_SYNC_SHAPES = {(16, 8, 16), (16, 8, 8)}
@@ -123,6 +123,9 @@ class Schedule:
         if self.barrier == "producer_consumer" and self.stages < 2:
             raise OpError("schedule barrier 'producer_consumer' needs stages >= 2 "
                           "(a producer must be able to fill one buffer while another is read)")
+        if self.barrier == "pingpong" and self.stages < 2:
+            raise OpError("schedule barrier 'pingpong' needs stages >= 2 (a warpgroup's turn must not wait for a "
+                          "buffer only the next turn releases)")
         self.swizzle.validate()
         if self.lane_map is not None:
             self.lane_map.validate()

@@ -72,6 +72,13 @@ class Launch:
                       ir.IntegerAttr(d["dynamic_shared_bytes"]).value, maps)
 
 
+def _refuse_pingpong(v: OpView, kernel: str) -> None:
+    s = v.attrs.get("schedule")
+    if s is not None and s.barrier == "pingpong":
+        raise OpError(f"schedule barrier 'pingpong' (MMA warpgroups taking turns) is for the sm_90a attention "
+                      f"kernel; {kernel} takes 'none' or 'producer_consumer'")
+
+
 def _schedule_tile(v: OpView):
     s = v.attrs.get("schedule")
     if s is None or s.tile is None:
@@ -82,6 +89,7 @@ def _schedule_tile(v: OpView):
 
 
 def mma_tiles(v: OpView) -> MmaTiles:
+    _refuse_pingpong(v, "the GEMM")
     s = v.attrs.get("schedule")
     if s is not None and s.persistent:
         raise OpError("schedule persistent is for the sm_90a GEMM; the other NVIDIA kernels launch a block per "
@@ -99,6 +107,7 @@ def wgmma_tiles(v: OpView, g: MmaGemm) -> WgmmaTiles:
     barrier = "producer_consumer" (implied by several warpgroups or persistent) gives the copies to
     a producer warp; persistent = n: n blocks loop over the output tiles (over the default tiles
     too when no tile is given)."""
+    _refuse_pingpong(v, "the GEMM")
     s = v.attrs.get("schedule")
     if s is None:
         return default_wgmma_tiles(g)
@@ -168,8 +177,9 @@ def conv_kernel(v: OpView, name: str) -> tuple[str, Launch]:
 
 def attention_kernel(v: OpView, name: str, chip: str = "sm_80") -> tuple[str, Launch]:
     """Flash attention: on sm_90a with head dim 64, 128, 192 or 256 the wgmma kernel (producer
-    warp, TMA, wgmma for both products), else mma.sync. A schedule's tile = [queries per block,
-    keys per step, ...] and stages replace the kernel's defaults."""
+    warp, TMA, wgmma for both products; its MMA warpgroups take turns at the Tensor Cores unless
+    the schedule's barrier is "producer_consumer"), else mma.sync. A schedule's tile = [queries
+    per block, keys per step, ...] and stages replace the kernel's defaults."""
     q, k, val = v.operands["query"], v.operands["key"], v.operands["value"]
     if val.shape[-1] != q.shape[-1]:
         raise OpError(f"the NVIDIA attention kernel needs value's head dim ({val.shape[-1]}) equal to the "
@@ -184,9 +194,12 @@ def attention_kernel(v: OpView, name: str, chip: str = "sm_80") -> tuple[str, La
     chosen = s is not None and s.tile is not None
     if chip == "sm_90a" and wgmma_attention.supports(a):
         wt = WgmmaAttentionTiles(*s.tile[:2], s.stages) if chosen else wgmma_attention.default_tiles(a)
+        # the MMA warpgroups take turns unless the schedule asks for producer / consumer barriers only
+        wt = replace(wt, pingpong=s is None or s.barrier != "producer_consumer")
         return wgmma_attention.wgmma_attention_module_text(a, wt, name), Launch(
             attention_grid(a, wt), (wt.threads, 1, 1), wt.shared_bytes(a.head_dim),
             wgmma_attention.tensor_maps(a, wt))
+    _refuse_pingpong(v, "the mma.sync attention kernel")
     tiles = AttentionTiles(*s.tile[:2], s.stages) if chosen else AttentionTiles()
     return attention_module_text(a, tiles, name), Launch(attention_grid(a, tiles), (tiles.threads, 1, 1),
                                                          tiles.shared_bytes(a.head_dim))

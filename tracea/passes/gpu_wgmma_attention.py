@@ -8,15 +8,21 @@ targets/nvvm.py.
     then per key block j the K and V tiles into buffer j % stages (phase_cycle.specialized_plan:
     it waits for the buffer's release by every MMA warp before refilling it); proved for every
     block's count of key blocks (causal blocks visit only the blocks up to their last query)
-    each MMA warpgroup, per key block j:
+    each MMA warpgroup, per key block j (the plan's consumer body, _Writer.step):
         S = Q K^T: wgmma m64 x BN x k16 over the head dim, both operands from shared memory
-        (K read as the K-major B of a GEMM); wait_group 0 retires it and the last block's P V
+        (K read as the K-major B of a GEMM); the turn passes on; wait_group 0 retires S and the
+        last block's P V, and the warp releases the last block's buffer
         online softmax per row (gpu_attention.online_softmax: the m64 accumulator layout is the
         m16n8 one per warp): scale, mask, new max, P = exp(S - max), running sum, O *= alpha
-        O += P V: wgmma with A from registers (P's accumulator pairs, cast, are the A fragments,
-        as in the mma.sync kernel) and V an N-major B from shared memory; left in flight while
-        the warp releases the key block before (all its MMAs are retired)
+        (at its next turn) O += P V: wgmma with A from registers (P's accumulator pairs, cast,
+        are the A fragments, as in the mma.sync kernel) and V an N-major B from shared memory,
+        left in flight
     O / sum, cast, stored
+    turns (FlashAttention-3's ping-pong; two or more MMA warpgroups and buffers, the default):
+    a warpgroup issues its P V and the next Q K^T only in its turn, so its softmax runs while
+    the other warpgroups' MMAs keep the Tensor Cores busy; named barriers, proved with the
+    K / V pipeline by phase_cycle.check_agents (a turn must not wait for a release only a later
+    turn makes: one buffer has no turns)
 
 The tiles are 128-byte swizzled (TMA writes them so, the descriptors read them so) in 64-column
 boxes. Operands go through 3-D tensor maps (head dim, sequence, batch-heads): a box past a
@@ -36,7 +42,8 @@ from .gpu_mma import WORKGROUP, gpu_module_text
 from .gpu_wgmma import (_ALIGN, _K_MAJOR, BOX_K, ELEM_BYTES, REGISTERS, SWIZZLE_BYTES, WARPGROUP, TensorMap,
                         box_type, n_major_bits, tensormap_type)
 from .gpu_wgmma import _Writer as _GemmWriter
-from .phase_cycle import AgentPlan, specialized_plan
+from .phase_cycle import (AgentPlan, AwaitTurn, Compute, PassTurn, Release, WaitFull, WaitMma,
+                          specialized_plan)
 
 
 PRODUCER_REGISTERS = 24  # the producer warpgroup's: one thread issuing copies needs few
@@ -47,6 +54,7 @@ class WgmmaAttentionTiles:
     block_m: int = 128  # queries per block: 64 per MMA warpgroup
     block_n: int = 128  # keys per step
     stages: int = 2  # K and V buffers
+    pingpong: bool = True  # several MMA warpgroups take turns at the Tensor Cores (with stages >= 2)
     specialized = True  # a producer warp issues the copies (the GEMM writer's plan events ask)
 
     @property
@@ -118,10 +126,11 @@ def wgmma_attention_module_text(a: MmaAttention, tiles: WgmmaAttentionTiles | No
         raise OpError(f"the wgmma attention kernel needs a head dim of 64, 128, 192 or 256, got {a.head_dim}")
     tiles = tiles or default_tiles(a)
     tiles.validate(a.head_dim)
-    plan = specialized_plan(tiles.stages, 4 * tiles.warpgroups)
+    turns = tiles.warpgroups if tiles.pingpong and tiles.warpgroups > 1 and tiles.stages > 1 else 0
+    plan = specialized_plan(tiles.stages, 4 * tiles.warpgroups, turns)
     blocks = key_blocks(a, tiles)
     for count in (range(1, blocks + 1) if a.causal else (blocks,)):  # causal: each block's own count
-        plan.verify(count, count, agents=1)  # one MMA warp stands for its identical peers
+        plan.verify(count, count, agents=1)  # one MMA warp stands for its identical peers (taking turns: one a warpgroup)
     return _Writer(a, tiles, plan).module_text(name)
 
 
@@ -173,7 +182,8 @@ class _Writer(_GemmWriter):
 
     # -- the MMA warpgroups' step ------------------------------------------------------------
     def scores(self, buffer: str) -> str:
-        """S = Q K^T for the warpgroup's 64 queries and the key block in `buffer`, retired."""
+        """S = Q K^T for the warpgroup's 64 queries and the key block in `buffer`, issued as one
+        wgmma group."""
         t, T = self.t, self.tiles
         zero = t.op(f"llvm.mlir.zero : {self.s_t}", "z")
         q_base = t.add("%base", t.add("%pad", "%wg_q"))
@@ -188,8 +198,44 @@ class _Writer(_GemmWriter):
                      f"D[<f32>, <one>, <wrapped>], A[<{self.a.dtype}>, <one>, <row>], "
                      f"B[<{self.a.dtype}>, <one>, <col>] : {self.s_t} -> {self.s_t}", "s")
         t.line("nvvm.wgmma.commit.group.sync.aligned")
-        t.line("nvvm.wgmma.wait.group.sync.aligned 0")
         return s
+
+    # -- turns (FlashAttention-3's ping-pong): with several MMA warpgroups, warpgroup w issues
+    #    its MMAs (the last block's P V, then this block's Q K^T) only after w - 1 issued its own,
+    #    so one warpgroup's softmax runs while the others' MMAs keep the Tensor Cores busy. Named
+    #    barrier 1 + w: w waits there (128 threads), w - 1 arrives (128 more) when its turn is
+    #    issued. Turns go 0, 1, .., W - 1, 0, ..: the last warpgroup opens the first round by an
+    #    arrival, and every warpgroup but the last closes its final turn by one, so every
+    #    barrier sees as many arrivals as waits.
+    def takes_turns(self) -> bool:
+        return self.plan.turns > 0
+
+    def await_turn(self) -> None:
+        if self.takes_turns():
+            self.t.line("nvvm.barrier id = %turn number_of_threads = %turn_threads")
+
+    def pass_turn(self) -> None:
+        if self.takes_turns():
+            self.t.line("nvvm.barrier.arrive id = %next_turn number_of_threads = %turn_threads")
+
+    def open_turns(self, group: str) -> None:
+        t, W = self.t, self.tiles.warpgroups
+        if not self.takes_turns():
+            return
+        warpgroups = t.op(f"arith.constant {W} : i32", "w")
+        t.line(f"%turn = arith.addi {t.op(f'arith.index_cast {group} : index to i32', 'w')}, %i32_1 : i32")
+        t.line(f"%next_turn = arith.addi {t.op(f'arith.remui %turn, {warpgroups} : i32', 'w')}, %i32_1 : i32")
+        t.line(f"%turn_threads = arith.constant {2 * WARPGROUP} : i32")
+        t.open(f"scf.if {t.cmp('eq', group, t.c(W - 1))}")
+        self.pass_turn()
+        t.close()
+        self.await_turn()
+
+    def close_turns(self, group: str) -> None:
+        if self.takes_turns():
+            self.t.open(f"scf.if {self.t.cmp('ne', group, self.t.c(self.tiles.warpgroups - 1))}")
+            self.pass_turn()
+            self.t.close()
 
     def fenced(self, values: list[str], type_: str) -> list[str]:
         """The values passed through an empty side-effecting asm: LLVM may not move their
@@ -218,13 +264,37 @@ class _Writer(_GemmWriter):
                  f"({types}) -> {self.o_t}", "o")
         return self.elements(o, self.o_t, n)
 
-    def compute(self, tile: str, accs: list[str]) -> list[str]:
-        """Key block `tile`'s step: accs = [max of row g, of row g + 8, their running sums (this
-        thread's part), O]; returns the new ones with this block's P V in flight."""
+    def step(self, tile: str, accs: list[str]) -> list[str]:
+        """Key block `tile`'s step, the plan's consumer body (refused unless it is one of the two
+        this writer implements): accs = [max of row g, of row g + 8, their running sums (this
+        thread's part), O]; returns the new ones with this block's P V in flight (one buffer: retired)."""
+        t = self.t
+        turn = self.takes_turns()
+        released_early = (WaitFull(0, 0), Compute(0, 0), *(PassTurn(),) * turn, WaitMma(1), Release(-1),
+                          *(AwaitTurn(),) * turn)
+        one_buffer = (WaitFull(0, 0), Compute(0, 0), WaitMma(0), Release(0))
+        if self.plan.consumer not in (released_early, one_buffer):
+            raise OpError(f"the wgmma attention kernel emits the consumer steps {released_early} or {one_buffer}, "
+                          f"not {self.plan.consumer}")
+        self.wait_full(tile)
+        s = self.scores(self.buffer_of(tile))
+        self.pass_turn()  # this turn's MMAs are issued: the next warpgroup may issue its own
+        # the plan's wait_group 1, made 0: the softmax reads the scores (the last P V retires too)
+        t.line("nvvm.wgmma.wait.group.sync.aligned 0")
+        if self.plan.consumer == one_buffer:
+            accs = self.softmax_and_pv(tile, s, accs)
+            t.line("nvvm.wgmma.wait.group.sync.aligned 0")
+            self.release(tile, 0)
+            return accs
+        self.release(tile, 1)  # the last key block's buffer: its P V retired
+        return self.softmax_and_pv(tile, s, accs)
+
+    def softmax_and_pv(self, tile: str, s: str, accs: list[str]) -> list[str]:
+        """The online softmax of the retired scores `s`, then (at the warpgroup's next turn) this
+        block's P V, issued."""
         t, a, T = self.t, self.a, self.tiles
         m, l, o = accs[0:2], accs[2:4], accs[4]
         buffer = self.buffer_of(tile)
-        s = self.scores(buffer)  # retired, and with it the last block's P V: S and O are read from here on
         values = self.fenced(self.elements(s, self.s_t, T.block_n // 2), "f32")
         outs = self.fenced(self.elements(o, self.o_t, a.head_dim // 2), "f32")
         scores = [[[values[4 * n + 2 * h + e] for e in (0, 1)] for h in (0, 1)] for n in range(T.block_n // 8)]
@@ -236,6 +306,7 @@ class _Writer(_GemmWriter):
         regs, outs = self.fenced(regs, "i32"), self.fenced(outs, "f32")
         v_base = t.add("%base", self.kv_offset(1, buffer))
         v_bits = n_major_bits(T.block_n * SWIZZLE_BYTES)  # V's 64-column chunks are BN rows apart
+        self.await_turn()  # this P V and the next block's Q K^T are the warpgroup's next turn
         t.line("nvvm.wgmma.fence.aligned")  # O and P were written by ordinary instructions
         for c in range(T.block_n // 16):
             v_desc = self.descriptor(t.add(v_base, t.c(c * 16 * SWIZZLE_BYTES)), v_bits)
@@ -288,14 +359,16 @@ class _Writer(_GemmWriter):
         self.queries = [rows, t.add(rows, t.c(8))]
         t.line(f"nvgpu.mbarrier.try_wait.parity %qbar[{t.c(0)}], {t.op('arith.constant false', 'p')}, %ticks : "
                f"{self.q_bar_t}")
+        self.open_turns(group)
         neg, zero = f32_const(t, _MASKED), f32_const(t, 0.0)
         o_zero = t.op(f"llvm.mlir.zero : {self.o_t}", "z")
         types = ["f32"] * 4 + [self.o_t]
         t.open(f"%res:5 = scf.for %j = {t.c(0)} to %bound step {t.c(1)} iter_args(%m0 = {neg}, %m1 = {neg}, "
                f"%l0 = {zero}, %l1 = {zero}, %o = {o_zero}) -> ({', '.join(types)})")
-        new = self.emit(self.plan.consumer, "%j", ["%m0", "%m1", "%l0", "%l1", "%o"])
+        new = self.step("%j", ["%m0", "%m1", "%l0", "%l1", "%o"])
         t.line(f"scf.yield {', '.join(new)} : {', '.join(types)}")
         t.close()
+        self.close_turns(group)
         self.emit(self.plan.consumer_epilogue, None, [])
         out, out_t = head_view(t, a, "%O", a.seq_q, a.out_dtype)
         o = self.fenced(self.elements("%res#4", self.o_t, d // 2), "f32")  # read after the wait

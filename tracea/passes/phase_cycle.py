@@ -100,7 +100,19 @@ class WaitMma:
     pending: int
 
 
-Event = Load | Commit | WaitGroups | Barrier | WaitFull | Release | WaitEmpty | Compute | WaitMma
+@dataclass(frozen=True)
+class AwaitTurn:
+    """Warp-specialized consumers taking turns (a named barrier per consumer group, bar.sync):
+    wait until the previous group passed the turn on."""
+
+
+@dataclass(frozen=True)
+class PassTurn:
+    """bar.arrive on the next consumer group's turn barrier: its turn may start."""
+
+
+Event = (Load | Commit | WaitGroups | Barrier | WaitFull | Release | WaitEmpty | Compute | WaitMma | AwaitTurn
+         | PassTurn)
 
 
 def schedule(stages: int, trips: int, mechanism: str) -> list[Event]:
@@ -315,11 +327,16 @@ class AgentPlan:
     producer: tuple[Event, ...]
     consumer: tuple[Event, ...]
     consumer_epilogue: tuple[Event, ...] = ()
+    turns: int = 0  # consumer groups taking turns in the body's AwaitTurn .. PassTurn (0: none)
 
-    def unroll(self, trips: int, tile_trips: int | None = None) -> tuple[list[Event], list[Event]]:
+    def unroll(self, trips: int, tile_trips: int | None = None,
+               group: int = 0) -> tuple[list[Event], list[Event]]:
         """The producer's and one consumer's events, in program order, with absolute tiles.
         `tile_trips`: a persistent block's K loop length; its consumers run the epilogue after
-        each output tile's last K tile, while the count (buffers, phases) runs on."""
+        each output tile's last K tile, while the count (buffers, phases) runs on. With turns,
+        the consumer is of group `group`: it waits for its first turn before the loop, the last
+        group first passing the turn to group 0, and every other group passes its last turn on
+        after the loop (so every turn barrier gets as many arrivals as waits)."""
         S = self.stages
         tile_trips = tile_trips or trips
 
@@ -340,12 +357,17 @@ class AgentPlan:
                 else:
                     yield e
         producer = [e for k in range(trips) for e in events(self.producer, k)]
-        consumer = []
+        consumer, last = [], group == self.turns - 1
+        if self.turns:
+            consumer += [PassTurn()] * last + [AwaitTurn()]
         for k in range(trips):
             consumer += events(self.consumer, k)
             if (k + 1) % tile_trips == 0 or k + 1 == trips:
+                consumer += [PassTurn()] * (bool(self.turns) and not last and k + 1 == trips)
                 consumer += self.consumer_epilogue
-        return producer, consumer if trips else list(self.consumer_epilogue)
+        if not trips:
+            consumer += [PassTurn()] * (bool(self.turns) and not last) + list(self.consumer_epilogue)
+        return producer, consumer
 
     def verify(self, trips: int, tile_trips: int | None = None, agents: int | None = None) -> None:
         """`agents`: consumers to model, default all. The consumers run one program and meet the
@@ -353,19 +375,30 @@ class AgentPlan:
         between the producer and a consumer exists for each of them alike: one stands for all,
         which keeps the proof of a long persistent loop small."""
         producer, consumer = self.unroll(trips, tile_trips)
-        check_agents(producer, [consumer] * (agents or self.consumers), self.stages, trips)
+        if self.turns:  # the groups differ (first and last turns): one consumer stands for each group
+            consumers = [self.unroll(trips, tile_trips, g)[1] for g in range(self.turns)]
+        else:
+            consumers = [consumer] * (agents or self.consumers)
+        check_agents(producer, consumers, self.stages, trips)
 
 
-def specialized_plan(stages: int, consumers: int) -> AgentPlan:
+def specialized_plan(stages: int, consumers: int, turns: int = 0) -> AgentPlan:
     """The producer waits for a buffer's release before refilling it; a consumer releases the
     buffer of tile k - 1 once wgmma.wait_group 1 has retired that tile's MMAs (tile k's may run
-    on), and retires every MMA before the epilogue."""
+    on), and retires every MMA before the epilogue. `turns` groups of consumers (the attention's
+    MMA warpgroups) take turns: each passes the turn on once it issued tile k's first MMAs,
+    releases tile k - 1, and waits for its next turn before issuing the rest (FlashAttention-3's
+    ping-pong)."""
     if stages < 1 or consumers < 1:
         raise ValueError(f"a pipeline needs stages >= 1 and consumers >= 1, got {stages} and {consumers}")
+    if turns and stages < 2:
+        raise ValueError("consumers taking turns need stages >= 2: with one buffer a group releases it only "
+                         "after the MMAs of its next turn, which waits for the others' turns")
     pending = 1 if stages > 1 else 0  # one buffer: its MMAs must retire before the next load
+    pass_turn, await_turn = ((PassTurn(),), (AwaitTurn(),)) if turns else ((), ())
     return AgentPlan(stages, consumers, (WaitEmpty(0, 0), Load(0, 0)),
-                     (WaitFull(0, 0), Compute(0, 0), WaitMma(pending), Release(-pending)),
-                     (WaitMma(0),))
+                     (WaitFull(0, 0), Compute(0, 0), *pass_turn, WaitMma(pending), Release(-pending), *await_turn),
+                     (WaitMma(0),), turns)
 
 
 def check_agents(producer: list[Event], consumers: list[list[Event]], stages: int, trips: int) -> None:
@@ -393,6 +426,8 @@ def check_agents(producer: list[Event], consumers: list[list[Event]], stages: in
     waits: list[tuple[int, tuple[str, int], int, int]] = []  # node, barrier, phase, parity
     loads: dict[int, tuple[int, int]] = {}  # tile -> (load node, landed node)
     computes: list[tuple[dict[int, int], dict[int, int]]] = []  # per consumer: tile -> Compute, retiring WaitMma
+    turn_waits: dict[int, list[tuple[int, int]]] = {}  # consumer -> its AwaitTurns (arrival, resumption)
+    turn_passes: dict[int, list[int]] = {}  # consumer -> its PassTurns
     agents = [("producer", producer)] + [(f"consumer {c}", events) for c, events in enumerate(consumers)]
     for a, (agent, events) in enumerate(agents):
         previous, reading, computed, retired, seen = None, [], {}, {}, {}
@@ -400,7 +435,12 @@ def check_agents(producer: list[Event], consumers: list[list[Event]], stages: in
         for i, e in enumerate(events):
             me = node(f"{agent} event #{i} {e}", previous)
             previous = me
-            if isinstance(e, Load):
+            if isinstance(e, AwaitTurn) and a:  # bar.sync: arrives, then resumes once the barrier completes
+                previous = node(f"{agent} resumes after event #{i} {e}", me)
+                turn_waits.setdefault(a - 1, []).append((me, previous))
+            elif isinstance(e, PassTurn) and a:
+                turn_passes.setdefault(a - 1, []).append(me)
+            elif isinstance(e, Load):
                 if a or e.tile != len(loads) or e.tile >= trips or e.buffer != e.tile % stages:
                     raise PhaseError(f"{where}: {nodes[me]}: the producer loads tiles 0..{trips - 1} in order, "
                                      "tile j into buffer j % stages")
@@ -447,6 +487,21 @@ def check_agents(producer: list[Event], consumers: list[list[Event]], stages: in
     for w, barrier, u, _ in waits:
         if u < len(complete.get(barrier, [])):
             preds[w].append(complete[barrier][u])
+    # Consumer c's turn barrier: its u-th completion joins c's u-th AwaitTurn and the u-th
+    # PassTurn of the consumer before it (a named barrier counts threads: waits and arrivals
+    # must pair up, and no arrival may run ahead into an earlier phase)
+    turn_complete: dict[int, list[int]] = {}
+    if turn_waits or turn_passes:
+        n = len(consumers)
+        for c in range(n):
+            mine, passes = turn_waits.get(c, []), turn_passes.get((c - 1) % n, [])
+            if len(mine) != len(passes):
+                raise PhaseError(f"{where}: consumer {c} waits for {len(mine)} turns but consumer {(c - 1) % n} "
+                                 f"passes it {len(passes)}: a turn barrier left unbalanced")
+            turn_complete[c] = [node(f"consumer {c}'s turn {u} opens", arrival, passing)
+                                for u, ((arrival, _), passing) in enumerate(zip(mine, passes))]
+            for (_, resumption), opened in zip(mine, turn_complete[c]):
+                preds[resumption].append(opened)
 
     ancestors = _ancestors(nodes, preds, where)
 
@@ -472,6 +527,12 @@ def check_agents(producer: list[Event], consumers: list[list[Event]], stages: in
                 if not before(complete[barrier][u - 1], x[u]):
                     raise PhaseError(f"{where}: {nodes[x[u]]} may arrive on the {barrier[0]} barrier {barrier[1]} "
                                      f"before its phase {u - 1} completes, and count towards it")
+    for c, opened in turn_complete.items():
+        passes = turn_passes[(c - 1) % len(consumers)]
+        for u in range(1, len(passes)):
+            if not before(opened[u - 1], passes[u]):
+                raise PhaseError(f"{where}: {nodes[passes[u]]} may arrive before consumer {c}'s turn {u - 1} opened, "
+                                 "and count towards it")
     for c, (computed, retired) in enumerate(computes):
         for tile, (load, landed) in loads.items():
             use = computed[tile]

@@ -1,7 +1,8 @@
 """Runs a GpuKernelArtifact's PTX on the CPU: the NVIDIA kernels checked without a GPU.
 
 An interpreter for the PTX that LLVM's NVPTX back end emits for Tracea's kernels (integer and
-float arithmetic, loads and stores, branches, `bar.sync`, shuffles, `cp.async` groups,
+float arithmetic, loads and stores, branches, `bar.sync` (0, and named barriers with a
+thread count: `bar.sync` / `bar.arrive id, n`), shuffles, `cp.async` groups,
 `ldmatrix`, `mma.sync` m16n8k16, mbarriers, 2-D and 3-D TMA tile copies and `wgmma` with A
 from shared-memory descriptors or registers), written from the PTX ISA's definitions, not from Tracea's code generators: it
 checks their lane mappings, swizzles and descriptors by running them.
@@ -411,6 +412,7 @@ class Warp:
     pcs: np.ndarray = None
     done: np.ndarray = None
     waiting: np.ndarray = None  # at a bar.sync
+    named: int | None = None  # the named barrier (bar.sync id, count) it waits at, if any
     copies: list = field(default_factory=list)  # cp.async issued since the last commit
     groups: list = field(default_factory=list)  # committed cp.async groups, oldest first
     mma_open: list = field(default_factory=list)
@@ -470,6 +472,7 @@ class Block:
         self.shared.regions = list(emulator.shared_regions)
         self.mbarriers: dict[int, list[int]] = {}  # address -> [count, pending arrivals, tx bytes, phase]
         self.tma: dict[int, list] = {}  # mbarrier address -> copies in flight
+        self.named: dict[int, list] = {}  # named barrier id -> [thread count, threads arrived, warps waiting]
         threads = math.prod(emulator.block)
         ids = [np.arange(w * WARP, (w + 1) * WARP) for w in range(-(-threads // WARP))]
         self.warps = [Warp(w, np.where(i < threads, i, -1)) for w, i in enumerate(ids)]  # -1: no thread
@@ -481,8 +484,16 @@ class Block:
             if not runnable:
                 live = [w for w in self.warps if not w.done.all()]
                 if not live:
+                    if self.named:  # arrivals without the waits they pair with
+                        raise EmulationError(f"block {self.ctaid} exits with named barriers part-way: " + ", ".join(
+                            f"{bar} has {n[1]} of {n[0]} threads" for bar, n in sorted(self.named.items())))
                     return
-                for w in live:  # everyone left is at the barrier
+                at_zero = [w for w in live if w.named is None]
+                if not at_zero:
+                    raise EmulationError(f"deadlock in block {self.ctaid}: every warp waits at a named barrier ("
+                                         + ", ".join(f"{bar} has {n[1]} of {n[0]} threads"
+                                                     for bar, n in sorted(self.named.items())) + ")")
+                for w in at_zero:  # everyone left is at barrier 0 or a named one: 0 completes
                     w.waiting[:] = False
                 continue
             warp = self.rng.choice(runnable)
@@ -1013,14 +1024,51 @@ class Emulator:
     def _op_bar(self, inst):
         if inst.parts[1] == "warp":
             return lambda w, m, _: None
-        if len(inst.operands) > 1 or (inst.operands and inst.operands[0].kind != "imm"):
-            raise EmulationError(f"PTX line {inst.line}: only bar.sync with a constant barrier 0 is modelled")
+        if len(inst.operands) == 2:
+            return self._named_barrier(inst)
+        if inst.parts[1] != "sync" or (inst.operands and (inst.operands[0].kind != "imm" or inst.operands[0].value)):
+            raise EmulationError(f"PTX line {inst.line}: only bar.sync 0 and barriers with an id and a thread count "
+                                 "are modelled")
 
         def run(w, m, active):
             if not (m == active).all():
                 raise EmulationError("bar.sync under a predicate that differs across the warp's lanes")
             w.waiting |= m
             return "yield"
+        return run
+
+    def _named_barrier(self, inst):
+        """bar.sync / bar.arrive id, count: a warp adds its 32 threads to barrier `id`'s count
+        (arriving or also waiting); the `count`-th thread completes it and frees the waiting warps."""
+        ident, count = inst.operands
+        waits = inst.parts[1] == "sync"
+
+        def run(w, m, active):
+            if not (m == active).all():
+                raise EmulationError(f"PTX line {inst.line}: a named barrier under a predicate that differs across "
+                                     "the warp's lanes")
+            bar_id, n = (np.unique(typed(self.read(w, op, "u32"), "u32")[m]) for op in (ident, count))
+            if len(bar_id) != 1 or len(n) != 1:
+                raise EmulationError(f"PTX line {inst.line}: the warp's lanes name different barriers or counts")
+            bar_id, n = int(bar_id[0]), int(n[0])
+            if not 0 < bar_id < 16 or n % WARP:
+                raise EmulationError(f"PTX line {inst.line}: barrier {bar_id} with {n} threads (ids 1-15 with a "
+                                     "multiple of 32 threads are modelled)")
+            bar = self.current.named.setdefault(bar_id, [n, 0, []])
+            if bar[0] != n:
+                raise EmulationError(f"PTX line {inst.line}: barrier {bar_id} used with {n} threads while it counts "
+                                     f"{bar[0]}")
+            bar[1] += WARP
+            if waits:
+                w.waiting |= m
+                w.named = bar_id
+                bar[2].append(w)
+            if bar[1] == n:
+                for waiter in bar[2]:
+                    waiter.waiting[:] = False
+                    waiter.named = None
+                del self.current.named[bar_id]
+            return "yield" if waits else None
         return run
 
     _op_barrier = _op_bar
