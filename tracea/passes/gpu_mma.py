@@ -165,7 +165,7 @@ def launch_order_tile(block, n_tiles: int, m_tiles: int, group: int, arith):
     groups of `group` tile rows, column by column down each group, so the blocks running at once
     share a few A row panels and B column panels in L2 instead of sweeping all of B once per row
     of tiles (group 1: row by row). `arith(op, x, y)` does the arith dialect's index op `op`:
-    on Python ints here and in tests, as emitted ops in the kernels (IndexArith)."""
+    as emitted ops in the kernels (IndexArith), on Python ints in tests (int_arith)."""
     per_group = group * n_tiles
     first_row = arith("muli", arith("divui", block, per_group), group)
     rows = arith("minui", arith("subi", m_tiles, first_row), group)  # the last group may be short

@@ -130,7 +130,7 @@ def wgmma_attention_module_text(a: MmaAttention, tiles: WgmmaAttentionTiles | No
     plan = specialized_plan(tiles.stages, 4 * tiles.warpgroups, turns)
     blocks = key_blocks(a, tiles)
     for count in (range(1, blocks + 1) if a.causal else (blocks,)):  # causal: each block's own count
-        plan.verify(count, count, agents=1)  # one MMA warp stands for its identical peers (taking turns: one a warpgroup)
+        plan.verify(count, count, agents=1)  # one MMA warp stands for its peers (taking turns: per warpgroup)
     return _Writer(a, tiles, plan).module_text(name)
 
 

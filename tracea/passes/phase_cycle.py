@@ -234,14 +234,14 @@ def check(events: list[Event], stages: int, trips: int, mechanism: str) -> None:
             buf = buffers[e.buffer]
             if buf.tile is not None and not buf.read:
                 fail(i, e, f"overwrites tile {buf.tile} before it is read")
-            if mechanism in ("cp.async", "tma.wgmma") and not buf.read_barrier and buf.tile not in reading:
+            if mechanism == "tma.wgmma" and buf.tile in reading:
+                fail(i, e, f"overwrites buffer {e.buffer} while the MMAs of tile {buf.tile} may still read it "
+                           "(no wgmma.wait_group retired them)")
+            if mechanism in ("cp.async", "tma.wgmma") and not buf.read_barrier:
                 fail(i, e, f"overwrites buffer {e.buffer} while some threads may still read tile {buf.tile} "
                            "(no barrier since the read" + (", retired" if mechanism == "tma.wgmma" else "") + ")")
             if mechanism == "tma" and buf.uses and buf.empty_waited < buf.uses:
                 fail(i, e, f"reuses buffer {e.buffer} without waiting for the release of tile {buf.tile}")
-            if mechanism == "tma.wgmma" and buf.tile in reading:
-                fail(i, e, f"overwrites buffer {e.buffer} while the MMAs of tile {buf.tile} may still read it "
-                           "(no wgmma.wait_group retired them)")
             buffers[e.buffer] = _Buffer(tile=e.tile, uses=buf.uses + 1, releases=buf.releases,
                                         empty_waited=buf.empty_waited)
             in_flight.add(e.tile)
@@ -357,17 +357,14 @@ class AgentPlan:
                 else:
                     yield e
         producer = [e for k in range(trips) for e in events(self.producer, k)]
-        consumer, last = [], group == self.turns - 1
-        if self.turns:
-            consumer += [PassTurn()] * last + [AwaitTurn()]
+        last = group == self.turns - 1
+        consumer = [PassTurn()] * last + [AwaitTurn()] if self.turns else []
         for k in range(trips):
             consumer += events(self.consumer, k)
-            if (k + 1) % tile_trips == 0 or k + 1 == trips:
-                consumer += [PassTurn()] * (bool(self.turns) and not last and k + 1 == trips)
+            if (k + 1) % tile_trips == 0 and k + 1 < trips:
                 consumer += self.consumer_epilogue
-        if not trips:
-            consumer += [PassTurn()] * (bool(self.turns) and not last) + list(self.consumer_epilogue)
-        return producer, consumer
+        closing = [PassTurn()] if self.turns and not last else []
+        return producer, consumer + closing + list(self.consumer_epilogue)
 
     def verify(self, trips: int, tile_trips: int | None = None, agents: int | None = None) -> None:
         """`agents`: consumers to model, default all. The consumers run one program and meet the
@@ -376,7 +373,7 @@ class AgentPlan:
         which keeps the proof of a long persistent loop small."""
         producer, consumer = self.unroll(trips, tile_trips)
         if self.turns:  # the groups differ (first and last turns): one consumer stands for each group
-            consumers = [self.unroll(trips, tile_trips, g)[1] for g in range(self.turns)]
+            consumers = [consumer] + [self.unroll(trips, tile_trips, g)[1] for g in range(1, self.turns)]
         else:
             consumers = [consumer] * (agents or self.consumers)
         check_agents(producer, consumers, self.stages, trips)
