@@ -1,30 +1,42 @@
 """NVIDIA benchmark: Tracea's GEMM kernels against torch.matmul (cuBLAS), its NHWC convolutions
-against torch's conv2d (cuDNN, channels-last) and its attention against torch SDPA (flash), in two
-steps, since the compiler (MLIR) and the GPU are on different machines here:
+against torch's conv2d (cuDNN, channels-last) and its attention against torch SDPA and a Triton
+fused attention (bench/triton_attention.py), in steps, since the compiler (MLIR) and the GPU are
+on different machines here:
 
     .venv/bin/python bench/gpu.py build .gpu-bench            # here: compile, write the artifacts
-    python3 bench/gpu.py run .gpu-bench [--markdown]          # on the GPU machine: check, time
+    .venv/bin/python bench/gpu.py check .gpu-bench --emulate  # here: the checks' PTX run on the CPU
     python3 bench/gpu.py check .gpu-bench                     # on the GPU machine: every kernel variant
                                                               # (small odd shapes) against torch
-    .venv/bin/python bench/gpu.py check .gpu-bench --emulate  # here: the same, PTX run on the CPU
+    python3 bench/gpu.py run .gpu-bench --out $OUT            # there: check and time the big ones
+    python3 bench/gpu.py profile .gpu-bench $OUT/gpu-run.json --out $OUT  # there: ncu, best and worst
 
 `build` also writes the `check` cases: each kernel variant Tracea emits (epilogues, batched and
 transposed operands, the SIMT fallback, both attention kernels with ragged and causal sequences,
-strided convs),
-for every chip the device can run, compared with torch in f32.
+strided convs), for every chip the device can run, compared with torch in f32.
 
-`run` needs only numpy, torch (CUDA) and cuda-bindings: it loads tracea/runtime's launcher by
-path. The timed kernels write the inputs' dtype, as torch does. Each kernel is first checked
-against torch computing in f32, then Tracea and torch.matmul are timed
-in the same process with CUDA events (median of 50 launches after 10 warm-up ones, L2 not
-flushed: both sides see the same warm cache). Ratio = torch time / Tracea time (> 1: faster).
+`run` needs only numpy, torch (CUDA) and cuda-bindings (Triton for the attention peer): it loads
+tracea/runtime's launcher by path. The timed kernels write the inputs' dtype, as torch does. Each
+kernel and peer is first checked against torch computing in f32, then they are timed in the same
+process with CUDA events (median of 50 launches after 10 warm-up ones, L2 not flushed: every side
+sees the same warm cache). Ratio = Tracea's TFLOP/s over the peer's (> 1: faster). `run --only
+REGEX` times a subset; every case's row is in gpu-run.json as soon as it is measured, the table in
+gpu-run.md at the end, and stdout ends with one line per problem. A case that runs past its time
+(a deadlocked kernel) stops the process with what was measured saved.
 """
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
+import re
 import sys
+import threading
+
+try:  # the attention goal's peer; only where Triton is (the GPU machine)
+    import triton_attention
+except ImportError:
+    triton_attention = None
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 RUNTIME = os.path.join(HERE, "..", "tracea", "runtime")
@@ -161,47 +173,56 @@ def check_reference(torch, kind, params, xs):
 def check(directory: str, emulate: bool = False) -> int:
     """emulate: run the PTX on the CPU (runtime/ptx_emulator.py) instead of a GPU."""
     sys.path.insert(0, RUNTIME)
-    import gpu_artifact  # noqa: E402 - by path: no MLIR on the GPU machine
     import torch
 
     if emulate:
-        import ptx_emulator
         device = None
         print(f"PTX emulator on the CPU, torch {torch.__version__}", flush=True)
     else:
-        import cuda_launcher as cl
+        import cuda_launcher as cl  # noqa: E402 - by path: no MLIR on the GPU machine
         device = cl.Device.get(0)
         print(f"device: {device}, torch {torch.__version__}", flush=True)
     with open(os.path.join(directory, "checks.json")) as f:
         checks = json.load(f)
     failed = 0
-    dtypes = {"f16": torch.float16, "bf16": torch.bfloat16, "f32": torch.float32}
+    watchdog = Watchdog(900 if emulate else 60)
     for name, chip, inputs, kind, params in checks:
         if device is not None and device.runs(chip) is None:
             print(f"skip  {name}: {device} cannot run {chip} code", flush=True)
             continue
-        torch.manual_seed(0)
-        xs = [torch.randn(*shape, device="cpu" if emulate else "cuda", dtype=dtypes[dtype]) for shape, dtype in inputs]
-        try:
-            artifact = gpu_artifact.GpuKernelArtifact.load(os.path.join(directory, name))
-            if emulate:
-                out = torch.from_numpy(ptx_emulator.emulate(artifact, *[x.float().numpy() for x in xs])[0])
-                where = "emulated"
-            else:
-                kernel = cl.CudaKernel(artifact, device)
-                out = kernel(*xs)
-                torch.cuda.synchronize()
-                where = kernel.loaded_from
-            expected = check_reference(torch, kind, params, xs)
-            error = ((out.float() - expected).abs().max() / expected.abs().max().clamp(min=1e-6)).item()
-            ok = error < 2e-2
-            print(f"{'ok  ' if ok else 'BAD '} {name}: max rel. error {error:.1e} [{where}]", flush=True)
-        except Exception as e:  # report every case, not only the first failure
-            ok = False
-            print(f"FAIL {name}: {type(e).__name__}: {e}", flush=True)
-        failed += not ok
+        with watchdog.case(name):
+            failed += not _check_case(torch, device, os.path.join(directory, name), inputs, kind, params)
     print(f"{failed} of {len(checks)} checks failed" if failed else "all checks passed", flush=True)
     return 1 if failed else 0
+
+
+def _check_case(torch, device, path: str, inputs, kind, params) -> bool:
+    """One check on `device`, or emulated if None; prints the outcome, says whether it passed."""
+    import gpu_artifact  # noqa: E402 - by path: no MLIR on the GPU machine
+    dtypes = {"f16": torch.float16, "bf16": torch.bfloat16, "f32": torch.float32}
+    name = os.path.basename(path)
+    torch.manual_seed(0)
+    xs = [torch.randn(*shape, device="cuda" if device else "cpu", dtype=dtypes[dtype]) for shape, dtype in inputs]
+    try:
+        artifact = gpu_artifact.GpuKernelArtifact.load(path)
+        if device is None:
+            import ptx_emulator
+            out = torch.from_numpy(ptx_emulator.emulate(artifact, *[x.float().numpy() for x in xs])[0])
+            where = "emulated"
+        else:
+            import cuda_launcher as cl
+            kernel = cl.CudaKernel(artifact, device)
+            out = kernel(*xs)
+            torch.cuda.synchronize()
+            where = kernel.loaded_from
+            kernel.close()
+        error = _relative_error(out, check_reference(torch, kind, params, xs))
+        ok = error < 2e-2
+        print(f"{'ok  ' if ok else 'BAD '} {name}: max rel. error {error:.1e} [{where}]", flush=True)
+    except Exception as e:  # report every case, not only the first failure
+        ok = False
+        print(f"FAIL {name}: {type(e).__name__}: {e}", flush=True)
+    return ok
 
 
 def case_name(dtype: str, transpose_b: bool, size: int, chip: str) -> str:
@@ -278,91 +299,243 @@ def build(directory: str, chips: list[str]) -> int:
     return 0
 
 
-def run(directory: str, markdown: bool, iterations: int) -> int:
+class Watchdog:
+    """Ends the process when one case runs past `seconds`: a kernel that deadlocks (a wait on a
+    barrier nobody arrives at) never returns, and time on the GPU machine is short. `on_hang`
+    saves what was measured first."""
+
+    def __init__(self, seconds: float, on_hang=lambda: None):
+        self.seconds, self.on_hang = seconds, on_hang
+
+    @contextlib.contextmanager
+    def case(self, name: str):
+        def fire():
+            print(f"HANG: {name} did not finish in {self.seconds:g} s; stopping", flush=True)
+            self.on_hang()
+            os._exit(3)  # the main thread is blocked in the driver: only exiting the process frees it
+        timer = threading.Timer(self.seconds, fire)
+        timer.start()
+        try:
+            yield
+        finally:
+            timer.cancel()
+
+
+def problem(torch, case, device: str = "cuda"):
+    """(inputs, f32 reference, {peer: call}, flops) of a timed case."""
+    dtype = torch.float16 if case["dtype"] == "f16" else torch.bfloat16
+    torch.manual_seed(0)
+    F = torch.nn.functional
+    if "attention" in case:
+        batch, heads, seq, dim, causal = case["attention"]
+        q, k, v = (torch.randn(batch, heads, seq, dim, device=device, dtype=dtype) for _ in range(3))
+        expected = F.scaled_dot_product_attention(q.float(), k.float(), v.float(), is_causal=causal)
+        peers = {"torch": lambda: F.scaled_dot_product_attention(q, k, v, is_causal=causal)}
+        if triton_attention is not None and device == "cuda":
+            peers["triton"] = lambda: triton_attention.attention(q, k, v, causal)
+        return (q, k, v), expected, peers, 4.0 * batch * heads * seq * seq * dim / (2 if causal else 1)
+    if "conv" in case:
+        batch, hw, c, f, kk, stride, pad = case["conv"]
+        x = torch.randn(batch, hw, hw, c, device=device, dtype=dtype)
+        w = torch.randn(kk, kk, c, f, device=device, dtype=dtype)
+        x_t = x.permute(0, 3, 1, 2)  # NCHW view of channels-last memory: cuDNN's NHWC kernels
+        w_t = w.permute(3, 2, 0, 1).contiguous(memory_format=torch.channels_last)
+        expected = F.conv2d(x_t.float(), w_t.float(), stride=stride, padding=pad).permute(0, 2, 3, 1)
+        peers = {"torch": lambda: F.conv2d(x_t, w_t, stride=stride, padding=pad).permute(0, 2, 3, 1)}  # a view
+        out_hw = (hw + 2 * pad - kk) // stride + 1
+        return (x, w), expected, peers, 2.0 * batch * out_hw * out_hw * f * c * kk * kk
+    size, transpose_b = case["size"], case["transpose_b"]
+    a, b = (torch.randn(size, size, device=device, dtype=dtype) for _ in range(2))
+    b_as_used = b.T if transpose_b else b
+    expected = a.float() @ b_as_used.float()
+    return (a, b), expected, {"torch": lambda: torch.matmul(a, b_as_used)}, 2.0 * size ** 3
+
+
+def _relative_error(out, expected) -> float:
+    return ((out.float() - expected).abs().max() / expected.abs().max().clamp(min=1e-6)).item()
+
+
+def _problem_key(case) -> str:
+    return json.dumps({k: v for k, v in case.items() if k in ("chip", "dtype", "transpose_b", "size", "conv", "attention")})
+
+
+def _what(r) -> str:
+    if "attention" in r:
+        return f"attention {r['dtype']} {r['attention']} (B, H, S, D, causal)"
+    if "conv" in r:
+        return f"conv {r['conv']} (N, HW, C, F, k, stride, pad)"
+    return f"{r['dtype']} {'A B^T' if r['transpose_b'] else 'A B'} {r['size']}^3"
+
+
+def run(directory: str, out_dir: str, only: str | None, iterations: int) -> int:
+    """Check and time every case (those whose name matches `only`, if given) against torch, and
+    attention against the Triton peer too; the full results go to out_dir/gpu-run.json (kept up
+    to date as cases finish) and .md, a summary per problem to stdout."""
     sys.path.insert(0, RUNTIME)
     import cuda_launcher as cl  # noqa: E402 - by path: no MLIR on the GPU machine
     import gpu_artifact
     import torch
 
     device = cl.Device.get(0)
-    print(f"device: {device}, torch {torch.__version__}", flush=True)
+    print(f"device: {device}, torch {torch.__version__}, Triton peer: "
+          f"{'yes' if triton_attention else 'no (triton not importable)'}", flush=True)
     with open(os.path.join(directory, "cases.json")) as f:
-        cases = json.load(f)
-    rows = []
-    peer_times = {}  # torch's time per problem: the same for every variant of a GEMM
+        cases = [c for c in json.load(f) if only is None or re.search(only, c["name"])]
+    os.makedirs(out_dir, exist_ok=True)
+    results = os.path.join(out_dir, "gpu-run.json")
+    rows, failures = [], []
+    save = lambda: _write_json(results, {"device": str(device), "torch": torch.__version__,  # noqa: E731
+                                         "rows": rows, "failures": failures})
+    watchdog = Watchdog(180, save)  # the first Triton call of a problem autotunes: tens of seconds
+    peer_times: dict[str, dict] = {}  # per problem, shared by all its variants
     for case in cases:
-        artifact = gpu_artifact.GpuKernelArtifact.load(os.path.join(directory, case["name"]))
         if device.runs(case["chip"]) is None:
             print(f"skip {case['name']}: {device} cannot run {case['chip']} code", flush=True)
             continue
-        kernel = cl.CudaKernel(artifact, device)
-        dtype = torch.float16 if case["dtype"] == "f16" else torch.bfloat16
-        torch.manual_seed(0)
-        if "attention" in case:
-            batch, heads, seq, dim, causal = case["attention"]
-            q, k, v = (torch.randn(batch, heads, seq, dim, device="cuda", dtype=dtype) for _ in range(3))
-            inputs = (q, k, v)
-            expected = torch.nn.functional.scaled_dot_product_attention(q.float(), k.float(), v.float(),
-                                                                        is_causal=causal)
-            peer_call = lambda: torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=causal)  # noqa: E731
-            flops = 4.0 * batch * heads * seq * seq * dim / (2 if causal else 1)
-        elif "conv" in case:
-            batch, hw, c, f, kk, stride, pad = case["conv"]
-            x = torch.randn(batch, hw, hw, c, device="cuda", dtype=dtype)
-            w = torch.randn(kk, kk, c, f, device="cuda", dtype=dtype)
-            inputs = (x, w)
-            x_t = x.permute(0, 3, 1, 2)  # NCHW view of channels-last memory: cuDNN's NHWC kernels
-            w_t = w.permute(3, 2, 0, 1).contiguous(memory_format=torch.channels_last)
-            expected = torch.nn.functional.conv2d(x_t.float(), w_t.float(), stride=stride,
-                                                  padding=pad).permute(0, 2, 3, 1)
-            peer_call = lambda: torch.nn.functional.conv2d(x_t, w_t, stride=stride, padding=pad)  # noqa: E731
-            out_hw = (hw + 2 * pad - kk) // stride + 1
-            flops = 2.0 * batch * out_hw * out_hw * f * c * kk * kk
-        else:
-            size, transpose_b = case["size"], case["transpose_b"]
-            a = torch.randn(size, size, device="cuda", dtype=dtype)
-            b = torch.randn(size, size, device="cuda", dtype=dtype)
-            inputs = (a, b)
-            expected = a.float() @ (b.float().T if transpose_b else b.float())
-            peer_call = lambda a=a, b=b, t=transpose_b: torch.matmul(a, b.T if t else b)  # noqa: E731
-            flops = 2.0 * size ** 3
-        out = kernel(*inputs)
-        torch.cuda.synchronize()
-        error = ((out - expected).abs().max() / expected.abs().max()).item()
-        ok = error < 1e-2
-        ours = kernel.time(*inputs, iterations=iterations, warmup=10)
-        problem = json.dumps({k: v for k, v in case.items() if k in ("dtype", "transpose_b", "size", "conv", "attention")})
-        if problem not in peer_times:
-            peer_times[problem] = _time_torch(peer_call, iterations)
-        peer = peer_times[problem]
-        row = {**case, "loaded_from": kernel.loaded_from, "ok": ok, "max_rel_error": error,
-               "tracea_tflops": flops / ours / 1e12, "cublas_tflops": flops / peer / 1e12}
+        try:
+            with watchdog.case(case["name"]):
+                row = _measure(cl, gpu_artifact, torch, device, directory, case, peer_times, iterations)
+        except Exception as e:  # the other cases still run; a broken context makes them fail fast
+            failures.append({"name": case["name"], "error": f"{type(e).__name__}: {e}"})
+            print(f"FAIL {case['name']}: {failures[-1]['error']}", flush=True)
+            save()
+            continue
         rows.append(row)
-        print(f"{case['name']:<52} {'ok ' if ok else 'BAD'} err {error:.1e}  tracea {row['tracea_tflops']:7.1f} "
-              f"TFLOP/s  torch {row['cublas_tflops']:7.1f}  (x{peer / ours:.2f})  [{kernel.loaded_from}]", flush=True)
+        save()
+        peers_text = "  ".join(f"{p} {_tflops(row, p)}" for p in peer_times[_problem_key(case)])
+        print(f"{case['name']:<56} {'ok ' if row['ok'] else 'BAD'} err {row['max_rel_error']:.1e}  tracea "
+              f"{_tflops(row, 'tracea')} TFLOP/s  {peers_text}  ({_ratio(row, 'torch')})  [{row['loaded_from']}]",
+              flush=True)
+    with open(os.path.join(out_dir, "gpu-run.md"), "w") as f:
+        f.write(markdown_table(rows))
+    print(f"\nfull results: {results}, table: {os.path.join(out_dir, 'gpu-run.md')}\n")
+    print(summary(rows), flush=True)
+    print(f"{len(failures)} cases failed to run: {', '.join(f['name'] for f in failures)}" if failures else "",
+          flush=True)
+    return 0 if all(r["ok"] for r in rows) and not failures else 1
+
+
+def _measure(cl, gpu_artifact, torch, device, directory: str, case, peer_times, iterations: int) -> dict:
+    """Check and time one case, and its problem's peers the first time the problem comes up."""
+    kernel = cl.CudaKernel(gpu_artifact.GpuKernelArtifact.load(os.path.join(directory, case["name"])), device)
+    try:
+        inputs, expected, peers, flops = problem(torch, case)
+        error = _relative_error(kernel(*inputs), expected)
+        ours = kernel.time(*inputs, iterations=iterations, warmup=10)
+    finally:
         kernel.close()
-    if markdown:
-        print("\n| kernel | chip (loaded as) | schedule | correct (max rel. error) | Tracea TFLOP/s "
-              "| torch (cuBLAS / cuDNN) TFLOP/s | ratio |")
-        print("| --- | --- | --- | --- | --- | --- | --- |")
-        for r in rows:
-            what = (f"attention {r['attention']} (B, H, S, D, causal)" if "attention" in r else
-                    f"conv {r['conv']} (N, HW, C, F, k, stride, pad)" if "conv" in r else
-                    f"{r['dtype']} {'A B^T' if r['transpose_b'] else 'A B'} {r['size']}^3")
-            print(f"| {what} | {r['chip']} ({r['loaded_from']}) | {r.get('variant', 'default')} "
-                  f"| {'yes' if r['ok'] else 'NO'} ({r['max_rel_error']:.1e}) | {r['tracea_tflops']:.1f} "
-                  f"| {r['cublas_tflops']:.1f} | **{r['tracea_tflops'] / r['cublas_tflops']:.2f}x** |")
-    best: dict[tuple, dict] = {}
+    key = _problem_key(case)
+    if key not in peer_times:
+        peer_times[key] = {}
+        for peer, call in peers.items():
+            peer_error = _relative_error(call(), expected)
+            peer_times[key][peer] = _time_torch(call, iterations) if peer_error < 1e-2 else None
+            if peer_error >= 1e-2:
+                print(f"peer {peer} is WRONG on {_what(case)} (max rel. error {peer_error:.1e}): not timed")
+    return {**case, "loaded_from": kernel.loaded_from, "ok": error < 1e-2, "max_rel_error": error,
+            "tracea_tflops": flops / ours / 1e12,
+            **{f"{peer}_tflops": t and flops / t / 1e12 for peer, t in peer_times[key].items()}}
+
+
+def _write_json(path: str, value) -> None:
+    with open(path + ".tmp", "w") as f:
+        json.dump(value, f, indent=1)
+    os.replace(path + ".tmp", path)
+
+
+def _tflops(r, who: str) -> str:
+    return f"{r[who + '_tflops']:.1f}" if r.get(who + "_tflops") else "-"
+
+
+def _ratio(r, peer: str) -> str:
+    return f"{r['tracea_tflops'] / r[peer + '_tflops']:.2f}x" if r.get(peer + "_tflops") else "-"
+
+
+def markdown_table(rows) -> str:
+    lines = ["| kernel | chip (loaded as) | schedule | correct (max rel. error) | Tracea TFLOP/s "
+             "| torch (cuBLAS / cuDNN / SDPA) TFLOP/s | ratio | Triton TFLOP/s | ratio |",
+             "| --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
     for r in rows:
-        if "variant" in r and r["ok"]:
-            key = (r["chip"], r["dtype"], str(r.get("attention")), r.get("transpose_b"), r.get("size"))
-            if key not in best or r["tracea_tflops"] > best[key]["tracea_tflops"]:
-                best[key] = r
-    for (chip, dtype, attention, transpose_b, size), r in best.items():
-        what = (f"attention {attention}" if attention != "None" else
-                f"{'A B^T' if transpose_b else 'A B'} {size}^3")
-        print(f"best {chip} {dtype} {what}: {r['variant']} (x{r['tracea_tflops'] / r['cublas_tflops']:.2f} torch)")
-    return 0 if all(r["ok"] for r in rows) else 1
+        lines.append(f"| {_what(r)} | {r['chip']} ({r['loaded_from']}) | {r.get('variant', 'default')} "
+                     f"| {'yes' if r['ok'] else 'NO'} ({r['max_rel_error']:.1e}) | {_tflops(r, 'tracea')} "
+                     f"| {_tflops(r, 'torch')} | **{_ratio(r, 'torch')}** | {_tflops(r, 'triton')} "
+                     f"| {_ratio(r, 'triton')} |")
+    return "\n".join(lines) + "\n"
+
+
+def summary(rows) -> str:
+    """One line per problem: the default schedule's ratios and the best correct variant's."""
+    problems: dict[str, list] = {}
+    for r in rows:
+        problems.setdefault(_problem_key(r), []).append(r)
+    lines = []
+    for variants in problems.values():
+        default = next((r for r in variants if r.get("variant", "default") == "default"), variants[0])
+        good = [r for r in variants if r["ok"]]
+        best = max(good, key=lambda r: r["tracea_tflops"]) if good else None
+        text = (f"{default['chip']} {_what(default)}: default {default['tracea_tflops']:.0f} TFLOP/s "
+                f"{_ratio(default, 'torch')} torch")
+        text += f" {_ratio(default, 'triton')} Triton" if default.get("triton_tflops") else ""
+        text += "" if default["ok"] else " WRONG"
+        if best is not None and best is not default:
+            text += f"; best {best['variant']} {best['tracea_tflops']:.0f} ({_ratio(best, 'torch')})"
+        lines.append(text)
+    return "\n".join(lines)
+
+
+NCU_SECTIONS = ("SpeedOfLight", "ComputeWorkloadAnalysis", "MemoryWorkloadAnalysis", "Occupancy", "LaunchStats",
+                "WarpStateStats", "SchedulerStats")
+NCU_KEY_LINES = re.compile(r"^\s*(Duration|Compute \(SM\) Throughput|Memory Throughput|DRAM Throughput|L2 Hit Rate|"
+                           r"Registers Per Thread|Achieved Occupancy|Theoretical Occupancy|Issue Slots Busy|"
+                           r"Block Limit \w+|Shared Memory Configuration Size)\b")
+
+
+def launch(directory: str, name: str) -> int:
+    """Launch one case's kernel once on its inputs (what `profile` runs under ncu)."""
+    sys.path.insert(0, RUNTIME)
+    import cuda_launcher as cl  # noqa: E402 - by path: no MLIR on the GPU machine
+    import gpu_artifact
+    import torch
+    with open(os.path.join(directory, "cases.json")) as f:
+        case = next(c for c in json.load(f) if c["name"] == name)
+    kernel = cl.CudaKernel(gpu_artifact.GpuKernelArtifact.load(os.path.join(directory, name)), cl.Device.get(0))
+    inputs, _, _, _ = problem(torch, case)
+    kernel(*inputs)
+    torch.cuda.synchronize()
+    return 0
+
+
+def profile_choices(rows) -> list[tuple[str, dict]]:
+    """("worst" | "best", row) of the correct default GEMMs and attentions, by ratio to torch."""
+    rows = [r for r in rows if r["ok"] and r.get("variant", "default") == "default" and r.get("torch_tflops")]
+    chosen = []
+    for family in ([r for r in rows if "size" in r], [r for r in rows if "attention" in r]):
+        family.sort(key=lambda r: r["tracea_tflops"] / r["torch_tflops"])
+        chosen += [("worst", family[0]), ("best", family[-1])] if family else []
+    return chosen
+
+
+def profile(directory: str, results: str, out_dir: str) -> int:
+    """ncu on the best and the worst default GEMM and attention kernel of a `run` (by their ratio
+    to torch): the full reports go to out_dir/ncu.txt, their key lines to stdout."""
+    import subprocess
+    with open(results) as f:
+        chosen = profile_choices(json.load(f)["rows"])
+    report = os.path.join(out_dir, "ncu.txt")
+    with open(report, "w") as log:
+        for which, r in chosen:
+            kernel_name = json.load(open(os.path.join(directory, r["name"] + ".json")))["name"]
+            command = ["ncu", "--clock-control", "none", "--kernel-name", kernel_name, "--launch-count", "1",
+                       *[a for section in NCU_SECTIONS for a in ("--section", section)],
+                       sys.executable, os.path.abspath(__file__), "launch", directory, r["name"]]
+            print(f"\n== {which}: {r['name']} ({r['tracea_tflops'] / r['torch_tflops']:.2f}x torch)", flush=True)
+            done = subprocess.run(command, capture_output=True, text=True, timeout=300)
+            log.write(f"== {which}: {r['name']}\n$ {' '.join(command)}\n{done.stdout}{done.stderr}\n")
+            lines = [line for line in done.stdout.splitlines() if NCU_KEY_LINES.match(line)]
+            print("\n".join(lines) if done.returncode == 0 and lines else
+                  f"ncu failed ({done.returncode}): {(done.stderr or done.stdout)[-600:]}", flush=True)
+    print(f"\nfull ncu reports: {report}")
+    return 0
 
 
 def _time_torch(call, iterations: int) -> float:
@@ -388,18 +561,30 @@ def main() -> int:
     b.add_argument("--chips", default="sm_80,sm_90a", help="comma-separated: sm_80, sm_90a")
     r = sub.add_parser("run", help="check and time them (needs a GPU, torch and cuda-bindings)")
     r.add_argument("directory")
-    r.add_argument("--markdown", action="store_true")
+    r.add_argument("--out", help="where gpu-run.json and gpu-run.md go (default: the directory)")
+    r.add_argument("--only", metavar="REGEX", help="only the cases whose name matches")
     r.add_argument("--iterations", type=int, default=50)
     c = sub.add_parser("check", help="compare every kernel variant with torch (needs a GPU, torch and cuda-bindings)")
     c.add_argument("directory")
     c.add_argument("--emulate", action="store_true",
                    help="run the kernels' PTX in Tracea's emulator on the CPU (no GPU; minutes)")
+    p = sub.add_parser("profile", help="ncu on the best and worst kernels of a run (needs a GPU and ncu)")
+    p.add_argument("directory")
+    p.add_argument("results", help="a run's gpu-run.json")
+    p.add_argument("--out", help="where ncu.txt goes (default: the directory)")
+    one = sub.add_parser("launch", help="launch one case's kernel once (what profile runs under ncu)")
+    one.add_argument("directory")
+    one.add_argument("name")
     args = parser.parse_args()
     if args.step == "build":
         return build(args.directory, args.chips.split(","))
     if args.step == "check":
         return check(args.directory, args.emulate)
-    return run(args.directory, args.markdown, args.iterations)
+    if args.step == "profile":
+        return profile(args.directory, args.results, args.out or args.directory)
+    if args.step == "launch":
+        return launch(args.directory, args.name)
+    return run(args.directory, args.out or args.directory, args.only, args.iterations)
 
 
 if __name__ == "__main__":

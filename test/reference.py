@@ -1,6 +1,9 @@
 """float64 numpy references for every tracea op, and test helpers."""
 from __future__ import annotations
 
+import importlib.util
+from pathlib import Path
+
 import numpy as np
 from scipy.special import erf
 
@@ -9,6 +12,14 @@ from tracea.runtime.dtypes import to_numpy
 # Tolerances relative to the result's magnitude, by the result's element type: f32 accumulates
 # rounding over K terms; f16/bf16 results are rounded once at the end.
 TOLERANCE = {"f32": 2e-5, "f16": 2e-3, "bf16": 1.6e-2}
+
+
+def bench_module(name: str):
+    """bench/<name>.py, imported (the benchmarks are scripts, not a package)."""
+    spec = importlib.util.spec_from_file_location(f"bench_{name}", Path(__file__).parent.parent / "bench" / f"{name}.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
 
 
 def random(rng: np.random.Generator, shape, dtype: str = "f32", scale: float = 1.0) -> np.ndarray:

@@ -5,9 +5,7 @@ fragment register, an unretired wgmma, a lost mbarrier arrival, a short buffer) 
 from __future__ import annotations
 
 import dataclasses
-import importlib.util
 import re
-from pathlib import Path
 
 import numpy as np
 import pytest
@@ -15,13 +13,12 @@ import pytest
 import tracea
 from tracea import dialects as td
 from tracea.runtime import ptx_emulator as pe
+from reference import bench_module
 
 torch = pytest.importorskip("torch")
 
 # the kernel builders and torch references of bench/gpu.py's GPU checks, here at smaller shapes
-_spec = importlib.util.spec_from_file_location("bench_gpu", Path(__file__).parent.parent / "bench" / "gpu.py")
-bench_gpu = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(bench_gpu)
+bench_gpu = bench_module("gpu")
 
 # (chip, input shapes and dtypes, kind, parameters): every kernel variant, small and ragged
 CASES = {
