@@ -62,6 +62,9 @@ VARIANTS = {
                                    "persistent": 132},
         "group 1": {"group_m": 1},
         "group 16": {"group_m": 16},
+        "cluster 2": {"cluster": 2},  # the default tiles, pairs of blocks multicasting B
+        "128x256 2wg cluster 2 persistent": {"tile": [128, 256, 64], "warp_tile": [64, 256, 64], "stages": 4,
+                                             "persistent": 132, "cluster": 2},
     },
 }
 # NHWC f16 convolutions (implicit GEMM on the mma.sync kernel): batch, H = W, C, F, kernel, stride, padding
@@ -117,6 +120,12 @@ CHECKS = [
      {"schedule": {"tile": [32, 32, 32], "warp_tile": [32, 32, 32], "stages": 2, "group_m": 2}}),
     ("sm_90a_linear_grouped_launch_bf16", "sm_90a", [((310, 64), "bf16"), ((256, 64), "bf16")], "linear",
      {"schedule": {"tile": [64, 128, 64], "stages": 2, "group_m": 2}}),
+    # clusters of two blocks multicasting halves of B: 3 tile rows (the cluster's fourth reads
+    # zeros and stores nothing); a row-major B in 64-column boxes, persistent
+    ("sm_90a_linear_cluster_multicast_bf16", "sm_90a", [((130, 200), "bf16"), ((256, 200), "bf16")], "linear",
+     {"schedule": {"tile": [64, 128, 64], "stages": 2, "cluster": 2}}),
+    ("sm_90a_gemm_cluster_persistent_f16", "sm_90a", [((200, 72), "f16"), ((72, 264), "f16")], "gemm",
+     {"schedule": {"tile": [64, 128, 64], "stages": 2, "cluster": 2, "persistent": 4}}),
     # the Hopper attention's: three MMA warpgroups over one buffer; head dim 256 (64 keys a step);
     # head dim 32 (not a multiple of 64): the mma.sync kernel
     ("sm_90a_attention_three_warpgroups_d192_f16", "sm_90a", [((1, 2, 100, 192), "f16")] * 3, "attention",

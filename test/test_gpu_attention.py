@@ -56,7 +56,7 @@ def test_attention_shapes_the_kernel_cannot_take_are_named(shapes, message):
 def test_gemm_only_schedule_keys_are_refused_for_attention(schedule):
     fn = td.function(*[td.tensor((1, 64, 64), "f16")] * 3, name="attn")(
         lambda q, k, v: td.attention(q, k, v, schedule=schedule))
-    with pytest.raises(tracea.CompileError, match="persistent and group_m are for the NVIDIA GEMMs"):
+    with pytest.raises(tracea.CompileError, match="persistent, group_m and cluster are for the NVIDIA GEMMs"):
         tracea.compile_gpu(fn, chip="sm_90a")
 
 

@@ -190,3 +190,46 @@ def test_persistent_kernel(ptxas):
     default_tiles = td.function(td.tensor((1000, 256), "bf16"), td.tensor((1024, 256), "bf16"), name="linear")(
         lambda x, w: td.gemm(x, w, transpose_b=True, schedule=td.Schedule(persistent=5)))
     assert tracea.compile_gpu(default_tiles, chip="sm_90a").grid == (5, 1, 1)  # no tile: the default ones
+
+
+def test_cluster_kernel(sass):
+    """schedule cluster = 2: blocks in pairs on tile rows m, m + 1 of one column, each copying half
+    of the B tile into both with a multicast TMA copy; each releases a buffer on the empty
+    barriers of both; a cluster barrier after the mbarriers' initialization and before exiting.
+    Tile rows are rounded up to whole clusters; the launch is one block per tile along x."""
+    fn = td.function(td.tensor((1000, 256), "bf16"), td.tensor((1024, 256), "bf16"), name="linear")(
+        lambda x, w: td.gemm(x, w, transpose_b=True, schedule=td.Schedule(tile=(128, 256, 64), warp_tile=(64, 256, 64),
+                                                                         stages=4, cluster=2)))
+    art = tracea.compile_gpu(fn, chip="sm_90a")
+    assert art.grid == (4 * 8, 1, 1)  # 8 tile rows (1000 / 128, rounded up to even) x 4 columns
+    assert [p.tensor_map[1:3] for p in art.params if p.tensor_map] == [(64, 128), (64, 128)]  # B: half the rows
+    assert ".reqnctapercluster 2, 1, 1" in art.ptx
+    copies = re.findall(r"cp\.async\.bulk\.tensor\.2d\.shared::cluster\.global[.\w:]*", art.ptx)
+    multicast = [c for c in copies if c.endswith(".multicast::cluster")]
+    assert multicast and len(copies) == 2 * len(multicast)  # B's copies multicast, A's not
+    releases = len(re.findall(r"mbarrier\.arrive\.shared::cluster\.b64", art.ptx))
+    assert releases and releases == len(re.findall(r"mapa\.shared::cluster\.u32", art.ptx))
+    assert releases % 2 == 0  # each on both blocks' barriers
+    assert art.ptx.count("barrier.cluster.arrive") == 2 and "fence.mbarrier_init.release.cluster" in art.ptx
+    machine_code = sass(nvvm.assemble(art.ptx, "sm_90a"))
+    assert "UTMALDG.2D.MULTICAST" in machine_code and "UCGABAR_WAIT" in machine_code
+    assert gpu_wgmma.grid(MmaGemm(1000, 1024, 256, "bf16", "bf16", True),
+                          WgmmaTiles(128, 256, 4, warpgroups=2, specialized=True, persistent=131, cluster=2)) == \
+        (32, 1, 1)  # all 32 tiles; 131 blocks would be rounded down to whole clusters
+
+
+def test_cluster_tiles_are_validated():
+    with pytest.raises(tracea.TraceaError, match="a cluster needs the producer warp"):
+        WgmmaTiles(cluster=2).validate(True)
+    with pytest.raises(tracea.TraceaError, match="group_m 3 must be a multiple of the cluster"):
+        WgmmaTiles(specialized=True, cluster=2, group_m=3).validate(True)
+    with pytest.raises(tracea.TraceaError, match="block_n 64 must be a multiple of 128 in a cluster of 2"):
+        WgmmaTiles(64, 64, specialized=True, cluster=2).validate(False)  # a row-major B: two 64-column boxes
+    with pytest.raises(tracea.TraceaError, match="cluster must be 1 or 2"):
+        WgmmaTiles(specialized=True, cluster=4).validate(True)
+    fn = td.function(td.tensor((64, 64), "f16"), td.tensor((64, 64), "f16"), name="gemm")(
+        lambda a, b: td.gemm(a, b, schedule=td.Schedule(cluster=2)))
+    with pytest.raises(tracea.TraceaError, match="schedule cluster is for the sm_90a GEMM"):
+        tracea.compile_gpu(fn, chip="sm_80")
+    with pytest.raises(tracea.TraceaError, match="cluster .blocks per cluster. must be 0, 1 or 2"):
+        td.Schedule(cluster=3).validate()

@@ -51,7 +51,7 @@ CASES = {
     # bench/gpu.py's checks of the kernels' other forms (two MMA warpgroups, no producer warp, the
     # attention kernels' schedules), and the Hopper attention's head dims 256 and 32 (mma.sync)
     **{name: (chip, inputs, kind, params) for name, chip, inputs, kind, params in bench_gpu.CHECKS
-       if "schedule" in params and not params["schedule"].get("persistent")  # that one: below, smaller
+       if "schedule" in params and name != "sm_90a_linear_persistent_bf16"  # that one: below, smaller
        or name in ("sm_90a_attention_d256_causal_bf16", "sm_90a_attention_d32_f16")},
 }
 
@@ -257,6 +257,33 @@ $L_exit:
                          for r in ("%r2", "%r3"))
     assert latch < lane0_only and order[lane0_only] < order[latch]
     assert order[len(kernel.code)] == order.max()  # past the end: last
+
+
+_CLUSTER = "sm_90a_linear_cluster_multicast_bf16"
+_CLUSTER_BARRIER = r"barrier\.cluster\.(arrive|wait)[^;]*;"
+
+
+@pytest.mark.parametrize("broken,count,error", [
+    # without the first barrier.cluster a block copies into, or arrives on, its peer's mbarriers
+    # before the peer initialized them
+    (_CLUSTER_BARRIER, 2, "used before a barrier.cluster"),
+    # without the last, a block exits while its peer still arrives on its empty barriers
+    (None, 0, "used after it exited"),
+    # a multicast to the copying block only: its peer never gets that half of B
+    (r"(mov\.b16\s+%rs\d+, )3;", 0, "deadlock in cluster"),
+], ids=["no-start-barrier", "no-exit-barrier", "no-multicast"])
+def test_a_cluster_kernel_missing_its_synchronization_fails(ptxas, broken, count, error):
+    art = _artifact(_CLUSTER)
+    if broken is None:  # drop the last arrive and wait
+        spans = [m.span() for m in re.finditer(_CLUSTER_BARRIER, art.ptx)][-2:]
+        art = dataclasses.replace(art, ptx=art.ptx[:spans[0][0]] + art.ptx[spans[0][1]:spans[1][0]]
+                                  + art.ptx[spans[1][1]:])
+    elif count:
+        art = _broken(_CLUSTER, broken, "", count)
+    else:
+        art = _broken(_CLUSTER, broken, r"\g<1>1;")
+    with pytest.raises(pe.EmulationError, match=error):
+        _run(art, _CLUSTER)
 
 
 def test_persistent_blocks_loop_over_output_tiles(ptxas):

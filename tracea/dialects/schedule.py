@@ -98,6 +98,9 @@ class Schedule:
     persistent: int = 0  # NVIDIA sm_90a: this many blocks loop over the output tiles (132: an H100 SXM's SMs)
     # NVIDIA GEMM / conv: output tiles run in groups of this many tile rows, for L2 reuse; 0: the default (8)
     group_m: int = 0
+    # NVIDIA sm_90a GEMM: blocks per cluster (0 or 1: none; 2: pairs of tile rows share each B tile,
+    # each block copying half of it into both by TMA multicast)
+    cluster: int = 0
 
     def validate(self) -> None:
         for name in ("tile", "warp_tile"):
@@ -118,6 +121,8 @@ class Schedule:
             raise OpError(f"schedule persistent (blocks) must be >= 0, got {self.persistent}")
         if self.group_m < 0:
             raise OpError(f"schedule group_m (tile rows per launch group) must be >= 0, got {self.group_m}")
+        if self.cluster not in (0, 1, 2):
+            raise OpError(f"schedule cluster (blocks per cluster) must be 0, 1 or 2, got {self.cluster}")
         if self.barrier not in BARRIER_MODES:
             raise OpError(f"schedule barrier must be one of {', '.join(BARRIER_MODES)}; got '{self.barrier}'")
         if self.barrier == "producer_consumer" and self.stages < 2:
@@ -155,6 +160,8 @@ class Schedule:
             entries["persistent"] = _i64(self.persistent)
         if self.group_m:
             entries["group_m"] = _i64(self.group_m)
+        if self.cluster:
+            entries["cluster"] = _i64(self.cluster)
         return ir.DictAttr.get(entries)
 
     @staticmethod
@@ -176,7 +183,7 @@ class Schedule:
                 values[key] = decode_int(value, where)
             elif key == "barrier":
                 values[key] = decode_str(value, where)
-            elif key in ("persistent", "group_m"):
+            elif key in ("persistent", "group_m", "cluster"):
                 values[key] = decode_int(value, where)
             elif key == "swizzle":
                 values[key] = _decode_swizzle(value)

@@ -91,6 +91,9 @@ def _schedule_tile(v: OpView):
 def mma_tiles(v: OpView) -> MmaTiles:
     _refuse_pingpong(v, "the GEMM")
     s = v.attrs.get("schedule")
+    if s is not None and s.cluster > 1:
+        raise OpError("schedule cluster is for the sm_90a GEMM (TMA multicast); the sm_80 kernels and convs run "
+                      "without clusters")
     if s is not None and s.persistent:
         raise OpError("schedule persistent is for the sm_90a GEMM; the other NVIDIA kernels launch a block per "
                       "output tile")
@@ -104,9 +107,9 @@ def mma_tiles(v: OpView) -> MmaTiles:
 
 def wgmma_tiles(v: OpView, g: MmaGemm) -> WgmmaTiles:
     """On sm_90a warp_tile is a warpgroup's share of the block tile ([BM / warpgroups, BN, BK]);
-    barrier = "producer_consumer" (implied by several warpgroups or persistent) gives the copies to
-    a producer warp; persistent = n: n blocks loop over the output tiles (over the default tiles
-    too when no tile is given)."""
+    barrier = "producer_consumer" (implied by several warpgroups, persistent or a cluster) gives the
+    copies to a producer warp; persistent = n: n blocks loop over the output tiles; cluster = 2:
+    pairs of blocks share their B tiles (both over the default tiles too when no tile is given)."""
     _refuse_pingpong(v, "the GEMM")
     s = v.attrs.get("schedule")
     if s is None:
@@ -114,12 +117,13 @@ def wgmma_tiles(v: OpView, g: MmaGemm) -> WgmmaTiles:
     group_m = s.group_m or GROUP_M
     if _schedule_tile(v) is None:
         default = default_wgmma_tiles(g)
-        return replace(default, specialized=default.specialized or s.persistent > 0, persistent=s.persistent,
-                       group_m=group_m)
+        return replace(default, specialized=default.specialized or s.persistent > 0 or s.cluster > 1,
+                       persistent=s.persistent, group_m=group_m, cluster=max(s.cluster, 1))
     bm, bn, bk = s.tile
     warpgroups = bm // s.warp_tile[0] if s.warp_tile else 1
     return WgmmaTiles(bm, bn, s.stages, bk, warpgroups,
-                      s.barrier == "producer_consumer" or warpgroups > 1 or s.persistent > 0, s.persistent, group_m)
+                      s.barrier == "producer_consumer" or warpgroups > 1 or s.persistent > 0 or s.cluster > 1,
+                      s.persistent, group_m, max(s.cluster, 1))
 
 
 def gemm_kernel(v: OpView, name: str, chip: str = "sm_80") -> tuple[str, Launch]:
@@ -188,9 +192,9 @@ def attention_kernel(v: OpView, name: str, chip: str = "sm_80") -> tuple[str, La
     a = MmaAttention(q.shape[:-2], q.shape[-2], k.shape[-2], q.shape[-1], q.dtype, v.result.dtype,
                      q.shape[-1] ** -0.5 if scale is None else scale, v.attrs["causal"])
     s = v.attrs.get("schedule")
-    if s is not None and (s.persistent or s.group_m):
-        raise OpError("schedule persistent and group_m are for the NVIDIA GEMMs; attention launches a block per "
-                      "query tile of each batch-head")
+    if s is not None and (s.persistent or s.group_m or s.cluster > 1):
+        raise OpError("schedule persistent, group_m and cluster are for the NVIDIA GEMMs; attention launches a "
+                      "block per query tile of each batch-head")
     chosen = s is not None and s.tile is not None
     if chip == "sm_90a" and wgmma_attention.supports(a):
         wt = WgmmaAttentionTiles(*s.tile[:2], s.stages) if chosen else wgmma_attention.default_tiles(a)

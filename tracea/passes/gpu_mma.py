@@ -277,13 +277,15 @@ def collapse_views(g: MmaGemm) -> list[str]:
     return lines
 
 
-def gpu_module_text(t: _Text, name: str, params: list[str], block: tuple[int, int], workgroup: str = "") -> str:
+def gpu_module_text(t: _Text, name: str, params: list[str], block: tuple[int, int], workgroup: str = "",
+                    attributes: str = "") -> str:
     """A gpu.module @kernels holding kernel @name(params) of `block` threads, whose body is `t`
-    (its index constants first); `workgroup`: its workgroup attributions, if any."""
+    (its index constants first); `workgroup`: its workgroup attributions, if any; `attributes`:
+    more of the function's (", name = value")."""
     consts = [f"      {n} = arith.constant {value} : index" for value, n in sorted(t.consts.items())]
     return ("module attributes {gpu.container_module} {\n  gpu.module @kernels {\n"
             f"    gpu.func @{name}({', '.join(params)}){f' workgroup({workgroup})' if workgroup else ''} kernel\n"
-            f"        attributes {{known_block_size = array<i32: {block[0]}, {block[1]}, 1>}} {{\n"
+            f"        attributes {{known_block_size = array<i32: {block[0]}, {block[1]}, 1>{attributes}}} {{\n"
             + "\n".join(consts + t.lines) + "\n      gpu.return\n    }\n  }\n}\n")
 
 

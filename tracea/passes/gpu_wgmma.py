@@ -18,6 +18,12 @@ descriptors. A gpu.module text, lowered by targets/nvvm.py. Two forms:
     +BM, col BN : +BN]; warpgroup w its rows w BM / W onwards, as
     BM / W / 64 accumulators of m64 x BN (BN / 2 f32 registers per thread each)
     the schedule is proved for the kernel's K by phase_cycle's checker before emission
+    cluster 2 (specialized): blocks 2c and 2c + 1 (a cluster) take tile rows m, m + 1 of one
+    column, so they read the same B tile: each copies half of it into both (TMA multicast;
+    each block's full barrier expects the whole tile), and each MMA warp releases a buffer on
+    the empty barriers of both blocks (mapa + a shared::cluster arrive), since either block's
+    producer refills it in both. Cluster barriers after the mbarriers' initialization and
+    before exiting; tile rows are rounded up to whole clusters (the extra one reads TMA's zeros)
     epilogue: the fused_gemm steps on accumulator pairs in registers, cast, stored (the m64nNk16
     accumulator layout: warp w of a warpgroup holds rows 16 w + lane / 4 (+ 8), columns
     8 j + 2 (lane % 4) + {0, 1})
@@ -76,6 +82,7 @@ class WgmmaTiles:
     specialized: bool = False  # a producer warp issues the copies (needed for warpgroups > 1)
     persistent: int = 0  # if > 0, this many blocks loop over the output tiles (specialized only)
     group_m: int = GROUP_M  # launch order: output tiles in groups of this many tile rows (launch_order_tile)
+    cluster: int = 1  # 2: blocks in pairs on tile rows m, m + 1 of a column, each multicasting half the B tile
 
     @property
     def threads(self) -> int:
@@ -125,6 +132,19 @@ class WgmmaTiles:
             problems.append(f"stages must be >= 1, got {self.stages}")
         if self.group_m < 1:
             problems.append(f"group_m must be >= 1, got {self.group_m}")
+        if self.cluster not in (1, 2):
+            problems.append(f"cluster must be 1 or 2 blocks, got {self.cluster}")
+        elif self.cluster > 1:
+            if not self.specialized:
+                problems.append("a cluster needs the producer warp (specialized): a block refills its half of B in "
+                                "both blocks only once the MMA warps of both have released the buffer")
+            if self.group_m % self.cluster:
+                problems.append(f"group_m {self.group_m} must be a multiple of the cluster ({self.cluster}): the "
+                                "blocks of a cluster take tile rows of one column")
+            half_step = 16 if transpose_b else 2 * BOX_K  # half a B tile: whole 8-row atoms, or 64-column boxes
+            if self.block_n % half_step:
+                problems.append(f"block_n {self.block_n} must be a multiple of {half_step} in a cluster of 2: each "
+                                "block copies half of the B tile")
         if problems:
             raise OpError("wgmma tiles: " + "; ".join(problems))
 
@@ -142,7 +162,7 @@ class TensorMap:
 
 
 def tensor_maps(tiles: WgmmaTiles, transpose_b: bool) -> tuple[TensorMap, TensorMap]:
-    b_box = (BOX_K, tiles.block_n) if transpose_b else (BOX_K, BOX_K)
+    b_box = (BOX_K, tiles.block_n // tiles.cluster) if transpose_b else (BOX_K, BOX_K)  # a block's share
     return TensorMap(0, (BOX_K, tiles.block_m)), TensorMap(1, b_box)
 
 
@@ -170,13 +190,19 @@ def trips(g: MmaGemm, tiles: WgmmaTiles) -> int:
 
 
 def output_tiles(g: MmaGemm, tiles: WgmmaTiles) -> tuple[int, int]:
-    """Along N, along M."""
-    return -(-g.n // tiles.block_n), -(-g.m // tiles.block_m)
+    """Along N, along M: the tile rows rounded up to whole clusters (a cluster's extra row reads
+    zeros, TMA's fill past the matrix, and stores nothing)."""
+    m_tiles = -(-g.m // tiles.block_m)
+    return -(-g.n // tiles.block_n), -(-m_tiles // tiles.cluster) * tiles.cluster
 
 
 def grid(g: MmaGemm, tiles: WgmmaTiles) -> tuple[int, int, int]:
+    """Persistent: that many blocks (whole clusters); with clusters one block per tile along x
+    (a cluster's blocks have consecutive x, so consecutive tile numbers); else (N, M) tiles."""
     n_tiles, m_tiles = output_tiles(g, tiles)
-    return (min(n_tiles * m_tiles, tiles.persistent), 1, 1) if tiles.persistent else (n_tiles, m_tiles, 1)
+    if tiles.persistent:
+        return (max(min(n_tiles * m_tiles, tiles.persistent) // tiles.cluster, 1) * tiles.cluster, 1, 1)
+    return (n_tiles * m_tiles, 1, 1) if tiles.cluster > 1 else (n_tiles, m_tiles, 1)
 
 
 def wgmma_gemm_module_text(g: MmaGemm, tiles: WgmmaTiles = WgmmaTiles(), name: str = "gemm") -> str:
@@ -187,7 +213,9 @@ def wgmma_gemm_module_text(g: MmaGemm, tiles: WgmmaTiles = WgmmaTiles(), name: s
         raise OpError("the wgmma kernel reads plain matrices through TMA; convs, batched B and a transposed A run "
                       "the mma.sync kernel")
     tiles.validate(g.transpose_b)
-    # the specialized kernel's consumers are its MMA warps: each releases the buffers it read
+    # the specialized kernel's consumers are its MMA warps: each releases the buffers it read (in a
+    # cluster, on every block's empty barrier: the plan's consumer stands for them all, and a
+    # cluster's blocks loop over the same number of tiles, consecutive tile numbers)
     if tiles.specialized:
         plan = specialized_plan(tiles.stages, 4 * tiles.warpgroups)
         n_tiles, m_tiles = output_tiles(g, tiles)
@@ -219,6 +247,7 @@ def tensormap_type(dtype: str, tmap: TensorMap) -> str:
 class _Writer:
     def __init__(self, g: MmaGemm, tiles: WgmmaTiles, plan: LoopPlan | AgentPlan):
         self.g, self.tiles, self.plan = g, tiles, plan
+        self.cluster = tiles.cluster
         self.t = _Text()
         self.t.depth = 3
         self.maps = tensor_maps(tiles, g.transpose_b)
@@ -256,15 +285,28 @@ class _Writer:
                f"{_predicated(predicate)} : {self.mbar_t}")
         a_map, b_map = self.maps
         self.tma(self.box_view(a_off, a_map), "%tmaA", a_map, [k0, "%row0"], buffer, predicate)
+        cluster = T.cluster > 1  # this block's share of B, multicast to the same place in every block
         if g.transpose_b:
-            self.tma(self.box_view(b_off, b_map), "%tmaB", b_map, [k0, "%col0"], buffer, predicate)
+            share = T.block_n // T.cluster
+            if cluster:
+                b_off = t.add(b_off, t.mul("%rank", t.c(share * SWIZZLE_BYTES)))
+            col = t.add("%col0", t.mul("%rank", t.c(share))) if cluster else "%col0"
+            self.tma(self.box_view(b_off, b_map), "%tmaB", b_map, [k0, col], buffer, predicate, cluster)
         else:
-            for c in range(0, T.block_n, BOX_K):  # 64-column boxes, one after the other
-                view = self.box_view(t.add(b_off, t.c(c * T.block_k * ELEM_BYTES)), b_map)
-                self.tma(view, "%tmaB", b_map, [t.add("%col0", t.c(c)), k0], buffer, predicate)
+            share = T.block_n // BOX_K // T.cluster  # 64-column boxes, one after the other
+            for j in range(share):
+                if cluster:
+                    box = t.add(t.mul("%rank", t.c(share)), t.c(j))
+                    offset, col = t.mul(box, t.c(BOX_K * T.block_k * ELEM_BYTES)), t.mul(box, t.c(BOX_K))
+                else:
+                    offset, col = t.c(j * BOX_K * T.block_k * ELEM_BYTES), t.c(j * BOX_K)
+                view = self.box_view(t.add(b_off, offset), b_map)
+                self.tma(view, "%tmaB", b_map, [t.add("%col0", col), k0], buffer, predicate, cluster)
 
-    def tma(self, dst: str, desc: str, tmap: TensorMap, coords: list[str], buffer: str, predicate: str | None) -> None:
+    def tma(self, dst: str, desc: str, tmap: TensorMap, coords: list[str], buffer: str, predicate: str | None,
+            multicast: bool = False) -> None:
         self.t.line(f"nvgpu.tma.async.load {desc}[{', '.join(coords)}], %mbar[{buffer}] to {dst}"
+                    f"{' multicast_mask = %everyone' if multicast else ''}"
                     f"{_predicated(predicate)} : {tensormap_type(self.g.dtype, tmap)}, {self.mbar_t} -> "
                     f"{box_type(self.g.dtype, tmap)}")
 
@@ -295,7 +337,15 @@ class _Writer:
         first = t.op(f"arith.andi {t.cmp('uge', k, t.c(back))}, {t.cmp('eq', '%lane', t.c(0))} : i1", "p")
         t.open(f"scf.if {first}")
         tile = t.op(f"arith.subi {k}, {t.c(back)} : index", "i") if back else k
-        t.op(f"nvgpu.mbarrier.arrive %empty[{self.buffer_of(tile)}] : {self.mbar_t} -> !nvgpu.mbarrier.token", "tok")
+        if self.cluster > 1:  # on the barrier of every block of the cluster: each refills part of this one
+            address = t.op(f"nvgpu.mbarrier.get %empty[{self.buffer_of(tile)}] : {self.mbar_t} -> i32", "a")
+            for rank in range(self.cluster):
+                t.line('llvm.inline_asm has_side_effects "{ .reg .b32 remote; mapa.shared::cluster.u32 remote, $0, '
+                       '$1; mbarrier.arrive.shared::cluster.b64 _, [remote]; }", "r,r" '
+                       f"{address}, {t.op(f'arith.constant {rank} : i32', 'r')} : (i32, i32) -> ()")
+        else:
+            t.op(f"nvgpu.mbarrier.arrive %empty[{self.buffer_of(tile)}] : {self.mbar_t} -> !nvgpu.mbarrier.token",
+                 "tok")
         t.close()
 
     def descriptor(self, address: str, bits: int) -> str:
@@ -420,6 +470,10 @@ class _Writer:
         t.line("%tid = gpu.thread_id x")
         t.line("%bx = gpu.block_id x")
         t.line("%by = gpu.block_id y")
+        if self.cluster > 1:
+            rank = t.op("nvvm.read.ptx.sreg.cluster.ctarank : i32", "r")
+            t.line(f"%rank = arith.index_cast {rank} : i32 to index")
+            t.line(f"%everyone = arith.constant {(1 << self.cluster) - 1} : i16")
         t.line(f"%lane = arith.remui %tid, {t.c(WARP)} : index")
         warp_in_group = t.op(f"arith.remui {t.op(f'arith.divui %tid, {t.c(WARP)} : index', 'i')}, {t.c(4)} : index", "i")
         t.line(f"%wrow = arith.muli {warp_in_group}, {t.c(16)} : index")
@@ -441,18 +495,29 @@ class _Writer:
         t.open("scf.if %is0")
         for s in range(T.stages):
             t.line(f"nvgpu.mbarrier.init %mbar[{t.c(s)}], {t.c(1)} : {self.mbar_t}")
-            if T.specialized:  # every MMA warp releases
-                t.line(f"nvgpu.mbarrier.init %empty[{t.c(s)}], {t.c(4 * T.warpgroups)} : {self.mbar_t}")
+            if T.specialized:  # every MMA warp (of every block in the cluster) releases
+                t.line(f"nvgpu.mbarrier.init %empty[{t.c(s)}], {t.c(4 * T.warpgroups * self.cluster)} : {self.mbar_t}")
         for bar, type_, count in extra:
             t.line(f"nvgpu.mbarrier.init {bar}[{t.c(0)}], {t.c(count)} : {type_}")
         for desc, tmap in zip(self.map_names, self.maps):
             t.line(f"nvgpu.tma.prefetch.descriptor {desc} : {tensormap_type(self.g.dtype, tmap)}")
+        if self.cluster > 1:
+            t.line("nvvm.fence.mbarrier.init")  # the other blocks see them initialized after the cluster barrier
         t.close()
         t.line("gpu.barrier")  # the barriers are initialized before anyone arrives or waits
+        self.cluster_barrier()
         t.line(f"%smem = gpu.dynamic_shared_memory : memref<?xi8, {WORKGROUP}>")
         t.line(f"%base = memref.extract_aligned_pointer_as_index %smem : memref<?xi8, {WORKGROUP}> -> index")
         misalign = t.op(f"arith.remui %base, {t.c(_ALIGN)} : index", "i")
         t.line(f"%pad = arith.remui {t.op(f'arith.subi {t.c(_ALIGN)}, {misalign} : index', 'i')}, {t.c(_ALIGN)} : index")
+
+    def cluster_barrier(self) -> None:
+        """Every thread of the cluster's blocks meets: after the mbarriers' initialization (the
+        others arrive on them and copy into this block), and before exiting (until then the others
+        may still arrive on this block's empty barriers)."""
+        if self.cluster > 1:
+            self.t.line("nvvm.cluster.arrive")
+            self.t.line("nvvm.cluster.wait")
 
     def module_text(self, name: str) -> str:
         t, g, T = self.t, self.g, self.tiles
@@ -463,7 +528,7 @@ class _Writer:
         t.line(f"%wg_rows = arith.muli {group}, {t.c(T.rows_per_warpgroup)} : index")
         t.line(f"%wg_a = arith.muli {group}, {t.c(T.rows_per_warpgroup * SWIZZLE_BYTES)} : index")
         if not T.persistent:
-            self.tile_origin(t.add(t.mul("%by", t.c(output_tiles(g, T)[0])), "%bx"))
+            self.tile_origin("%bx" if T.cluster > 1 else t.add(t.mul("%by", t.c(output_tiles(g, T)[0])), "%bx"))
         self.barriers()
         n_trips = t.c(trips(g, T))
         if T.specialized:
@@ -495,6 +560,8 @@ class _Writer:
         self.close_output_tiles()
         if T.specialized:
             t.close()
+        self.cluster_barrier()
 
         params = kernel_params(g) + ["%tmaA_ptr: !llvm.ptr", "%tmaB_ptr: !llvm.ptr"]
-        return gpu_module_text(t, name, params, (T.threads, 1))
+        cluster = f", nvvm.cluster_dim = array<i32: {T.cluster}, 1, 1>" if T.cluster > 1 else ""
+        return gpu_module_text(t, name, params, (T.threads, 1), attributes=cluster)

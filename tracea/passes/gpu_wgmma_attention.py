@@ -136,7 +136,8 @@ def wgmma_attention_module_text(a: MmaAttention, tiles: WgmmaAttentionTiles | No
 
 class _Writer(_GemmWriter):
     """Reuses the GEMM writer's barriers, waits, releases, descriptors and plan events (self.g is
-    the attention: dtype, self.tiles: stages)."""
+    the attention: dtype, self.tiles: stages); one block per cluster."""
+    cluster = 1
 
     def __init__(self, a: MmaAttention, tiles: WgmmaAttentionTiles, plan: AgentPlan):
         self.g = self.a = a

@@ -45,6 +45,7 @@ class EmulationError(TraceaError):
 WARP = 32
 GLOBAL_BASE = 0x7F00_0000_0000  # above 4 GB: a 32-bit truncated address faults
 SHARED_WINDOW = 0x1_0000_0000_0000  # generic addresses of shared memory: window + offset
+CLUSTER_BIT, CLUSTER_RANK_SHIFT = 1 << 31, 24  # shared::cluster addresses (mapa): bit, rank, offset
 POISON = 0xFF  # every byte: NaN as f16, bf16 and f32
 
 TYPES = {"pred": 1, "b8": 8, "u8": 8, "s8": 8, "b16": 16, "u16": 16, "s16": 16, "f16": 16, "bf16": 16,
@@ -174,9 +175,10 @@ class Kernel:
     shared: list[SharedVariable]
     code: list[Instruction]
     labels: dict[str, int]
+    cluster: tuple[int, int, int] = (1, 1, 1)  # .reqnctapercluster: blocks that run together
 
 
-_SPECIAL = re.compile(r"%(tid|ntid|ctaid|nctaid)\.[xyz]|%laneid|%warpid")
+_SPECIAL = re.compile(r"%(tid|ntid|ctaid|nctaid)\.[xyz]|%laneid|%warpid|%cluster_n?ctarank")
 
 
 def _split_operands(text: str) -> list[str]:
@@ -236,6 +238,7 @@ def parse(ptx: str) -> Kernel:
     if not entry:
         raise EmulationError("no .entry kernel in the PTX")
     params = [(p.split()[-1], p.split()[1]) for p in (s.strip() for s in entry.group(2).split(",")) if p]
+    cluster = re.match(r"[^{]*?\.reqnctapercluster\s+(\d+)\s*,\s*(\d+)\s*,\s*(\d+)", text[entry.end():], re.S)
     body_start = text.index("{", entry.end())
     # statements (they may span lines), with the names declared in nested { } scopes (inline asm)
     # made unique: a brace opens a scope where a statement starts, else it is a vector operand
@@ -305,7 +308,8 @@ def parse(ptx: str) -> Kernel:
         opcode, rest = (re.split(r"\s+", stmt, maxsplit=1) + [""])[:2]
         operands = [_operand(o) for o in _split_operands(rest)] if rest.strip() else []
         code.append(Instruction(opcode, opcode.split("."), operands, guard, n, stmt))
-    return Kernel(entry.group(1), target, params, module_shared + shared, code, labels)
+    return Kernel(entry.group(1), target, params, module_shared + shared, code, labels,
+                  tuple(int(n) for n in cluster.groups()) if cluster else (1, 1, 1))
 
 
 # -- memory --------------------------------------------------------------------------------
@@ -419,6 +423,8 @@ class Warp:
     mma_groups: list = field(default_factory=list)
     mma_in_flight: dict = field(default_factory=dict)  # accumulator register -> wgmmas in flight writing it
     mma_values: dict = field(default_factory=dict)  # a retired wgmma's result the next one in flight reads
+    cluster_phase: int | None = None  # the barrier.cluster phase it arrived in, until it waits
+    cluster_synced: bool = False  # has passed a barrier.cluster: may use the other blocks' shared memory
 
     def __post_init__(self):
         self.pcs = np.zeros(WARP, np.int64)
@@ -465,9 +471,15 @@ def _topological_order(kernel: Kernel) -> np.ndarray:
     return block_rank[block_of] * (len(code) + 1) + pcs
 
 
+class ClusterBarrier:
+    """barrier.cluster: every thread of the cluster's blocks arrives, then waits for the phase."""
+    def __init__(self, threads: int):
+        self.threads, self.arrived, self.phase = threads, 0, 0
+
+
 class Block:
-    def __init__(self, emulator: "Emulator", ctaid: tuple[int, int, int], rng: random.Random):
-        self.em, self.ctaid, self.rng = emulator, ctaid, rng
+    def __init__(self, emulator: "Emulator", ctaid: tuple[int, int, int]):
+        self.em, self.ctaid = emulator, ctaid
         self.shared = Memory("shared", emulator.shared_size)
         self.shared.regions = list(emulator.shared_regions)
         self.mbarriers: dict[int, list[int]] = {}  # address -> [count, pending arrivals, tx bytes, phase]
@@ -476,34 +488,34 @@ class Block:
         threads = math.prod(emulator.block)
         ids = [np.arange(w * WARP, (w + 1) * WARP) for w in range(-(-threads // WARP))]
         self.warps = [Warp(w, np.where(i < threads, i, -1)) for w, i in enumerate(ids)]  # -1: no thread
+        self.cluster: list[Block] = [self]  # by rank
+        self.cluster_barrier = ClusterBarrier(threads)
+        self.exited = False
 
-    def run(self) -> None:
-        idle = 0
-        while True:
-            runnable = [w for w in self.warps if w.runnable()]
-            if not runnable:
-                live = [w for w in self.warps if not w.done.all()]
-                if not live:
-                    if self.named:  # arrivals without the waits they pair with
-                        raise EmulationError(f"block {self.ctaid} exits with named barriers part-way: " + ", ".join(
-                            f"{bar} has {n[1]} of {n[0]} threads" for bar, n in sorted(self.named.items())))
-                    return
-                at_zero = [w for w in live if w.named is None]
-                if not at_zero:
-                    raise EmulationError(f"deadlock in block {self.ctaid}: every warp waits at a named barrier ("
-                                         + ", ".join(f"{bar} has {n[1]} of {n[0]} threads"
-                                                     for bar, n in sorted(self.named.items())) + ")")
-                for w in at_zero:  # everyone left is at barrier 0 or a named one: 0 completes
-                    w.waiting[:] = False
-                continue
-            warp = self.rng.choice(runnable)
-            progressed = self.em.step_warp(self, warp, self.rng.randint(1, 48))
-            idle = 0 if progressed else idle + 1
-            if idle > 2000 * len(self.warps):
-                where = ", ".join(f"warp {w.index} at PTX line {self.em.kernel.code[int(w.pcs[~w.done].min())].line}"
-                                  for w in self.warps if not w.done.all())
-                raise EmulationError(f"deadlock in block {self.ctaid}: {where} (an mbarrier wait whose phase never "
-                                     "completes?)")
+    @property
+    def rank(self) -> int:
+        cx, cy, cz = self.em.kernel.cluster
+        x, y, z = self.ctaid
+        return x % cx + cx * (y % cy + cy * (z % cz))
+
+    def settle(self) -> None:
+        """With no warp of this block able to run: exit, complete barrier 0, or report a deadlock."""
+        live = [w for w in self.warps if not w.done.all()]
+        if not live:
+            if self.named and not self.exited:  # arrivals without the waits they pair with
+                raise EmulationError(f"block {self.ctaid} exits with named barriers part-way: " + ", ".join(
+                    f"{bar} has {n[1]} of {n[0]} threads" for bar, n in sorted(self.named.items())))
+            self.exited = True
+            return
+        if any(w.runnable() for w in live):
+            return
+        at_zero = [w for w in live if w.named is None]
+        if not at_zero:
+            raise EmulationError(f"deadlock in block {self.ctaid}: every warp waits at a named barrier ("
+                                 + ", ".join(f"{bar} has {n[1]} of {n[0]} threads"
+                                             for bar, n in sorted(self.named.items())) + ")")
+        for w in at_zero:  # everyone left is at barrier 0 or a named one: 0 completes
+            w.waiting[:] = False
 
     def check_not_mbarrier(self, offsets: np.ndarray, width: int, what: str, line: int) -> None:
         for addr in self.mbarriers:
@@ -511,6 +523,29 @@ class Block:
             if hit.any():
                 raise EmulationError(f"PTX line {line}: {what} writes over the mbarrier at shared {addr:#x}")
 
+
+def run_cluster(em: "Emulator", blocks: list[Block], rng: random.Random) -> None:
+    """Run blocks that share a cluster (one block without clusters), interleaving their warps."""
+    for b in blocks:
+        b.cluster = blocks
+        b.cluster_barrier = blocks[0].cluster_barrier
+    blocks[0].cluster_barrier.threads = sum(int((w.lanes >= 0).sum()) for b in blocks for w in b.warps)
+    warps = [(b, w) for b in blocks for w in b.warps]
+    idle = 0
+    while True:
+        for b in blocks:
+            b.settle()
+        runnable = [(b, w) for b, w in warps if w.runnable()]
+        if not runnable:
+            return  # every block exited (settle raised for any other state)
+        block, warp = rng.choice(runnable)
+        progressed = em.step_warp(block, warp, rng.randint(1, 48))
+        idle = 0 if progressed else idle + 1
+        if idle > 2000 * len(warps):
+            where = ", ".join(f"block {b.ctaid} warp {w.index} at PTX line "
+                              f"{em.kernel.code[int(w.pcs[~w.done].min())].line}" for b, w in warps if not w.done.all())
+            raise EmulationError(f"deadlock in {'cluster' if len(blocks) > 1 else 'block'} "
+                                 f"{blocks[0].ctaid}: {where} (an mbarrier wait whose phase never completes?)")
 
 class Emulator:
     def __init__(self, kernel: Kernel, grid, block, dynamic_shared: int):
@@ -558,6 +593,9 @@ class Emulator:
                 return np.arange(WARP, dtype=np.uint64)
             if name == "%warpid":
                 return np.full(WARP, warp.index, np.uint64)
+            if name.startswith("%cluster_"):
+                return np.full(WARP, self.current.rank if name == "%cluster_ctarank" else len(self.current.cluster),
+                               np.uint64)
             axis = "xyz".index(name[-1])
             value = {"%tid": 0, "%ntid": self.block[axis], "%ctaid": self.current.ctaid[axis],
                      "%nctaid": self.grid[axis]}[name[:-2]]
@@ -1211,8 +1249,9 @@ class Emulator:
             def init(w, m, _):
                 n = int(typed(self.read(w, count, "u32"), "u32")[m][0])
                 for addr in np.unique(self.address(w, a)[m]).tolist():
-                    self.current.shared.offsets(np.array([addr], np.uint64), 8, "an mbarrier", inst.line)
-                    self.current.mbarriers[addr] = [n, n, 0, 0]
+                    block, addr = self.in_cluster(w, addr, inst.line)
+                    block.shared.offsets(np.array([addr], np.uint64), 8, "an mbarrier", inst.line)
+                    block.mbarriers[addr] = [n, n, 0, 0]
             return init
         if what == "arrive":
             expect = "expect_tx" in inst.parts
@@ -1223,10 +1262,11 @@ class Emulator:
                 addrs = self.address(w, a)[m]
                 txs = typed(self.read(w, tx, "u32"), "u32")[m] if expect else np.zeros(len(addrs), np.uint64)
                 for addr, nbytes in zip(addrs.tolist(), txs.tolist()):
-                    bar = self._barrier(addr, inst.line)
+                    block, addr = self.in_cluster(w, addr, inst.line)  # a peer's, after mapa
+                    bar = self._barrier(block, addr, inst.line)
                     bar[2] += int(nbytes)
                     bar[1] -= 1
-                    self._maybe_complete(addr)
+                    self._maybe_complete(block, addr)
             return arrive
         if what in ("try_wait", "test_wait"):
             if "parity" not in inst.parts:
@@ -1238,8 +1278,8 @@ class Emulator:
                 par = typed(self.read(w, parity, "u32"), "u32")
                 result = np.zeros(WARP, np.uint64)
                 for addr in np.unique(addrs[m]).tolist():
-                    self._flush_tma(addr)  # the copies land as late as possible: when someone waits
-                    bar = self._barrier(addr, inst.line)
+                    self._flush_tma(self.current, addr)  # the copies land as late as possible: when someone waits
+                    bar = self._barrier(self.current, addr, inst.line)
                     lanes = m & (addrs == addr)
                     result[lanes] = ((bar[3] & 1) != (par[lanes] & np.uint64(1))).astype(np.uint64)
                 self.write(w, p, result, m)
@@ -1248,30 +1288,92 @@ class Emulator:
             return wait
         raise EmulationError(f"PTX line {inst.line}: the emulator does not model '{inst.opcode}'")
 
-    def _barrier(self, addr: int, line: int) -> list[int]:
-        bar = self.current.mbarriers.get(addr)
+    @staticmethod
+    def _barrier(block: Block, addr: int, line: int) -> list[int]:
+        bar = block.mbarriers.get(addr)
         if bar is None:
-            raise EmulationError(f"PTX line {line}: mbarrier at shared {addr:#x} used before mbarrier.init")
+            raise EmulationError(f"PTX line {line}: mbarrier at shared {addr:#x} of block {block.ctaid} used before "
+                                 "mbarrier.init")
         return bar
 
-    def _maybe_complete(self, addr: int) -> None:
-        bar = self.current.mbarriers[addr]
+    @staticmethod
+    def _maybe_complete(block: Block, addr: int) -> None:
+        bar = block.mbarriers[addr]
         if bar[1] == 0 and bar[2] == 0:
             bar[1], bar[3] = bar[0], bar[3] + 1
 
-    def _flush_tma(self, addr: int) -> None:
-        for copy in self.current.tma.pop(addr, []):
-            self._deliver_tma(*copy)
-            bar = self.current.mbarriers[addr]
-            bar[2] -= copy[3]
-        if addr in self.current.mbarriers:
-            self._maybe_complete(addr)
+    def _flush_tma(self, block: Block, addr: int) -> None:
+        for copy in block.tma.pop(addr, []):
+            self._deliver_tma(block, *copy)
+            block.mbarriers[addr][2] -= copy[3]
+        if addr in block.mbarriers:
+            self._maybe_complete(block, addr)
+
+    def in_cluster(self, warp: Warp, addr: int, line: int) -> tuple[Block, int]:
+        """The block and shared offset a shared::cluster address names: `mapa` sets CLUSTER_BIT
+        and the rank above the offset; a plain shared::cta offset is the current block's."""
+        if not addr & CLUSTER_BIT:
+            return self.current, addr
+        return self.peer(warp, (addr >> CLUSTER_RANK_SHIFT) & 0x7F, line), addr & ((1 << CLUSTER_RANK_SHIFT) - 1)
+
+    def peer(self, warp: Warp, rank: int, line: int) -> Block:
+        """Block `rank` of the current one's cluster, whose shared memory `warp` is about to use:
+        only after a barrier.cluster (before it the block may not have initialized its mbarriers)
+        and before the block exits."""
+        if rank >= len(self.current.cluster):
+            raise EmulationError(f"PTX line {line}: rank {rank} is outside the cluster of {len(self.current.cluster)} "
+                                 "blocks")
+        block = self.current.cluster[rank]
+        if block is not self.current and not warp.cluster_synced:
+            raise EmulationError(f"PTX line {line}: block {block.ctaid}'s shared memory is used before a "
+                                 "barrier.cluster: its mbarriers may not be initialized yet")
+        if block.exited:
+            raise EmulationError(f"PTX line {line}: block {block.ctaid}'s shared memory is used after it exited "
+                                 "(a barrier.cluster before exiting keeps the cluster's blocks alive)")
+        return block
+
+    def _op_mapa(self, inst):
+        d, a, rank = inst.operands
+
+        def run(w, m, _):
+            offsets = self.read(w, a, "u32") & np.uint64((1 << CLUSTER_RANK_SHIFT) - 1)
+            ranks = self.read(w, rank, "u32")
+            if (ranks[m] >= len(self.current.cluster)).any():
+                raise EmulationError(f"PTX line {inst.line}: mapa to a rank outside the cluster")
+            self.write(w, d, np.uint64(CLUSTER_BIT) | (ranks << np.uint64(CLUSTER_RANK_SHIFT)) | offsets, m)
+        return run
+
+    def _op_barrier(self, inst):
+        if inst.parts[1] != "cluster":
+            raise EmulationError(f"PTX line {inst.line}: the emulator does not model '{inst.opcode}'")
+        if inst.parts[2] == "arrive":
+            def arrive(w, m, _):
+                self._whole_warp(w, m, "barrier.cluster.arrive")
+                if w.cluster_phase is not None:
+                    raise EmulationError(f"PTX line {inst.line}: barrier.cluster.arrive twice without a wait")
+                state = self.current.cluster_barrier
+                w.cluster_phase = state.phase
+                state.arrived += int(m.sum())
+                if state.arrived == state.threads:
+                    state.arrived, state.phase = 0, state.phase + 1
+            return arrive
+
+        def wait(w, m, active):
+            self._whole_warp(w, m, "barrier.cluster.wait")
+            if w.cluster_phase is None:
+                raise EmulationError(f"PTX line {inst.line}: barrier.cluster.wait without an arrive")
+            if self.current.cluster_barrier.phase == w.cluster_phase:
+                w.pcs[active] -= 1  # stay here
+                return "spin"
+            w.cluster_phase, w.cluster_synced = None, True
+        return wait
 
     def _tma(self, inst):
         if not {"2d", "3d"} & set(inst.parts) or "mbarrier::complete_tx::bytes" not in inst.parts:
             raise EmulationError(f"PTX line {inst.line}: only 2-D and 3-D TMA loads completing on an mbarrier are "
                                  "modelled")
         dst, src, bar = inst.operands[:3]
+        multicast = inst.operands[3] if "multicast::cluster" in inst.parts else None
 
         def issue(w, m, _):
             for lane in np.flatnonzero(m).tolist():
@@ -1286,20 +1388,27 @@ class Emulator:
                     raise EmulationError(f"PTX line {inst.line}: {len(coords)} coordinates for a "
                                          f"{3 if tm.slices else 2}-D tensor map")
                 b = int(self.address(w, bar)[lane])
-                self._barrier(b, inst.line)
+                mask = int(self.read(w, multicast, "u16")[lane]) if multicast else 1 << self.current.rank
+                ranks = [r for r in range(len(self.current.cluster)) if mask >> r & 1]
+                if not ranks or mask >> len(self.current.cluster):
+                    raise EmulationError(f"PTX line {inst.line}: multicast mask {mask:#x} names no block or one "
+                                         f"outside the cluster of {len(self.current.cluster)}")
                 inner, outer = tm.box
                 nbytes = inner * outer * tm.item
                 if tm.swizzle and (inner * tm.item != tm.swizzle or d % 1024):
                     raise EmulationError(f"a {tm.swizzle}-byte swizzled TMA box needs {tm.swizzle}-byte rows and a "
                                          f"1024-byte aligned destination (rows of {inner * tm.item} bytes at {d:#x})")
                 targets = swizzled(np.arange(d, d + nbytes, tm.item, dtype=np.uint64), tm.swizzle)
-                self.current.check_not_mbarrier(targets.astype(np.int64), tm.item, "a TMA copy", inst.line)
-                self.current.shared.write(targets, np.full((len(targets), tm.item), POISON, np.uint8), "a TMA copy",
-                                          inst.line)
-                self.current.tma.setdefault(b, []).append((targets, tm, coords, nbytes, inst.line))
+                for rank in ranks:  # the same offsets, and the same mbarrier, in each block the mask names
+                    block = self.peer(w, rank, inst.line)
+                    self._barrier(block, b, inst.line)
+                    block.check_not_mbarrier(targets.astype(np.int64), tm.item, "a TMA copy", inst.line)
+                    block.shared.write(targets, np.full((len(targets), tm.item), POISON, np.uint8), "a TMA copy",
+                                       inst.line)
+                    block.tma.setdefault(b, []).append((targets, tm, coords, nbytes, inst.line))
         return issue
 
-    def _deliver_tma(self, targets, tm: TensorMap, coords, nbytes, line) -> None:
+    def _deliver_tma(self, block: Block, targets, tm: TensorMap, coords, nbytes, line) -> None:
         inner, outer = tm.box
         x = coords[0] + np.tile(np.arange(inner), outer)
         y = coords[1] + np.repeat(np.arange(outer), inner)
@@ -1311,7 +1420,7 @@ class Emulator:
         if inside.any():
             src = (tm.address + (y[inside] * tm.cols + x[inside]) * tm.item).astype(np.uint64)
             data[inside] = self.memory.read(src, tm.item, "a TMA source read", line)
-        self.current.shared.write(targets, data, "a TMA copy", line)
+        block.shared.write(targets, data, "a TMA copy", line)
 
     # -- wgmma -----------------------------------------------------------------------------
     def _op_wgmma(self, inst):
@@ -1482,9 +1591,17 @@ def emulate(artifact, *inputs, seed: int = 0, blocks=None) -> list[np.ndarray]:
     for (name, _type), (ctype, value) in zip(kernel.params, arguments):
         em.params[name] = int(value) if ctype != "f32" else int(np.float32(value).view(np.uint32))
     grid = artifact.grid
-    all_blocks = [(x, y, z) for z in range(grid[2]) for y in range(grid[1]) for x in range(grid[0])]
-    for ctaid in (all_blocks if blocks is None else blocks):
-        Block(em, ctaid, random.Random(hash((seed, ctaid)))).run()
+    cluster = kernel.cluster
+    if any(g % c for g, c in zip(grid, cluster)):
+        raise EmulationError(f"grid {list(grid)} is not a whole number of {list(cluster)} clusters")
+    origins = sorted({tuple(i - i % c for i, c in zip(ctaid, cluster)) for ctaid in blocks}) if blocks else [
+        (x, y, z) for z in range(0, grid[2], cluster[2]) for y in range(0, grid[1], cluster[1])
+        for x in range(0, grid[0], cluster[0])]
+    for origin in origins:  # a cluster's blocks, by rank (x fastest)
+        members = [(origin[0] + x, origin[1] + y, origin[2] + z)
+                   for z in range(cluster[2]) for y in range(cluster[1]) for x in range(cluster[0])]
+        run_cluster(em, [Block(em, ctaid) for ctaid in members],
+                    random.Random(hash((seed, origin))))
     outputs = []
     for p, size in zip(tensors, sizes):
         if p.output:

@@ -86,3 +86,36 @@ func.func @specialized(%a: tensor<2048x512xbf16>, %b: tensor<2048x512xbf16>) -> 
   %c = "tracea.gemm"(%a, %b) {transpose_b = true} : (tensor<2048x512xbf16>, tensor<2048x512xbf16>) -> tensor<2048x2048xf32>
   return %c : tensor<2048x2048xf32>
 }
+
+// schedule cluster = 2: blocks 2c and 2c + 1 share the B tile of one column. Each reads its
+// rank, copies half of B (a 64 x 128 box, at 128 rows x 128 bytes times the rank) into both
+// blocks with one multicast copy, and releases a buffer on the empty barriers of both (16
+// arrivals: 8 MMA warps a block); cluster barriers after the initialization and before exiting.
+// CHECK-LABEL: gpu.func @cluster
+// CHECK-SAME: nvvm.cluster_dim = array<i32: 2, 1, 1>
+// CHECK-SAME: grid = array<i64: 128, 1, 1>, tensor_maps = [array<i64: 0, 64, 128, 128, 2>, array<i64: 1, 64, 128, 128, 2>]
+// CHECK: %[[RANK32:.*]] = nvvm.read.ptx.sreg.cluster.ctarank : i32
+// CHECK: %[[RANK:.*]] = arith.index_cast %[[RANK32]] : i32 to index
+// CHECK: %[[EVERYONE:.*]] = arith.constant 3 : i16
+// CHECK: nvgpu.mbarrier.create
+// CHECK: %[[EMPTY:.*]] = nvgpu.mbarrier.create
+// CHECK: nvgpu.mbarrier.init %[[EMPTY]][%c0], %c16
+// CHECK: nvvm.fence.mbarrier.init
+// CHECK: gpu.barrier
+// CHECK-NEXT: nvvm.cluster.arrive
+// CHECK-NEXT: nvvm.cluster.wait
+// CHECK: nvgpu.mbarrier.arrive.expect_tx %{{.*}}[%{{.*}}], %c49152 :
+// CHECK: nvgpu.tma.async.load {{.*}} to %{{.*}} : {{.*}} -> memref<128x64xbf16
+// CHECK: arith.muli %[[RANK]], %c16384
+// CHECK: arith.muli %[[RANK]], %c128
+// CHECK: nvgpu.tma.async.load {{.*}} to %{{.*}} multicast_mask = %[[EVERYONE]] : {{.*}} -> memref<128x64xbf16
+// CHECK: nvgpu.mbarrier.get %[[EMPTY]]
+// CHECK: mapa.shared::cluster.u32
+// CHECK: mapa.shared::cluster.u32
+// CHECK: nvvm.cluster.arrive
+// CHECK-NEXT: nvvm.cluster.wait
+// CHECK-NEXT: gpu.return
+func.func @cluster(%a: tensor<2048x512xbf16>, %b: tensor<2048x512xbf16>) -> tensor<2048x2048xf32> {
+  %c = "tracea.gemm"(%a, %b) {transpose_b = true, schedule = {cluster = 2 : i64}} : (tensor<2048x512xbf16>, tensor<2048x512xbf16>) -> tensor<2048x2048xf32>
+  return %c : tensor<2048x2048xf32>
+}
