@@ -4,7 +4,8 @@ An interpreter for the PTX that LLVM's NVPTX back end emits for Tracea's kernels
 float arithmetic, loads and stores, branches, `bar.sync` (0, and named barriers with a
 thread count: `bar.sync` / `bar.arrive id, n`), shuffles, `cp.async` groups,
 `ldmatrix`, `mma.sync` m16n8k16, mbarriers, 2-D and 3-D TMA tile copies and `wgmma` with A
-from shared-memory descriptors or registers), written from the PTX ISA's definitions, not from Tracea's code generators: it
+from shared-memory descriptors or registers; thread block clusters: a cluster's blocks run
+together, with `barrier.cluster`, `mapa`, remote mbarrier arrivals and multicast copies), written from the PTX ISA's definitions, not from Tracea's code generators: it
 checks their lane mappings, swizzles and descriptors by running them.
 
 It is adversarial where the hardware is free to be: asynchronous copies fill their destination
