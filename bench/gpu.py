@@ -365,7 +365,8 @@ def _relative_error(out, expected) -> float:
 
 
 def _problem_key(case) -> str:
-    return json.dumps({k: v for k, v in case.items() if k in ("chip", "dtype", "transpose_b", "size", "conv", "attention")})
+    """The problem a case computes, whatever kernel (or chip) computes it: the peers' key."""
+    return json.dumps({k: v for k, v in case.items() if k in ("dtype", "transpose_b", "size", "conv", "attention")})
 
 
 def _what(r) -> str:
@@ -396,7 +397,7 @@ def run(directory: str, out_dir: str, only: str | None, iterations: int) -> int:
     save = lambda: _write_json(results, {"device": str(device), "torch": torch.__version__,  # noqa: E731
                                          "rows": rows, "failures": failures})
     watchdog = Watchdog(180, save)  # the first Triton call of a problem autotunes: tens of seconds
-    peer_times: dict[str, dict] = {}  # per problem, shared by all its variants
+    peer_times: dict[str, dict] = {}  # per problem, shared by all its variants and chips
     for case in cases:
         if device.runs(case["chip"]) is None:
             print(f"skip {case['name']}: {device} cannot run {case['chip']} code", flush=True)
@@ -476,7 +477,7 @@ def summary(rows) -> str:
     """One line per problem: the default schedule's ratios and the best correct variant's."""
     problems: dict[str, list] = {}
     for r in rows:
-        problems.setdefault(_problem_key(r), []).append(r)
+        problems.setdefault((r["chip"], _problem_key(r)), []).append(r)
     lines = []
     for variants in problems.values():
         default = next((r for r in variants if r.get("variant", "default") == "default"), variants[0])
@@ -506,7 +507,9 @@ def launch(directory: str, name: str) -> int:
     import gpu_artifact
     import torch
     with open(os.path.join(directory, "cases.json")) as f:
-        case = next(c for c in json.load(f) if c["name"] == name)
+        case = next((c for c in json.load(f) if c["name"] == name), None)
+    if case is None:
+        raise SystemExit(f"no case {name} in {directory}/cases.json")
     kernel = cl.CudaKernel(gpu_artifact.GpuKernelArtifact.load(os.path.join(directory, name)), cl.Device.get(0))
     inputs, _, _, _ = problem(torch, case)
     kernel(*inputs)
@@ -533,7 +536,8 @@ def profile(directory: str, results: str, out_dir: str) -> int:
     report = os.path.join(out_dir, "ncu.txt")
     with open(report, "w") as log:
         for which, r in chosen:
-            kernel_name = json.load(open(os.path.join(directory, r["name"] + ".json")))["name"]
+            with open(os.path.join(directory, r["name"] + ".json")) as f:
+                kernel_name = json.load(f)["name"]
             command = ["ncu", "--clock-control", "none", "--kernel-name", kernel_name, "--launch-count", "1",
                        *[a for section in NCU_SECTIONS for a in ("--section", section)],
                        sys.executable, os.path.abspath(__file__), "launch", directory, r["name"]]

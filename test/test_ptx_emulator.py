@@ -311,3 +311,10 @@ def test_a_key_box_past_the_sequence_is_zero_filled_not_the_next_heads_rows(ptxa
     out, = pe.emulate(art, q, k, v)
     expected = _reference("attention", {"causal": False}, [q, k, v])
     assert _relative_error(out[:, 0], expected[:, 0]) < 2e-2 and np.isnan(out[:, 1]).all()
+
+
+def test_barrier_sync_is_bar_sync(ptxas):
+    """`barrier.sync` is `bar.sync`'s other spelling (and `barrier.cluster` a different instruction)."""
+    name = "wgmma_gemm_nn_f16"
+    out, expected = _run(_broken(name, r"\bbar\.sync", "barrier.sync"), name)
+    assert _relative_error(out, expected) < 2e-2

@@ -285,15 +285,15 @@ class _Writer:
                f"{_predicated(predicate)} : {self.mbar_t}")
         a_map, b_map = self.maps
         self.tma(self.box_view(a_off, a_map), "%tmaA", a_map, [k0, "%row0"], buffer, predicate)
-        cluster = T.cluster > 1  # this block's share of B, multicast to the same place in every block
+        cluster = self.cluster > 1  # this block's share of B, multicast to the same place in every block
         if g.transpose_b:
-            share = T.block_n // T.cluster
+            share, col = T.block_n // self.cluster, "%col0"
             if cluster:
                 b_off = t.add(b_off, t.mul("%rank", t.c(share * SWIZZLE_BYTES)))
-            col = t.add("%col0", t.mul("%rank", t.c(share))) if cluster else "%col0"
+                col = t.add(col, t.mul("%rank", t.c(share)))
             self.tma(self.box_view(b_off, b_map), "%tmaB", b_map, [k0, col], buffer, predicate, cluster)
         else:
-            share = T.block_n // BOX_K // T.cluster  # 64-column boxes, one after the other
+            share = T.block_n // BOX_K // self.cluster  # 64-column boxes, one after the other
             for j in range(share):
                 if cluster:
                     box = t.add(t.mul("%rank", t.c(share)), t.c(j))
@@ -528,7 +528,7 @@ class _Writer:
         t.line(f"%wg_rows = arith.muli {group}, {t.c(T.rows_per_warpgroup)} : index")
         t.line(f"%wg_a = arith.muli {group}, {t.c(T.rows_per_warpgroup * SWIZZLE_BYTES)} : index")
         if not T.persistent:
-            self.tile_origin("%bx" if T.cluster > 1 else t.add(t.mul("%by", t.c(output_tiles(g, T)[0])), "%bx"))
+            self.tile_origin("%bx" if self.cluster > 1 else t.add(t.mul("%by", t.c(output_tiles(g, T)[0])), "%bx"))
         self.barriers()
         n_trips = t.c(trips(g, T))
         if T.specialized:
@@ -563,5 +563,5 @@ class _Writer:
         self.cluster_barrier()
 
         params = kernel_params(g) + ["%tmaA_ptr: !llvm.ptr", "%tmaB_ptr: !llvm.ptr"]
-        cluster = f", nvvm.cluster_dim = array<i32: {T.cluster}, 1, 1>" if T.cluster > 1 else ""
+        cluster = f", nvvm.cluster_dim = array<i32: {self.cluster}, 1, 1>" if self.cluster > 1 else ""
         return gpu_module_text(t, name, params, (T.threads, 1), attributes=cluster)

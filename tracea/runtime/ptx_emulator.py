@@ -489,8 +489,8 @@ class Block:
         threads = math.prod(emulator.block)
         ids = [np.arange(w * WARP, (w + 1) * WARP) for w in range(-(-threads // WARP))]
         self.warps = [Warp(w, np.where(i < threads, i, -1)) for w, i in enumerate(ids)]  # -1: no thread
-        self.cluster: list[Block] = [self]  # by rank
-        self.cluster_barrier = ClusterBarrier(threads)
+        self.cluster: list[Block] = [self]  # by rank; run_cluster sets both
+        self.cluster_barrier: ClusterBarrier | None = None
         self.exited = False
 
     @property
@@ -527,11 +527,10 @@ class Block:
 
 def run_cluster(em: "Emulator", blocks: list[Block], rng: random.Random) -> None:
     """Run blocks that share a cluster (one block without clusters), interleaving their warps."""
-    for b in blocks:
-        b.cluster = blocks
-        b.cluster_barrier = blocks[0].cluster_barrier
-    blocks[0].cluster_barrier.threads = sum(int((w.lanes >= 0).sum()) for b in blocks for w in b.warps)
     warps = [(b, w) for b in blocks for w in b.warps]
+    barrier = ClusterBarrier(sum(int((w.lanes >= 0).sum()) for _, w in warps))
+    for b in blocks:
+        b.cluster, b.cluster_barrier = blocks, barrier
     idle = 0
     while True:
         for b in blocks:
@@ -547,6 +546,7 @@ def run_cluster(em: "Emulator", blocks: list[Block], rng: random.Random) -> None
                               f"{em.kernel.code[int(w.pcs[~w.done].min())].line}" for b, w in warps if not w.done.all())
             raise EmulationError(f"deadlock in {'cluster' if len(blocks) > 1 else 'block'} "
                                  f"{blocks[0].ctaid}: {where} (an mbarrier wait whose phase never completes?)")
+
 
 class Emulator:
     def __init__(self, kernel: Kernel, grid, block, dynamic_shared: int):
@@ -1110,7 +1110,8 @@ class Emulator:
             return "yield" if waits else None
         return run
 
-    _op_barrier = _op_bar
+    def _op_barrier(self, inst):  # barrier.sync / .arrive is bar's other spelling
+        return self._cluster_barrier(inst) if inst.parts[1] == "cluster" else self._op_bar(inst)
 
     def _op_setmaxnreg(self, inst):  # registers are not modelled; the instruction is warp-collective
         return lambda w, m, _: self._whole_warp(w, m, "setmaxnreg")
@@ -1344,9 +1345,7 @@ class Emulator:
             self.write(w, d, np.uint64(CLUSTER_BIT) | (ranks << np.uint64(CLUSTER_RANK_SHIFT)) | offsets, m)
         return run
 
-    def _op_barrier(self, inst):
-        if inst.parts[1] != "cluster":
-            raise EmulationError(f"PTX line {inst.line}: the emulator does not model '{inst.opcode}'")
+    def _cluster_barrier(self, inst):
         if inst.parts[2] == "arrive":
             def arrive(w, m, _):
                 self._whole_warp(w, m, "barrier.cluster.arrive")
