@@ -65,6 +65,9 @@ VARIANTS = {
         "cluster 2": {"cluster": 2},  # the default tiles, pairs of blocks multicasting B
         "128x256 2wg cluster 2 persistent": {"tile": [128, 256, 64], "warp_tile": [64, 256, 64], "stages": 4,
                                              "persistent": 132, "cluster": 2},
+        "tma store": {"store": "tma"},  # the default tiles, the epilogue through shared memory and TMA
+        "128x256 2wg persistent tma store": {"tile": [128, 256, 64], "warp_tile": [64, 256, 64], "stages": 4,
+                                             "persistent": 132, "store": "tma"},
     },
 }
 # NHWC f16 convolutions (implicit GEMM on the mma.sync kernel): batch, H = W, C, F, kernel, stride, padding
@@ -126,6 +129,15 @@ CHECKS = [
      {"schedule": {"tile": [64, 128, 64], "stages": 2, "cluster": 2}}),
     ("sm_90a_gemm_cluster_persistent_f16", "sm_90a", [((200, 72), "f16"), ((72, 264), "f16")], "gemm",
      {"schedule": {"tile": [64, 128, 64], "stages": 2, "cluster": 2, "persistent": 4}}),
+    # the epilogue through shared memory and TMA stores: bf16 out, two warpgroups of 4 boxes,
+    # bias and residual read inside C where the boxes cross its edges (M 130, N 200); f32 out
+    # (32-column boxes), persistent in a cluster (staging buffers reused from tile to tile)
+    ("sm_90a_linear_tma_store_bias_gelu_residual_bf16", "sm_90a",
+     [((2, 65, 64), "bf16"), ((200, 64), "bf16"), ((200,), "bf16"), ((2, 65, 200), "bf16")], "linear",
+     {"out_dtype": "bf16", "schedule": {"tile": [128, 256, 64], "warp_tile": [64, 256, 64], "stages": 2,
+                                        "store": "tma"}}),
+    ("sm_90a_gemm_tma_store_cluster_persistent_f16", "sm_90a", [((200, 72), "f16"), ((72, 264), "f16")], "gemm",
+     {"schedule": {"tile": [64, 128, 64], "stages": 2, "cluster": 2, "persistent": 4, "store": "tma"}}),
     # the Hopper attention's: three MMA warpgroups over one buffer; head dim 256 (64 keys a step);
     # head dim 32 (not a multiple of 64): the mma.sync kernel
     ("sm_90a_attention_three_warpgroups_d192_f16", "sm_90a", [((1, 2, 100, 192), "f16")] * 3, "attention",
@@ -142,17 +154,19 @@ def _schedule(td, fields: dict):
 
 
 def check_function(td, inputs, kind, params):
-    """The function a check runs; params["schedule"], if any: td.Schedule's fields (JSON)."""
+    """The function a check runs; params["schedule"], if any: td.Schedule's fields (JSON);
+    params["out_dtype"]: the GEMMs' output type (default f32)."""
     tensors = [td.tensor(shape, dtype) for shape, dtype in inputs]
     schedule = _schedule(td, params["schedule"]) if "schedule" in params else None
+    out_dtype = params.get("out_dtype", "f32")
     if kind == "linear":  # x @ W^T [+ bias, GELU [+ residual]]
         def body(x, w, *rest):
             steps = [td.bias_add(rest[0]), td.gelu()] if rest else []
             steps += [td.residual_add(rest[1])] if len(rest) > 1 else []
-            return td.fused_gemm(x, w, steps, transpose_b=True, out_dtype="f32", schedule=schedule)
+            return td.fused_gemm(x, w, steps, transpose_b=True, out_dtype=out_dtype, schedule=schedule)
     elif kind == "gemm":
         def body(a, b):
-            return td.gemm(a, b, transpose_a=params.get("transpose_a", False), out_dtype="f32", schedule=schedule)
+            return td.gemm(a, b, transpose_a=params.get("transpose_a", False), out_dtype=out_dtype, schedule=schedule)
     elif kind == "conv":
         def body(x, w, b):
             return td.conv2d(x, w, b, stride=params["stride"], padding=params["padding"], layout="nhwc",

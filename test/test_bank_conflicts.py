@@ -7,8 +7,8 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from tracea.dialects.schedule import Swizzle
-from tracea.passes.bank_conflicts import (TileLayout, conflict_free_swizzle, conflicts, ldmatrix_x4_addresses,
-                                          report, wavefronts)
+from tracea.passes.bank_conflicts import (TileLayout, accumulator_pair_addresses, conflict_free_swizzle, conflicts,
+                                          ldmatrix_x4_addresses, report, wavefronts)
 
 
 def test_the_warp_model():
@@ -58,3 +58,20 @@ def test_rows_that_are_not_whole_chunks_are_refused():
         conflict_free_swizzle(24, 2)
     with pytest.raises(ValueError, match="holds no ldmatrix.x4 block"):
         report(TileLayout(8, 64, 2))
+
+
+def test_accumulator_pairs_into_a_staging_box():
+    """The Hopper GEMM's TMA-store epilogue writes its accumulator pairs into 64-row boxes of
+    128-byte rows, swizzled as TMA's 128-byte mode reads them (chunk ^ row % 8; the kernel's
+    layout). For bf16 / f16 (64 columns) a warp's 8 rows fall in the same banks row-major
+    (8-way) and in 8 different ones swizzled. For f32 (32 columns, 8-byte pairs: two phases of
+    4 rows, each row 2 chunks) the swizzle takes 4 wavefronts a phase down to 2: rows 2i and
+    2i + 1 swap the same two chunks."""
+    pairs = [(j, half) for j in range(8) for half in range(2)]
+    for elem_bytes, plain_conflicts, swizzled_conflicts in ((2, 7, 0), (4, 6, 2)):
+        cols = 128 // elem_bytes
+        plain = TileLayout(64, cols, elem_bytes)
+        swizzled = TileLayout(64, cols, elem_bytes, conflict_free_swizzle(cols, elem_bytes))
+        for layout, expected in ((plain, plain_conflicts), (swizzled, swizzled_conflicts)):
+            assert {conflicts(accumulator_pair_addresses(layout, j, half), 2 * elem_bytes)
+                    for j, half in pairs if 8 * j < cols} == {expected}

@@ -52,11 +52,12 @@ def test_attention_shapes_the_kernel_cannot_take_are_named(shapes, message):
         tracea.compile_gpu(fn, chip="sm_80")
 
 
-@pytest.mark.parametrize("schedule", [td.Schedule(persistent=132), td.Schedule(group_m=4)])
+@pytest.mark.parametrize("schedule", [td.Schedule(persistent=132), td.Schedule(group_m=4), td.Schedule(cluster=2),
+                                      td.Schedule(store="tma")])
 def test_gemm_only_schedule_keys_are_refused_for_attention(schedule):
     fn = td.function(*[td.tensor((1, 64, 64), "f16")] * 3, name="attn")(
         lambda q, k, v: td.attention(q, k, v, schedule=schedule))
-    with pytest.raises(tracea.CompileError, match="persistent, group_m and cluster are for the NVIDIA GEMMs"):
+    with pytest.raises(tracea.CompileError, match="persistent, group_m, cluster and store are for the NVIDIA GEMMs"):
         tracea.compile_gpu(fn, chip="sm_90a")
 
 

@@ -233,3 +233,38 @@ def test_cluster_tiles_are_validated():
         tracea.compile_gpu(fn, chip="sm_80")
     with pytest.raises(tracea.TraceaError, match="cluster .blocks per cluster. must be 0, 1 or 2"):
         td.Schedule(cluster=3).validate()
+
+
+def test_tma_store_kernel(sass):
+    """schedule store = "tma": each MMA warpgroup writes its accumulators (epilogue applied) box
+    by box into two swizzled staging buffers after the pipeline's, and its first thread copies
+    each box to C with a TMA store (C gets a tensor map of 64-row x 128-byte boxes); the only
+    global stores in the machine code are TMA's."""
+    fn = td.function(td.tensor((1000, 256), "bf16"), td.tensor((1024, 256), "bf16"), td.tensor((1024,), "f32"),
+                     name="linear")(
+        lambda x, w, b: td.fused_gemm(x, w, [td.bias_add(b), td.gelu()], transpose_b=True,
+                                      schedule=td.Schedule(tile=(128, 256, 64), warp_tile=(64, 256, 64), stages=4,
+                                                           store="tma")))
+    art = tracea.compile_gpu(fn, chip="sm_90a")
+    assert [p.tensor_map for p in art.params if p.tensor_map][2] == (3, 64, 64, 128, 2)  # C (bf16): 64 x 64 boxes
+    assert art.dynamic_shared_bytes == 4 * (16384 + 32768) + 2 * 2 * 8192 + 1024
+    assert art.ptx.count("cp.async.bulk.tensor.2d.global.shared::cta") == 4  # a warpgroup's 64 x 256 in 4 boxes
+    assert "fence.proxy.async.shared::cta" in art.ptx and "cp.async.bulk.wait_group.read" in art.ptx
+    machine_code = sass(nvvm.assemble(art.ptx, "sm_90a"))
+    assert "UTMASTG.2D" in machine_code and not re.search(r"\bSTG\.", machine_code)
+    assert art.registers * 288 <= 65536
+    f32 = WgmmaTiles(128, 128, 4, specialized=True, tma_store=True)
+    assert gpu_wgmma.tensor_maps(MmaGemm(256, 256, 64, "f16", "f32", False), f32)[2] == \
+        gpu_wgmma.TensorMap(2, (32, 64))  # f32: 32 columns a box
+
+
+def test_tma_store_is_validated():
+    with pytest.raises(tracea.TraceaError, match=r"block_n \(136\) must be a multiple of 64"):
+        wgmma_gemm_module_text(MmaGemm(256, 256, 64, "bf16", "bf16", True),
+                               WgmmaTiles(128, 136, 2, specialized=True, tma_store=True))
+    fn = td.function(td.tensor((64, 64), "f16"), td.tensor((64, 64), "f16"), name="gemm")(
+        lambda a, b: td.gemm(a, b, schedule=td.Schedule(store="tma")))
+    with pytest.raises(tracea.TraceaError, match="schedule store 'tma' is for the sm_90a GEMM"):
+        tracea.compile_gpu(fn, chip="sm_80")
+    with pytest.raises(tracea.TraceaError, match="schedule store must be one of registers, tma"):
+        td.Schedule(store="smem").validate()

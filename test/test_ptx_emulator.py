@@ -318,3 +318,27 @@ def test_barrier_sync_is_bar_sync(ptxas):
     name = "wgmma_gemm_nn_f16"
     out, expected = _run(_broken(name, r"\bbar\.sync", "barrier.sync"), name)
     assert _relative_error(out, expected) < 2e-2
+
+
+_TMA_STORE = "sm_90a_linear_tma_store_bias_gelu_residual_bf16"
+
+
+@pytest.mark.parametrize("broken,count,error", [
+    # the threads' writes to a staging box are not ordered before the async proxy's read
+    (r"fence\.proxy\.async\.shared::cta;", 0, "without a fence.proxy.async after"),
+    # the box is read by TMA before every thread wrote its part
+    (r"(fence\.proxy\.async\.shared::cta;\s*)bar\.sync\s+%r\d+, 128;", 0, "may not have read yet|without a fence"),
+    # a staging buffer written again before the store two boxes back has read it
+    (r"cp\.async\.bulk\.wait_group\.read\s+1;", 0, "may not have read yet"),
+    # exiting with stores in flight: shared memory may be gone before they read it
+    (None, 0, "exits with TMA stores"),
+], ids=["no-fence", "no-barrier-before-the-store", "no-wait-before-reuse", "no-wait-before-exit"])
+def test_a_tma_store_epilogue_missing_its_synchronization_fails(ptxas, broken, count, error):
+    art = _artifact(_TMA_STORE)
+    if broken is None:  # drop the last wait (the one before exiting)
+        start, end = [m.span() for m in re.finditer(r"cp\.async\.bulk\.wait_group\.read\s+0;", art.ptx)][-1]
+        art = dataclasses.replace(art, ptx=art.ptx[:start] + art.ptx[end:])
+    else:
+        art = _broken(_TMA_STORE, broken, r"\g<1>" if "(" in broken else "", count)
+    with pytest.raises(pe.EmulationError, match=error):
+        _run(art, _TMA_STORE)

@@ -18,6 +18,9 @@ import mlir.ir as ir
 from ..errors import OpError
 
 BARRIER_MODES = ("none", "producer_consumer", "pingpong")
+# How a GEMM's epilogue reaches C: each thread stores its accumulators' pairs ("registers"), or
+# (sm_90a) the warpgroup stages them in swizzled shared memory that TMA copies out ("tma")
+STORE_MODES = ("registers", "tma")
 
 # Shapes each matrix-instruction lane mapping accepts, (m, n, k).
 _MMA_SYNC_SHAPES = {(16, 8, 16), (16, 8, 8)}
@@ -101,6 +104,7 @@ class Schedule:
     # NVIDIA sm_90a GEMM: blocks per cluster (0 or 1: none; 2: pairs of tile rows share each B tile,
     # each block copying half of it into both by TMA multicast)
     cluster: int = 0
+    store: str = "registers"  # one of STORE_MODES
 
     def validate(self) -> None:
         for name in ("tile", "warp_tile"):
@@ -123,6 +127,8 @@ class Schedule:
             raise OpError(f"schedule group_m (tile rows per launch group) must be >= 0, got {self.group_m}")
         if self.cluster not in (0, 1, 2):
             raise OpError(f"schedule cluster (blocks per cluster) must be 0, 1 or 2, got {self.cluster}")
+        if self.store not in STORE_MODES:
+            raise OpError(f"schedule store must be one of {', '.join(STORE_MODES)}; got '{self.store}'")
         if self.barrier not in BARRIER_MODES:
             raise OpError(f"schedule barrier must be one of {', '.join(BARRIER_MODES)}; got '{self.barrier}'")
         if self.barrier == "producer_consumer" and self.stages < 2:
@@ -162,6 +168,8 @@ class Schedule:
             entries["group_m"] = _i64(self.group_m)
         if self.cluster:
             entries["cluster"] = _i64(self.cluster)
+        if self.store != "registers":
+            entries["store"] = ir.StringAttr.get(self.store)
         return ir.DictAttr.get(entries)
 
     @staticmethod
@@ -181,7 +189,7 @@ class Schedule:
                 values[key] = tuple(decode_ints(value, where))
             elif key == "stages":
                 values[key] = decode_int(value, where)
-            elif key == "barrier":
+            elif key in ("barrier", "store"):
                 values[key] = decode_str(value, where)
             elif key in ("persistent", "group_m", "cluster"):
                 values[key] = decode_int(value, where)

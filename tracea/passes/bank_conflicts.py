@@ -79,6 +79,13 @@ def ldmatrix_x4_addresses(layout: TileLayout, row0: int = 0, col0: int = 0) -> l
     return [layout.address(row0 + t % rows, col0 + (t // rows) * per_chunk) for t in range(32)]
 
 
+def accumulator_pair_addresses(layout: TileLayout, j: int = 0, half: int = 0) -> list[int]:
+    """A warp writing one pair of its Tensor Core accumulators (mma.sync m16n8 or a wgmma m64N
+    warp's 16 rows) into the tile, as the Hopper GEMM's TMA-store epilogue does: thread t writes
+    columns 8 j + 2 (t % 4) + {0, 1} of row t / 4 + 8 half, 2 elements in one access."""
+    return [layout.address(t // 4 + 8 * half, 8 * j + 2 * (t % 4)) for t in range(32)]
+
+
 def report(layout: TileLayout) -> dict[str, int]:
     """Conflicts (extra wavefronts per warp instruction, worst over the tile) of the accesses a
     GEMM makes: the 16-byte stores from global memory and the ldmatrix.x4 reads."""

@@ -97,6 +97,9 @@ def mma_tiles(v: OpView) -> MmaTiles:
     if s is not None and s.persistent:
         raise OpError("schedule persistent is for the sm_90a GEMM; the other NVIDIA kernels launch a block per "
                       "output tile")
+    if s is not None and s.store == "tma":
+        raise OpError("schedule store 'tma' is for the sm_90a GEMM (TMA stores); the sm_80 kernels and convs store "
+                      "from registers")
     group_m = s.group_m if s is not None and s.group_m else GROUP_M
     if _schedule_tile(v) is None:
         return MmaTiles(group_m=group_m)
@@ -109,7 +112,8 @@ def wgmma_tiles(v: OpView, g: MmaGemm) -> WgmmaTiles:
     """On sm_90a warp_tile is a warpgroup's share of the block tile ([BM / warpgroups, BN, BK]);
     barrier = "producer_consumer" (implied by several warpgroups, persistent or a cluster) gives the
     copies to a producer warp; persistent = n: n blocks loop over the output tiles; cluster = 2:
-    pairs of blocks share their B tiles (both over the default tiles too when no tile is given)."""
+    pairs of blocks share their B tiles; store = "tma": the epilogue goes out through shared memory
+    and TMA stores (all over the default tiles too when no tile is given)."""
     _refuse_pingpong(v, "the GEMM")
     s = v.attrs.get("schedule")
     if s is None:
@@ -118,12 +122,13 @@ def wgmma_tiles(v: OpView, g: MmaGemm) -> WgmmaTiles:
     if _schedule_tile(v) is None:
         default = default_wgmma_tiles(g)
         return replace(default, specialized=default.specialized or s.persistent > 0 or s.cluster > 1,
-                       persistent=s.persistent, group_m=group_m, cluster=max(s.cluster, 1))
+                       persistent=s.persistent, group_m=group_m, cluster=max(s.cluster, 1),
+                       tma_store=s.store == "tma")
     bm, bn, bk = s.tile
     warpgroups = bm // s.warp_tile[0] if s.warp_tile else 1
     return WgmmaTiles(bm, bn, s.stages, bk, warpgroups,
                       s.barrier == "producer_consumer" or warpgroups > 1 or s.persistent > 0 or s.cluster > 1,
-                      s.persistent, group_m, max(s.cluster, 1))
+                      s.persistent, group_m, max(s.cluster, 1), s.store == "tma")
 
 
 def gemm_kernel(v: OpView, name: str, chip: str = "sm_80") -> tuple[str, Launch]:
@@ -147,7 +152,7 @@ def gemm_kernel(v: OpView, name: str, chip: str = "sm_80") -> tuple[str, Launch]
         if chip == "sm_90a" and not (batched_b or transpose_a):
             tiles = wgmma_tiles(v, g)
             return wgmma_gemm_module_text(g, tiles, name), Launch(
-                wgmma_grid(g, tiles), (tiles.threads, 1, 1), tiles.shared_bytes(), tensor_maps(tiles, g.transpose_b))
+                wgmma_grid(g, tiles), (tiles.threads, 1, 1), tiles.shared_bytes(), tensor_maps(g, tiles))
         tiles = mma_tiles(v)
         return mma_gemm_module_text(g, tiles, name), Launch(mma_grid(g, tiles), (tiles.threads, 1, 1),
                                                             tiles.shared_bytes())
@@ -192,9 +197,9 @@ def attention_kernel(v: OpView, name: str, chip: str = "sm_80") -> tuple[str, La
     a = MmaAttention(q.shape[:-2], q.shape[-2], k.shape[-2], q.shape[-1], q.dtype, v.result.dtype,
                      q.shape[-1] ** -0.5 if scale is None else scale, v.attrs["causal"])
     s = v.attrs.get("schedule")
-    if s is not None and (s.persistent or s.group_m or s.cluster > 1):
-        raise OpError("schedule persistent, group_m and cluster are for the NVIDIA GEMMs; attention launches a "
-                      "block per query tile of each batch-head")
+    if s is not None and (s.persistent or s.group_m or s.cluster > 1 or s.store != "registers"):
+        raise OpError("schedule persistent, group_m, cluster and store are for the NVIDIA GEMMs; attention launches "
+                      "a block per query tile of each batch-head and stores from registers")
     chosen = s is not None and s.tile is not None
     if chip == "sm_90a" and wgmma_attention.supports(a):
         wt = WgmmaAttentionTiles(*s.tile[:2], s.stages) if chosen else wgmma_attention.default_tiles(a)

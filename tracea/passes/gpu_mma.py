@@ -211,11 +211,9 @@ def mma_gemm_module_text(g: MmaGemm, tiles: MmaTiles = MmaTiles(), name: str = "
     return _Writer(g, tiles, plan, layouts).module_text(name)
 
 
-def store_pair(t: _Text, g: MmaGemm, pair: str, grow: str, gcol: str, tag: str) -> None:
-    """C[grow, gcol : gcol + 2] = epilogue(pair) (a vector<2xf32> of accumulators), for a row
-    already known inside C: skipped past its last column, bias / residual read as pairs, one
-    aligned 2-element store."""
-    t.open(f"scf.if {t.cmp('ult', gcol, t.c(g.n))}")
+def epilogue_pair(t: _Text, g: MmaGemm, pair: str, grow: str, gcol: str, tag: str) -> str:
+    """epilogue(pair) (a vector<2xf32> of accumulators) for C[grow, gcol : gcol + 2], cast to C's
+    type; bias / residual read there as aligned pairs."""
     operands = {}
     if g.bias_dtype:
         operands["bias_add"] = (t.op(f"vector.load %bias[{gcol}] {_aligned_pair(g.bias_dtype)} : "
@@ -227,6 +225,14 @@ def store_pair(t: _Text, g: MmaGemm, pair: str, grow: str, gcol: str, tag: str) 
     lines, x = fused_epilogue(pair, g.epilogue, operands, g.out_dtype, 2, tag)
     for line in lines:
         t.line(line)
+    return x
+
+
+def store_pair(t: _Text, g: MmaGemm, pair: str, grow: str, gcol: str, tag: str) -> None:
+    """C[grow, gcol : gcol + 2] = epilogue(pair), for a row already known inside C: skipped past
+    its last column, one aligned 2-element store."""
+    t.open(f"scf.if {t.cmp('ult', gcol, t.c(g.n))}")
+    x = epilogue_pair(t, g, pair, grow, gcol, tag)
     t.line(f"vector.store {x}, %C[{grow}, {gcol}] {_aligned_pair(g.out_dtype)} : {g.matrix_type('C', g.out_dtype)}, "
            f"vector<2x{g.out_dtype}>")
     t.close()

@@ -26,7 +26,10 @@ descriptors. A gpu.module text, lowered by targets/nvvm.py. Two forms:
     before exiting; tile rows are rounded up to whole clusters (the extra one reads TMA's zeros)
     epilogue: the fused_gemm steps on accumulator pairs in registers, cast, stored (the m64nNk16
     accumulator layout: warp w of a warpgroup holds rows 16 w + lane / 4 (+ 8), columns
-    8 j + 2 (lane % 4) + {0, 1})
+    8 j + 2 (lane % 4) + {0, 1}); `tma_store`: instead of each thread storing its pairs to C,
+    the warpgroup writes one 64-row x 128-byte box at a time into a swizzled staging buffer
+    (two per warpgroup, alternating) and its first thread copies the box to C with a TMA store,
+    which clips what falls outside C
 
 TMA zero-fills whatever part of a box falls outside the matrix, so M, N and K need not be
 multiples of the tile; K (and N for a row-major B) must be multiples of 8: TMA needs 16-byte
@@ -46,9 +49,10 @@ import math
 from dataclasses import dataclass
 
 from ..errors import OpError
+from ..runtime.dtypes import to_numpy
 from .cpu_gemm import _Text
-from .gpu_mma import (GROUP_M, WORKGROUP, IndexArith, MmaGemm, collapse_views, gpu_module_text, kernel_params,
-                      launch_order_tile, store_pair)
+from .gpu_mma import (GROUP_M, WORKGROUP, IndexArith, MmaGemm, collapse_views, epilogue_pair, gpu_module_text,
+                      kernel_params, launch_order_tile, store_pair)
 from .phase_cycle import (AgentPlan, Barrier, Compute, Load, LoopPlan, Release, WaitEmpty, WaitFull, WaitMma,
                           specialized_plan, tma_wgmma_plan)
 
@@ -59,6 +63,7 @@ WARPGROUP = 128
 WARP = 32
 REGISTERS = 65536  # per SM, and so per block
 _ALIGN = 1024  # a 128-byte-swizzle atom: TMA's and the descriptors' swizzle start there
+STAGING_BYTES = 64 * SWIZZLE_BYTES  # one box of C on its way out (tma_store): 64 rows of 128 bytes
 _SWIZZLE_128B = 1 << 62
 _ATOM_STRIDE = (8 * SWIZZLE_BYTES >> 4) << 32
 _K_MAJOR = _SWIZZLE_128B | _ATOM_STRIDE | (1 << 16)  # leading offset unused for swizzled K-major
@@ -83,6 +88,7 @@ class WgmmaTiles:
     persistent: int = 0  # if > 0, this many blocks loop over the output tiles (specialized only)
     group_m: int = GROUP_M  # launch order: output tiles in groups of this many tile rows (launch_order_tile)
     cluster: int = 1  # 2: blocks in pairs on tile rows m, m + 1 of a column, each multicasting half the B tile
+    tma_store: bool = False  # the epilogue goes out through swizzled shared memory and TMA stores
 
     @property
     def threads(self) -> int:
@@ -98,10 +104,14 @@ class WgmmaTiles:
     def b_bytes(self) -> int:
         return self.block_n * self.block_k * ELEM_BYTES
 
+    def staging_bytes(self) -> int:
+        """tma_store: two staging boxes per MMA warpgroup, after the pipeline's buffers."""
+        return 2 * self.warpgroups * STAGING_BYTES if self.tma_store else 0
+
     def shared_bytes(self) -> int:
         """The buffers, plus room to align them to a swizzle atom (the dynamic shared memory's
         own alignment is only 16 bytes)."""
-        return self.stages * (self.a_bytes() + self.b_bytes()) + _ALIGN
+        return self.stages * (self.a_bytes() + self.b_bytes()) + self.staging_bytes() + _ALIGN
 
     def validate(self, transpose_b: bool) -> None:
         problems = []
@@ -161,9 +171,18 @@ class TensorMap:
     rank: int = 2
 
 
-def tensor_maps(tiles: WgmmaTiles, transpose_b: bool) -> tuple[TensorMap, TensorMap]:
-    b_box = (BOX_K, tiles.block_n // tiles.cluster) if transpose_b else (BOX_K, BOX_K)  # a block's share
-    return TensorMap(0, (BOX_K, tiles.block_m)), TensorMap(1, b_box)
+def box_columns(dtype: str) -> int:
+    """Elements in one 128-byte swizzled row."""
+    return SWIZZLE_BYTES // to_numpy(dtype).itemsize
+
+
+def tensor_maps(g: MmaGemm, tiles: WgmmaTiles) -> tuple[TensorMap, ...]:
+    """A's and B's, and with tma_store C's (C is the last tensor parameter: kernel_params)."""
+    b_box = (BOX_K, tiles.block_n // tiles.cluster) if g.transpose_b else (BOX_K, BOX_K)  # a block's share
+    maps = (TensorMap(0, (BOX_K, tiles.block_m)), TensorMap(1, b_box))
+    if tiles.tma_store:
+        maps += (TensorMap(len(kernel_params(g)) - 1, (box_columns(g.out_dtype), 64)),)
+    return maps
 
 
 SMS = 132  # streaming multiprocessors of an H100 SXM or H200 (the H100 PCIe has 114)
@@ -213,6 +232,10 @@ def wgmma_gemm_module_text(g: MmaGemm, tiles: WgmmaTiles = WgmmaTiles(), name: s
         raise OpError("the wgmma kernel reads plain matrices through TMA; convs, batched B and a transposed A run "
                       "the mma.sync kernel")
     tiles.validate(g.transpose_b)
+    if tiles.tma_store and tiles.block_n % box_columns(g.out_dtype):  # (N % 8 == 0: C's rows are 16-byte strides)
+        raise OpError(f"store 'tma' writes C in boxes of 128-byte rows ({box_columns(g.out_dtype)} {g.out_dtype}): "
+                      f"block_n ({tiles.block_n}) must be a multiple of {box_columns(g.out_dtype)}, or store from "
+                      "registers")
     # the specialized kernel's consumers are its MMA warps: each releases the buffers it read (in a
     # cluster, on every block's empty barrier: the plan's consumer stands for them all, and a
     # cluster's blocks loop over the same number of tiles, consecutive tile numbers)
@@ -250,16 +273,19 @@ class _Writer:
         self.cluster = tiles.cluster
         self.t = _Text()
         self.t.depth = 3
-        self.maps = tensor_maps(tiles, g.transpose_b)
-        self.map_names = ("%tmaA", "%tmaB")
+        self.maps = tensor_maps(g, tiles)
+        self.map_names = ("%tmaA", "%tmaB", "%tmaC")[:len(self.maps)]
         self.mbar_t = f"!nvgpu.mbarrier.group<memorySpace = {WORKGROUP}, num_barriers = {tiles.stages}>"
         self.acc_t = "!llvm.struct<(" + ", ".join(["f32"] * (tiles.block_n // 2)) + ")>"
         self.m_blocks = tiles.rows_per_warpgroup // 64  # per warpgroup
 
-    def box_view(self, offset: str, tmap: TensorMap) -> str:
-        """The shared memory at byte `offset` (from %smem) as the destination of one copy of `tmap`."""
+    def map_dtype(self, desc: str) -> str:
+        return self.g.out_dtype if desc == "%tmaC" else self.g.dtype
+
+    def box_view(self, offset: str, tmap: TensorMap, dtype: str | None = None) -> str:
+        """The shared memory at byte `offset` (from %smem) as one box of `tmap`."""
         return self.t.op(f"memref.view %smem[{offset}][] : memref<?xi8, {WORKGROUP}> to "
-                         f"{box_type(self.g.dtype, tmap)}", "v")
+                         f"{box_type(dtype or self.g.dtype, tmap)}", "v")
 
     def buffer_of(self, tile: str) -> str:
         """The buffer (and mbarrier) index pipeline count `tile` uses."""
@@ -283,7 +309,7 @@ class _Writer:
         k0 = t.mul(k_slice or tile, t.c(T.block_k))
         t.line(f"nvgpu.mbarrier.arrive.expect_tx %mbar[{buffer}], {t.c(T.a_bytes() + T.b_bytes())}"
                f"{_predicated(predicate)} : {self.mbar_t}")
-        a_map, b_map = self.maps
+        a_map, b_map = self.maps[:2]
         self.tma(self.box_view(a_off, a_map), "%tmaA", a_map, [k0, "%row0"], buffer, predicate)
         cluster = self.cluster > 1  # this block's share of B, multicast to the same place in every block
         if g.transpose_b:
@@ -414,19 +440,99 @@ class _Writer:
         return accs
 
     # -- epilogue ------------------------------------------------------------------------
+    def pair(self, accs: list[str], i: int, j: int, half: int) -> str:
+        """This thread's accumulators of m64 block i at columns 8 j + %lane_pair + {0, 1}, row
+        8 half + %lane_group of its warp's 16, as a vector<2xf32>."""
+        values = [self.t.op(f"llvm.extractvalue {accs[i]}[{4 * j + 2 * half + e}] : {self.acc_t}", "x")
+                  for e in range(2)]
+        return self.t.op(f"vector.from_elements {values[0]}, {values[1]} : vector<2xf32>", "v")
+
     def store(self, accs: list[str]) -> None:
         t, g, T = self.t, self.g, self.tiles
+        if T.tma_store:
+            return self.store_boxes(accs)
         for i in range(self.m_blocks):
             for half in range(2):
                 grow = t.add("%wg_row0", t.add(t.add("%wrow", t.c(64 * i + 8 * half)), "%lane_group"))
                 t.open(f"scf.if {t.cmp('ult', grow, t.c(g.m))}")
                 for j in range(T.block_n // 8):
                     gcol = t.add("%col0", t.add("%lane_pair", t.c(8 * j)))
-                    values = [t.op(f"llvm.extractvalue {accs[i]}[{4 * j + 2 * half + e}] : {self.acc_t}", "x")
-                              for e in range(2)]
-                    pair = t.op(f"vector.from_elements {values[0]}, {values[1]} : vector<2xf32>", "v")
-                    store_pair(t, g, pair, grow, gcol, f"%ep{i}_{half}_{j}_")
+                    store_pair(t, g, self.pair(accs, i, j, half), grow, gcol, f"%ep{i}_{half}_{j}_")
                 t.close()
+
+    def store_boxes(self, accs: list[str]) -> None:
+        """tma_store: for each 64-row x 128-byte box of this warpgroup's rows in turn, the threads
+        write their pairs (epilogue applied) into staging buffer n % 2 swizzled as TMA's 128-byte
+        mode reads it (16-byte chunk c of row r at chunk c ^ r % 8, so a warp's 8 rows of 16 bytes
+        reach all 32 banks; f32's 8-byte pairs conflict 2-way: bank_conflicts.accumulator_pair_
+        addresses), fence the writes for the async proxy and meet at the warpgroup's
+        named barrier; then its first thread issues the box's TMA store. Before a buffer is
+        written again that thread waits until the store two boxes back has read it (at a tile's
+        first box: every store of the tile before)."""
+        t, g, T = self.t, self.g, self.tiles
+        cols = box_columns(g.out_dtype)
+        item = SWIZZLE_BYTES // cols
+        box_t = box_type(g.out_dtype, self.maps[2])
+        word = f"i{16 * item}"  # a pair as one integer (vector stores into workgroup memory do not lower here)
+        flat_t = f"memref<{STAGING_BYTES // (2 * item)}x{word}, {WORKGROUP}>"
+        clamped = g.bias_dtype or g.residual_dtype  # their pairs are read inside C, also for pairs TMA clips
+        for n, (i, c) in enumerate((i, c) for i in range(self.m_blocks) for c in range(T.block_n // cols)):
+            offset = t.add("%staging", t.c(STAGING_BYTES)) if n % 2 else "%staging"
+            if n != 1:  # buffer 1 is free at a tile's second box: the first waited for all earlier stores
+                t.open("scf.if %wg_leader")
+                t.line(f"nvvm.cp.async.bulk.wait_group {min(n, 1)} {{read}}")
+                t.close()
+                self.warpgroup_barrier()
+            flat = t.op(f"memref.view %smem[{offset}][] : memref<?xi8, {WORKGROUP}> to {flat_t}", "v")
+            for half in range(2):
+                row = t.add(t.add("%wrow", t.c(8 * half)), "%lane_group")  # in the box
+                row_byte = t.mul(row, t.c(SWIZZLE_BYTES))
+                grow = gcol = None
+                if clamped:
+                    grow = t.op(f"arith.minui {t.add('%wg_row0', t.add(row, t.c(64 * i)))}, {t.c(g.m - 1)} : index", "i")
+                for jj in range(cols // 8):
+                    j = c * cols // 8 + jj
+                    if clamped:
+                        gcol = t.add("%col0", t.add("%lane_pair", t.c(8 * j)))
+                        gcol = t.op(f"arith.minui {gcol}, {t.c(g.n - 2)} : index", "i")
+                    x = epilogue_pair(t, g, self.pair(accs, i, j, half), grow, gcol, f"%ep{n}_{half}_{jj}_")
+                    byte = t.mul(t.add("%lane_pair", t.c(8 * jj)), t.c(item))
+                    byte = t.add(row_byte, t.op(f"arith.xori {byte}, %swizzle_xor : index", "i"))
+                    elem = t.op(f"arith.divui {byte}, {t.c(2 * item)} : index", "i")
+                    bits = t.op(f"vector.bitcast {x} : vector<2x{g.out_dtype}> to vector<1x{word}>", "b")
+                    t.line(f"memref.store {t.op(f'vector.extract {bits}[0] : {word} from vector<1x{word}>', 'b')}, "
+                           f"{flat}[{elem}] : {flat_t}")
+            t.line("nvvm.fence.proxy {kind = #nvvm.proxy_kind<async.shared>, space = #nvvm.shared_space<cta>}")
+            self.warpgroup_barrier()
+            t.open("scf.if %wg_leader")
+            box = t.op(f"memref.view %smem[{offset}][] : memref<?xi8, {WORKGROUP}> to {box_t}", "v")
+            col, row = t.add("%col0", t.c(c * cols)), t.add("%wg_row0", t.c(64 * i))
+            t.line(f"nvgpu.tma.async.store {box} to %tmaC[{col}, {row}] : {box_t} -> "
+                   f"{tensormap_type(g.out_dtype, self.maps[2])}")
+            t.line("nvvm.cp.async.bulk.commit.group")
+            t.close()
+
+    def warpgroup_barrier(self) -> None:
+        """The warpgroup's 128 threads meet (named barrier 1 + warpgroup: the producer warp and the
+        other warpgroups go on)."""
+        self.t.line("nvvm.barrier id = %wg_barrier number_of_threads = %wg_threads")
+
+    def staging(self, group: str) -> None:
+        """tma_store: this warpgroup's staging buffers, the swizzle of its threads' rows, its first
+        thread and named barrier."""
+        t, T = self.t, self.tiles
+        t.line(f"%staging = arith.addi %pad, {t.add(t.c(T.stages * (T.a_bytes() + T.b_bytes())), t.mul(group, t.c(2 * STAGING_BYTES)))} : index")
+        t.line(f"%swizzle_xor = arith.muli %lane_group, {t.c(16)} : index")
+        t.line(f"%wg_leader = arith.cmpi eq, {t.op(f'arith.remui %tid, {t.c(WARPGROUP)} : index', 'i')}, {t.c(0)} : index")
+        t.line(f"%wg_barrier = arith.index_cast {t.add(group, t.c(1))} : index to i32")
+        t.line(f"%wg_threads = arith.constant {WARPGROUP} : i32")
+
+    def drain_stores(self) -> None:
+        """tma_store: before exiting, the TMA stores have read their shared memory."""
+        if self.tiles.tma_store:
+            self.t.open("scf.if %wg_leader")
+            self.t.line("nvvm.cp.async.bulk.wait_group 0 {read}")
+            self.t.close()
 
     def tile_origin(self, tile: str) -> None:
         """Output tile number `tile`'s (launch_order_tile) first row and column, and this
@@ -463,7 +569,7 @@ class _Writer:
         t = self.t
         for desc, tmap in zip(self.map_names, self.maps):
             t.line(f"{desc} = builtin.unrealized_conversion_cast {desc}_ptr : !llvm.ptr to "
-                   f"{tensormap_type(self.g.dtype, tmap)}")
+                   f"{tensormap_type(self.map_dtype(desc), tmap)}")
         t.line("%i64_4 = arith.constant 4 : i64")
         t.line("%i64_start_mask = arith.constant 16383 : i64")
         t.line("%ticks = arith.constant 10000000 : index")
@@ -500,7 +606,7 @@ class _Writer:
         for bar, type_, count in extra:
             t.line(f"nvgpu.mbarrier.init {bar}[{t.c(0)}], {t.c(count)} : {type_}")
         for desc, tmap in zip(self.map_names, self.maps):
-            t.line(f"nvgpu.tma.prefetch.descriptor {desc} : {tensormap_type(self.g.dtype, tmap)}")
+            t.line(f"nvgpu.tma.prefetch.descriptor {desc} : {tensormap_type(self.map_dtype(desc), tmap)}")
         if self.cluster > 1:
             t.line("nvvm.fence.mbarrier.init")  # the other blocks see them initialized after the cluster barrier
         t.close()
@@ -530,6 +636,8 @@ class _Writer:
         if not T.persistent:
             self.tile_origin("%bx" if self.cluster > 1 else t.add(t.mul("%by", t.c(output_tiles(g, T)[0])), "%bx"))
         self.barriers()
+        if T.tma_store:
+            self.staging(group)
         n_trips = t.c(trips(g, T))
         if T.specialized:
             # the producer: one thread of the warp after the MMA warpgroups, looping ahead
@@ -558,10 +666,11 @@ class _Writer:
         self.emit(epilogue, None, [])
         self.store([f"{results}#{i}" for i in range(self.m_blocks)])
         self.close_output_tiles()
+        self.drain_stores()
         if T.specialized:
             t.close()
         self.cluster_barrier()
 
-        params = kernel_params(g) + ["%tmaA_ptr: !llvm.ptr", "%tmaB_ptr: !llvm.ptr"]
+        params = kernel_params(g) + [f"{desc}_ptr: !llvm.ptr" for desc in self.map_names]
         cluster = f", nvvm.cluster_dim = array<i32: {self.cluster}, 1, 1>" if self.cluster > 1 else ""
         return gpu_module_text(t, name, params, (T.threads, 1), attributes=cluster)

@@ -3,10 +3,11 @@
 An interpreter for the PTX that LLVM's NVPTX back end emits for Tracea's kernels (integer and
 float arithmetic, loads and stores, branches, `bar.sync` (0, and named barriers with a
 thread count: `bar.sync` / `bar.arrive id, n`), shuffles, `cp.async` groups,
-`ldmatrix`, `mma.sync` m16n8k16, mbarriers, 2-D and 3-D TMA tile copies and `wgmma` with A
-from shared-memory descriptors or registers; thread block clusters: a cluster's blocks run
-together, with `barrier.cluster`, `mapa`, remote mbarrier arrivals and multicast copies), written from the PTX ISA's definitions, not from Tracea's code generators: it
-checks their lane mappings, swizzles and descriptors by running them.
+`ldmatrix`, `mma.sync` m16n8k16, mbarriers, 2-D and 3-D TMA tile copies, 2-D TMA stores in
+bulk groups and `wgmma` with A from shared-memory descriptors or registers; thread block
+clusters: a cluster's blocks run together, with `barrier.cluster`, `mapa`, remote mbarrier
+arrivals and multicast copies), written from the PTX ISA's definitions, not from Tracea's code
+generators: it checks their lane mappings, swizzles and descriptors by running them.
 
 It is adversarial where the hardware is free to be: asynchronous copies fill their destination
 with NaN bytes when issued and deliver the data only when waited for, `wgmma` reads its shared
@@ -15,7 +16,9 @@ interleaved at random between barriers, shared memory and outputs start as NaN. 
 reads a buffer before its wait, refills one that another warp still reads, or leaves output
 unwritten gives NaN, not a lucky answer. Out-of-bounds or misaligned accesses, writes over a
 live mbarrier, deadlocks and divergent warp-collective instructions raise EmulationError
-naming the PTX line.
+naming the PTX line; so do a TMA store of shared memory that a thread wrote without a
+`fence.proxy.async` after, a write to shared memory that a TMA store has not yet been waited
+for (`cp.async.bulk.wait_group.read`), and a block exiting with TMA stores still in flight.
 
 Each warp executes in lock step on numpy arrays of its 32 lanes; when its lanes diverge, those
 earliest in a topological order of the control flow graph run first, so the others wait for them
@@ -426,6 +429,8 @@ class Warp:
     mma_values: dict = field(default_factory=dict)  # a retired wgmma's result the next one in flight reads
     cluster_phase: int | None = None  # the barrier.cluster phase it arrived in, until it waits
     cluster_synced: bool = False  # has passed a barrier.cluster: may use the other blocks' shared memory
+    stores: list = field(default_factory=list)  # TMA stores issued since the last cp.async.bulk.commit_group
+    store_groups: list = field(default_factory=list)  # committed bulk groups of TMA stores, oldest first
 
     def __post_init__(self):
         self.pcs = np.zeros(WARP, np.int64)
@@ -492,6 +497,10 @@ class Block:
         self.cluster: list[Block] = [self]  # by rank; run_cluster sets both
         self.cluster_barrier: ClusterBarrier | None = None
         self.exited = False
+        # the async proxy (TMA stores) sees a thread's shared-memory writes only after its
+        # fence.proxy.async: the warp whose write to each byte is not yet fenced, else -1
+        self.unfenced = np.full(self.shared.data.size, -1, np.int16)
+        self.store_sources: list[tuple[int, int]] = []  # [start, end) a TMA store in flight reads
 
     @property
     def rank(self) -> int:
@@ -503,6 +512,9 @@ class Block:
         """With no warp of this block able to run: exit, complete barrier 0, or report a deadlock."""
         live = [w for w in self.warps if not w.done.all()]
         if not live:
+            if any(w.stores or w.store_groups for w in self.warps) and not self.exited:
+                raise EmulationError(f"block {self.ctaid} exits with TMA stores that may not have read their shared "
+                                     "memory yet: cp.async.bulk.wait_group.read 0 before exiting")
             if self.named and not self.exited:  # arrivals without the waits they pair with
                 raise EmulationError(f"block {self.ctaid} exits with named barriers part-way: " + ", ".join(
                     f"{bar} has {n[1]} of {n[0]} threads" for bar, n in sorted(self.named.items())))
@@ -662,8 +674,12 @@ class Emulator:
     def _compile(self, inst: Instruction):
         name = inst.parts[0]
         handler = getattr(self, "_op_" + name.replace(".", "_"), None)
+        if inst.opcode.startswith("cp.async.bulk.tensor") and inst.parts[5:6] == ["global"]:  # to global: a store
+            return self._tma_store(inst)
         if inst.opcode.startswith("cp.async.bulk.tensor"):
             return self._tma(inst)
+        if inst.opcode.startswith("cp.async.bulk."):
+            return self._bulk_group(inst)
         if inst.opcode.startswith("cp.async"):
             return self._cp_async(inst)
         if handler is None:
@@ -1034,14 +1050,30 @@ class Emulator:
             memory, addrs = self._resolve(space, self.address(w, a)[m])
             raw = np.concatenate([_to_bytes(self.read(w, o, t)[m], width) for o in ins], axis=1)
             if memory is self.current.shared:
-                self.current.check_not_mbarrier(addrs.astype(np.int64), raw.shape[1], "a st.shared", inst.line)
+                block, size = self.current, raw.shape[1]
+                block.check_not_mbarrier(addrs.astype(np.int64), size, "a st.shared", inst.line)
+                for start, end in block.store_sources:
+                    if ((addrs < end) & (addrs + size > start)).any():
+                        raise EmulationError(f"PTX line {inst.line}: a st.shared writes shared memory "
+                                             f"[{start:#x}, {end:#x}) that a TMA store in flight may not have read "
+                                             "yet (cp.async.bulk.wait_group.read first)")
+                block.unfenced[(addrs[:, None] + np.arange(size, dtype=np.uint64)).astype(np.int64)] = w.index
             memory.write(addrs, raw, f"a {'.'.join(inst.parts[:2])}", inst.line)
         return run
 
     def _op_prefetch(self, inst):
         return lambda w, m, _: None
 
-    _op_fence = _op_membar = _op_prefetch
+    _op_membar = _op_prefetch
+
+    def _op_fence(self, inst):
+        if inst.parts[1:3] != ["proxy", "async"]:  # the memory model's other fences: warps interleave anyway
+            return self._op_prefetch(inst)
+
+        def run(w, m, _):  # the warp's shared-memory writes become visible to TMA
+            unfenced = self.current.unfenced
+            unfenced[unfenced == w.index] = -1
+        return run
 
     def _op_bra(self, inst):
         target = inst.operands[0].value
@@ -1379,14 +1411,7 @@ class Emulator:
             for lane in np.flatnonzero(m).tolist():
                 d = int(self.address(w, dst)[lane])
                 d -= SHARED_WINDOW if d >= SHARED_WINDOW else 0
-                tm_addr = int(self.read(w, src.value, "u64")[lane])
-                tm = self.tensor_maps.get(tm_addr)
-                if tm is None:
-                    raise EmulationError(f"{tm_addr:#x} is not the address of a tensor map")
-                coords = [int(typed(self.read(w, c, "s32"), "s32")[lane]) for c in src.items]
-                if len(coords) != (3 if tm.slices else 2):
-                    raise EmulationError(f"PTX line {inst.line}: {len(coords)} coordinates for a "
-                                         f"{3 if tm.slices else 2}-D tensor map")
+                tm, coords = self._tma_map(w, lane, src, len(src.items), inst.line)
                 b = int(self.address(w, bar)[lane])
                 mask = int(self.read(w, multicast, "u16")[lane]) if multicast else 1 << self.current.rank
                 ranks = [r for r in range(len(self.current.cluster)) if mask >> r & 1]
@@ -1395,9 +1420,7 @@ class Emulator:
                                          f"outside the cluster of {len(self.current.cluster)}")
                 inner, outer = tm.box
                 nbytes = inner * outer * tm.item
-                if tm.swizzle and (inner * tm.item != tm.swizzle or d % 1024):
-                    raise EmulationError(f"a {tm.swizzle}-byte swizzled TMA box needs {tm.swizzle}-byte rows and a "
-                                         f"1024-byte aligned destination (rows of {inner * tm.item} bytes at {d:#x})")
+                self._check_swizzled_box(tm, d)
                 targets = swizzled(np.arange(d, d + nbytes, tm.item, dtype=np.uint64), tm.swizzle)
                 for rank in ranks:  # the same offsets, and the same mbarrier, in each block the mask names
                     block = self.peer(w, rank, inst.line)
@@ -1408,11 +1431,83 @@ class Emulator:
                     block.tma.setdefault(b, []).append((targets, tm, coords, nbytes, inst.line))
         return issue
 
-    def _deliver_tma(self, block: Block, targets, tm: TensorMap, coords, nbytes, line) -> None:
+    def _tma_map(self, w: Warp, lane: int, op: Op, dims: int, line: int) -> tuple[TensorMap, list[int]]:
+        """The tensor map and coordinates of a TMA operand [map, {x, y[, z]}]."""
+        tm_addr = int(self.read(w, op.value, "u64")[lane])
+        tm = self.tensor_maps.get(tm_addr)
+        if tm is None:
+            raise EmulationError(f"{tm_addr:#x} is not the address of a tensor map")
+        coords = [int(typed(self.read(w, c, "s32"), "s32")[lane]) for c in op.items]
+        if len(coords) != dims or dims != (3 if tm.slices else 2):
+            raise EmulationError(f"PTX line {line}: {len(coords)} coordinates for a {3 if tm.slices else 2}-D tensor "
+                                 "map")
+        return tm, coords
+
+    def _tma_store(self, inst):
+        """cp.async.bulk.tensor.2d.global.shared::cta.bulk_group: the box is read from shared
+        memory (checked: fenced, and not written again until a wait_group.read retires it) and
+        written to global memory, clipped to the tensor, when its bulk group is waited for."""
+        if "2d" not in inst.parts or "bulk_group" not in inst.parts:
+            raise EmulationError(f"PTX line {inst.line}: only 2-D TMA stores completing in bulk groups are modelled")
+        dst, src = inst.operands[:2]
+
+        def issue(w, m, _):
+            block = self.current
+            for lane in np.flatnonzero(m).tolist():
+                tm, coords = self._tma_map(w, lane, dst, 2, inst.line)
+                s = int(self.address(w, src)[lane])
+                s -= SHARED_WINDOW if s >= SHARED_WINDOW else 0
+                inner, outer = tm.box
+                nbytes = inner * outer * tm.item
+                self._check_swizzled_box(tm, s)
+                sources = swizzled(np.arange(s, s + nbytes, tm.item, dtype=np.uint64), tm.swizzle)
+                data = block.shared.read(sources, tm.item, "a TMA store's source read", inst.line)
+                writers = block.unfenced[s:s + nbytes]
+                if (writers >= 0).any():
+                    raise EmulationError(f"PTX line {inst.line}: a TMA store reads shared memory that warp "
+                                         f"{int(writers[writers >= 0][0])} wrote without a fence.proxy.async after")
+                block.store_sources.append((s, s + nbytes))
+                w.stores.append((data, tm, coords, (s, s + nbytes), inst.line))
+        return issue
+
+    def _bulk_group(self, inst):
+        kind = inst.parts[3]
+        if kind == "commit_group":
+            def commit(w, m, _):
+                w.store_groups.append(w.stores)
+                w.stores = []
+            return commit
+        if kind != "wait_group":
+            raise EmulationError(f"PTX line {inst.line}: the emulator does not model '{inst.opcode}'")
+        keep = inst.operands[0].value
+
+        def wait(w, m, _):
+            while len(w.store_groups) > keep:
+                for data, tm, coords, source, line in w.store_groups.pop(0):
+                    self.current.store_sources.remove(source)
+                    x, y, inside = self._box_elements(tm, coords)
+                    if inside.any():
+                        dst = (tm.address + (y[inside] * tm.cols + x[inside]) * tm.item).astype(np.uint64)
+                        self.memory.write(dst, data[inside], "a TMA store", line)
+        return wait
+
+    @staticmethod
+    def _check_swizzled_box(tm: TensorMap, address: int) -> None:
+        inner = tm.box[0]
+        if tm.swizzle and (inner * tm.item != tm.swizzle or address % 1024):
+            raise EmulationError(f"a {tm.swizzle}-byte swizzled TMA box needs {tm.swizzle}-byte rows and a 1024-byte "
+                                 f"aligned shared-memory address (rows of {inner * tm.item} bytes at {address:#x})")
+
+    @staticmethod
+    def _box_elements(tm: TensorMap, coords) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """A box's elements in the tensor, row by row: column, row, and whether inside it."""
         inner, outer = tm.box
         x = coords[0] + np.tile(np.arange(inner), outer)
         y = coords[1] + np.repeat(np.arange(outer), inner)
-        inside = (x >= 0) & (x < tm.cols) & (y >= 0) & (y < tm.rows)
+        return x, y, (x >= 0) & (x < tm.cols) & (y >= 0) & (y < tm.rows)
+
+    def _deliver_tma(self, block: Block, targets, tm: TensorMap, coords, nbytes, line) -> None:
+        x, y, inside = self._box_elements(tm, coords)
         if tm.slices:  # a 3-D box is one slice deep
             inside &= 0 <= coords[2] < tm.slices
             y = y + coords[2] * tm.rows

@@ -119,3 +119,42 @@ func.func @cluster(%a: tensor<2048x512xbf16>, %b: tensor<2048x512xbf16>) -> tens
   %c = "tracea.gemm"(%a, %b) {transpose_b = true, schedule = {cluster = 2 : i64}} : (tensor<2048x512xbf16>, tensor<2048x512xbf16>) -> tensor<2048x2048xf32>
   return %c : tensor<2048x2048xf32>
 }
+
+// schedule store = "tma": C gets a tensor map (64-row x 128-byte boxes). Each MMA warpgroup
+// stages one box at a time in two buffers after the pipeline's (2 x 8 KB): its first thread
+// waits until no TMA store still reads the buffer (all of them at the tile's first box, all but
+// the last one later), the warpgroup meets at its named barrier, writes its accumulator pairs
+// swizzled (16-byte chunk XOR row % 8: the lane group times 16), fences them for the async
+// proxy, meets again, and the first thread stores the box and commits it; before exiting it
+// waits until every store has read its box.
+// CHECK-LABEL: gpu.func @tma_store
+// CHECK-SAME: dynamic_shared_bytes = 115712 : i64, grid = array<i64: 2, 2, 1>, tensor_maps = [array<i64: 0, 64, 128, 128, 2>, array<i64: 1, 64, 64, 128, 2>, array<i64: 2, 64, 64, 128, 2>]
+// CHECK: arith.addi %c98304, %{{.*}} : index
+// CHECK-NEXT: %[[STAGING:.*]] = arith.addi
+// CHECK-NEXT: %[[SWIZZLE:.*]] = arith.muli %{{.*}}, %c16 : index
+// CHECK-NEXT: %[[FIRST:.*]] = arith.remui %thread_id_x, %c128 : index
+// CHECK-NEXT: %[[LEADER:.*]] = arith.cmpi eq, %[[FIRST]], %c0 : index
+// CHECK-NEXT: arith.addi
+// CHECK-NEXT: %[[BAR:.*]] = arith.index_cast %{{.*}} : index to i32
+// CHECK: nvvm.wgmma.wait.group.sync.aligned 0
+// CHECK: scf.if %[[LEADER]] {
+// CHECK-NEXT: nvvm.cp.async.bulk.wait_group 0 {read}
+// CHECK: nvvm.barrier id = %[[BAR]] number_of_threads = %c128_i32
+// CHECK-NEXT: memref.view %{{.*}}[%[[STAGING]]][]
+// CHECK: arith.xori %{{.*}}, %[[SWIZZLE]] : index
+// CHECK: memref.store %{{.*}} : memref<2048xi32, #gpu.address_space<workgroup>>
+// CHECK: nvvm.fence.proxy {kind = #nvvm.proxy_kind<async.shared>, space = #nvvm.shared_space<cta>}
+// CHECK-NEXT: nvvm.barrier id = %[[BAR]] number_of_threads = %c128_i32
+// CHECK-NEXT: scf.if %[[LEADER]] {
+// CHECK: nvgpu.tma.async.store %{{.*}} to %{{.*}}[%{{.*}}, %{{.*}}] : memref<64x64xbf16, #gpu.address_space<workgroup>> -> <tensor = memref<64x64xbf16, 3>, swizzle = swizzle_128b
+// CHECK-NEXT: nvvm.cp.async.bulk.commit.group
+// CHECK: arith.addi %{{.*}}, %c8192 : index
+// CHECK: nvvm.cp.async.bulk.wait_group 1 {read}
+// CHECK: nvvm.cp.async.bulk.wait_group 0 {read}
+// CHECK-NEXT: }
+// CHECK-NEXT: }
+// CHECK-NEXT: gpu.return
+func.func @tma_store(%a: tensor<256x512xbf16>, %b: tensor<512x256xbf16>) -> tensor<256x256xbf16> {
+  %c = "tracea.gemm"(%a, %b) {schedule = {tile = array<i64: 128, 128, 64>, stages = 3 : i64, barrier = "producer_consumer", store = "tma"}} : (tensor<256x512xbf16>, tensor<512x256xbf16>) -> tensor<256x256xbf16>
+  return %c : tensor<256x256xbf16>
+}
