@@ -185,7 +185,7 @@ def test_persistent_kernel(ptxas):
     assert gpu_wgmma.grid(g, WgmmaTiles(128, 256, 4, warpgroups=2, specialized=True, persistent=132)) == (32, 1, 1)
     with pytest.raises(tracea.TraceaError, match="a persistent kernel needs the producer warp"):
         WgmmaTiles(persistent=132).validate(True)
-    with pytest.raises(tracea.TraceaError, match="schedule persistent is for the sm_90a GEMM"):
+    with pytest.raises(tracea.TraceaError, match="schedule persistent: only the sm_90a GEMM of plain matrices"):
         tracea.compile_gpu(fn, chip="sm_80")
     default_tiles = td.function(td.tensor((1000, 256), "bf16"), td.tensor((1024, 256), "bf16"), name="linear")(
         lambda x, w: td.gemm(x, w, transpose_b=True, schedule=td.Schedule(persistent=5)))
@@ -229,7 +229,7 @@ def test_cluster_tiles_are_validated():
         WgmmaTiles(specialized=True, cluster=4).validate(True)
     fn = td.function(td.tensor((64, 64), "f16"), td.tensor((64, 64), "f16"), name="gemm")(
         lambda a, b: td.gemm(a, b, schedule=td.Schedule(cluster=2)))
-    with pytest.raises(tracea.TraceaError, match="schedule cluster is for the sm_90a GEMM"):
+    with pytest.raises(tracea.TraceaError, match="schedule cluster: only the sm_90a GEMM"):
         tracea.compile_gpu(fn, chip="sm_80")
     with pytest.raises(tracea.TraceaError, match="cluster .blocks per cluster. must be 0, 1 or 2"):
         td.Schedule(cluster=3).validate()
@@ -264,7 +264,11 @@ def test_tma_store_is_validated():
                                WgmmaTiles(128, 136, 2, specialized=True, tma_store=True))
     fn = td.function(td.tensor((64, 64), "f16"), td.tensor((64, 64), "f16"), name="gemm")(
         lambda a, b: td.gemm(a, b, schedule=td.Schedule(store="tma")))
-    with pytest.raises(tracea.TraceaError, match="schedule store 'tma' is for the sm_90a GEMM"):
+    with pytest.raises(tracea.TraceaError, match="schedule store 'tma': only the sm_90a GEMM"):
         tracea.compile_gpu(fn, chip="sm_80")
+    bmm = td.function(td.tensor((2, 64, 64), "f16"), td.tensor((2, 64, 64), "f16"), name="bmm")(
+        lambda a, b: td.gemm(a, b, schedule=td.Schedule(store="tma", persistent=8)))
+    with pytest.raises(tracea.TraceaError, match=r"schedule persistent and store 'tma': .* a batched B"):
+        tracea.compile_gpu(bmm, chip="sm_90a")  # a batched B runs the mma.sync kernel there too
     with pytest.raises(tracea.TraceaError, match="schedule store must be one of registers, tma"):
         td.Schedule(store="smem").validate()

@@ -91,15 +91,13 @@ def _schedule_tile(v: OpView):
 def mma_tiles(v: OpView) -> MmaTiles:
     _refuse_pingpong(v, "the GEMM")
     s = v.attrs.get("schedule")
-    if s is not None and s.cluster > 1:
-        raise OpError("schedule cluster is for the sm_90a GEMM (TMA multicast); the sm_80 kernels and convs run "
-                      "without clusters")
-    if s is not None and s.persistent:
-        raise OpError("schedule persistent is for the sm_90a GEMM; the other NVIDIA kernels launch a block per "
-                      "output tile")
-    if s is not None and s.store == "tma":
-        raise OpError("schedule store 'tma' is for the sm_90a GEMM (TMA stores); the sm_80 kernels and convs store "
-                      "from registers")
+    hopper_only = [key for key, asked in (("cluster", s is not None and s.cluster > 1),
+                                          ("persistent", s is not None and s.persistent > 0),
+                                          ("store 'tma'", s is not None and s.store == "tma")) if asked]
+    if hopper_only:
+        raise OpError(f"schedule {' and '.join(hopper_only)}: only the sm_90a GEMM of plain matrices (TMA, wgmma) "
+                      "takes it; this op runs the mma.sync kernel (sm_80, convs, a batched B or a transposed A), "
+                      "which launches a block per output tile and stores from registers")
     group_m = s.group_m if s is not None and s.group_m else GROUP_M
     if _schedule_tile(v) is None:
         return MmaTiles(group_m=group_m)
