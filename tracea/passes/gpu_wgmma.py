@@ -462,13 +462,13 @@ class _Writer:
 
     def store_boxes(self, accs: list[str]) -> None:
         """tma_store: for each 64-row x 128-byte box of this warpgroup's rows in turn, the threads
-        write their pairs (epilogue applied) into staging buffer n % 2 swizzled as TMA's 128-byte
-        mode reads it (16-byte chunk c of row r at chunk c ^ r % 8, so a warp's 8 rows of 16 bytes
-        reach all 32 banks; f32's 8-byte pairs conflict 2-way: bank_conflicts.accumulator_pair_
-        addresses), fence the writes for the async proxy and meet at the warpgroup's
-        named barrier; then its first thread issues the box's TMA store. Before a buffer is
-        written again that thread waits until the store two boxes back has read it (at a tile's
-        first box: every store of the tile before)."""
+        write their pairs (epilogue applied) into staging buffer n % 2, swizzled as TMA's 128-byte
+        mode reads it (16-byte chunk c of row r at chunk c ^ r % 8: a warp's 8 rows of 16 bytes
+        reach all 32 banks; f32's 8-byte pairs conflict 2-way, see bank_conflicts), fence the
+        writes for the async proxy and meet at the warpgroup's named barrier; then its first
+        thread issues the box's TMA store. Before a buffer is written again that thread waits
+        until the store two boxes back has read it (at a tile's first box: every earlier store,
+        so buffer 1 is free at the second)."""
         t, g, T = self.t, self.g, self.tiles
         cols = box_columns(g.out_dtype)
         item = SWIZZLE_BYTES // cols
@@ -478,7 +478,7 @@ class _Writer:
         clamped = g.bias_dtype or g.residual_dtype  # their pairs are read inside C, also for pairs TMA clips
         for n, (i, c) in enumerate((i, c) for i in range(self.m_blocks) for c in range(T.block_n // cols)):
             offset = t.add("%staging", t.c(STAGING_BYTES)) if n % 2 else "%staging"
-            if n != 1:  # buffer 1 is free at a tile's second box: the first waited for all earlier stores
+            if n != 1:
                 t.open("scf.if %wg_leader")
                 t.line(f"nvvm.cp.async.bulk.wait_group {min(n, 1)} {{read}}")
                 t.close()
@@ -505,7 +505,7 @@ class _Writer:
             t.line("nvvm.fence.proxy {kind = #nvvm.proxy_kind<async.shared>, space = #nvvm.shared_space<cta>}")
             self.warpgroup_barrier()
             t.open("scf.if %wg_leader")
-            box = t.op(f"memref.view %smem[{offset}][] : memref<?xi8, {WORKGROUP}> to {box_t}", "v")
+            box = self.box_view(offset, self.maps[2], g.out_dtype)
             col, row = t.add("%col0", t.c(c * cols)), t.add("%wg_row0", t.c(64 * i))
             t.line(f"nvgpu.tma.async.store {box} to %tmaC[{col}, {row}] : {box_t} -> "
                    f"{tensormap_type(g.out_dtype, self.maps[2])}")
