@@ -252,17 +252,28 @@ def case_name(dtype: str, transpose_b: bool, size: int, chip: str) -> str:
     return f"gemm_{dtype}_{'nt' if transpose_b else 'nn'}_{size}_{chip}"
 
 
-def _compile_variant(tracea, fn, chip: str, name: str, schedule):
-    """The artifact, or None (said why) for a schedule the compiler refuses for this problem
-    (too many registers or too much shared memory for its head dim, say); the defaults must
-    always compile."""
-    try:
-        return tracea.compile_gpu(fn, chip=chip)
-    except tracea.TraceaError as e:
-        if schedule is None:
-            raise
-        print(f"skip {name}: {str(e).splitlines()[-1].strip()}", flush=True)
-        return None
+def _build_variants(tracea, td, directory: str, chip: str, base: str, problem: dict, variants: dict,
+                    make) -> list[dict]:
+    """The default and each of `variants` (schedule fields) of one problem: `make(schedule)` is
+    its function; each artifact is saved as base[_variant] and described in the returned cases.
+    A schedule the compiler refuses for this problem (too many registers or too much shared
+    memory for its head dim, say) is skipped, saying why; the default must always compile."""
+    cases = []
+    for variant, schedule in [("default", None)] + list(variants.items()):
+        name = base + ("" if schedule is None else "_" + variant.replace(" ", "_"))
+        try:
+            artifact = tracea.compile_gpu(make(schedule and _schedule(td, schedule)), chip=chip)
+        except tracea.TraceaError as e:
+            if schedule is None:
+                raise
+            print(f"skip {name}: {str(e).splitlines()[-1].strip()}", flush=True)
+            continue
+        artifact.save(os.path.join(directory, name))
+        cases.append({"name": name, "chip": chip, **problem, "variant": variant, "registers": artifact.registers,
+                      "shared_bytes": artifact.dynamic_shared_bytes, "block": artifact.block})
+        print(f"built {name}: {artifact.registers} registers, {artifact.dynamic_shared_bytes // 1024} KB "
+              f"shared memory, grid {artifact.grid}, block {artifact.block}", flush=True)
+    return cases
 
 
 def build(directory: str, chips: list[str]) -> int:
@@ -273,20 +284,11 @@ def build(directory: str, chips: list[str]) -> int:
     cases = []
     for chip in chips:
         for dtype, transpose_b, size in CASES:
-            for variant, schedule in [("default", None)] + list(VARIANTS[chip].items()):
-                name = case_name(dtype, transpose_b, size, chip) + ("" if schedule is None else "_" + variant.replace(" ", "_"))
-                fn = td.function(td.tensor((size, size), dtype), td.tensor((size, size), dtype), name="gemm")(
-                    lambda a, b, t=transpose_b, s=schedule: td.gemm(a, b, transpose_b=t,
-                                                                    schedule=s and _schedule(td, s)))
-                artifact = _compile_variant(tracea, fn, chip, name, schedule)
-                if artifact is None:
-                    continue
-                artifact.save(os.path.join(directory, name))
-                cases.append({"name": name, "chip": chip, "dtype": dtype, "transpose_b": transpose_b, "size": size,
-                              "variant": variant, "registers": artifact.registers,
-                              "shared_bytes": artifact.dynamic_shared_bytes, "block": artifact.block})
-                print(f"built {name}: {artifact.registers} registers, {artifact.dynamic_shared_bytes // 1024} KB "
-                      f"shared memory, grid {artifact.grid}, block {artifact.block}", flush=True)
+            def gemm(schedule, t=transpose_b, d=dtype, n=size):
+                return td.function(td.tensor((n, n), d), td.tensor((n, n), d), name="gemm")(
+                    lambda a, b: td.gemm(a, b, transpose_b=t, schedule=schedule))
+            cases += _build_variants(tracea, td, directory, chip, case_name(dtype, transpose_b, size, chip),
+                                     {"dtype": dtype, "transpose_b": transpose_b, "size": size}, VARIANTS[chip], gemm)
     for batch, hw, c, f, kk, stride, pad in CONVS:
         name = f"conv_f16_n{batch}_{hw}x{hw}_c{c}_f{f}_k{kk}"
         fn = td.function(td.tensor((batch, hw, hw, c), "f16"), td.tensor((kk, kk, c, f), "f16"), name="conv")(
@@ -297,21 +299,13 @@ def build(directory: str, chips: list[str]) -> int:
         print(f"built {name}: {artifact.registers} registers", flush=True)
     for chip in chips:
         for dtype, batch, heads, seq, dim, causal in ATTENTIONS:
-            for variant, schedule in [("default", None)] + list(ATTENTION_VARIANTS[chip].items()):
-                name = (f"attention_{dtype}_b{batch}_h{heads}_s{seq}_d{dim}{'_causal' if causal else ''}_{chip}"
-                        + ("" if schedule is None else "_" + variant.replace(" ", "_")))
-                fn = td.function(*[td.tensor((batch, heads, seq, dim), dtype)] * 3, name="attention")(
-                    lambda q, k, v, c=causal, s=schedule: td.attention(q, k, v, causal=c,
-                                                                       schedule=s and _schedule(td, s)))
-                artifact = _compile_variant(tracea, fn, chip, name, schedule)
-                if artifact is None:
-                    continue
-                artifact.save(os.path.join(directory, name))
-                cases.append({"name": name, "chip": chip, "dtype": dtype, "attention": [batch, heads, seq, dim, causal],
-                              "variant": variant, "registers": artifact.registers,
-                              "shared_bytes": artifact.dynamic_shared_bytes, "block": artifact.block})
-                print(f"built {name}: {artifact.registers} registers, {artifact.dynamic_shared_bytes // 1024} KB "
-                      f"shared memory, grid {artifact.grid}, block {artifact.block}", flush=True)
+            def attention(schedule, d=dtype, shape=(batch, heads, seq, dim), c=causal):
+                return td.function(*[td.tensor(shape, d)] * 3, name="attention")(
+                    lambda q, k, v: td.attention(q, k, v, causal=c, schedule=schedule))
+            base = f"attention_{dtype}_b{batch}_h{heads}_s{seq}_d{dim}{'_causal' if causal else ''}_{chip}"
+            cases += _build_variants(tracea, td, directory, chip, base,
+                                     {"dtype": dtype, "attention": [batch, heads, seq, dim, causal]},
+                                     ATTENTION_VARIANTS[chip], attention)
     with open(os.path.join(directory, "cases.json"), "w") as f:
         json.dump(cases, f, indent=1)
     for name, chip, inputs, kind, params in CHECKS:

@@ -90,6 +90,11 @@ def gpu():
     return device
 
 
+def _skip_unless_runs(gpu, chip: str) -> None:
+    if gpu.runs(chip) is None:
+        pytest.skip(f"{gpu} cannot run {chip} code")
+
+
 @pytest.mark.parametrize("chip", ["sm_80", "sm_90a"])
 @pytest.mark.parametrize("dtype,transpose_b", [("f16", False), ("bf16", True)])
 def test_tensor_core_gemm_matches_torch(gpu, chip, dtype, transpose_b):
@@ -97,8 +102,7 @@ def test_tensor_core_gemm_matches_torch(gpu, chip, dtype, transpose_b):
     import ml_dtypes
     import torch
     from tracea import dialects as td
-    if gpu.runs(chip) is None:
-        pytest.skip(f"{gpu} cannot run {chip} code")
+    _skip_unless_runs(gpu, chip)
     m, n, k = 200, 264, 104
     b_shape = (n, k) if transpose_b else (k, n)
     fn = td.function(td.tensor((m, k), dtype), td.tensor(b_shape, dtype), name="gemm")(
@@ -148,8 +152,7 @@ def test_flash_attention_matches_torch_sdpa(gpu, chip, dtype, causal, seq, dim):
     """sm_80: mma.sync; sm_90a: the wgmma kernel (producer warpgroup, 3-D TMA maps), on Hopper only."""
     import torch
     from tracea import dialects as td
-    if gpu.runs(chip) is None:
-        pytest.skip(f"{gpu} cannot run {chip} code")
+    _skip_unless_runs(gpu, chip)
     shape = (2, 3, seq, dim)
     fn = td.function(*[td.tensor(shape, dtype)] * 3, name="attn")(lambda q, k, v: td.attention(q, k, v, causal=causal))
     kernel = cl.CudaKernel(tracea.compile_gpu(fn, chip=chip), gpu)
@@ -178,8 +181,7 @@ def test_simt_linear_with_epilogue_matches_torch(gpu):
 def test_batched_linear_with_residual_matches_torch(gpu, chip):
     import torch
     from tracea import dialects as td
-    if gpu.runs(chip) is None:
-        pytest.skip(f"{gpu} cannot run {chip} code")
+    _skip_unless_runs(gpu, chip)
     fn = td.function(td.tensor((4, 50, 64), "f16"), td.tensor((96, 64), "f16"), td.tensor((96,), "f16"),
                      td.tensor((4, 50, 96), "f16"), name="linear")(
         lambda x, w, b, r: td.fused_gemm(x, w, [td.bias_add(b), td.gelu(), td.residual_add(r)], transpose_b=True))

@@ -112,7 +112,7 @@ def key_block_bound(t: _Text, a: MmaAttention, tiles) -> None:
                     "i")
         t.line(f"%bound = arith.minui {last}, {t.c(blocks)} : index")
     else:
-        t.line(f"%bound = arith.addi {t.c(blocks)}, {t.c(0)} : index")
+        t.line(f"%bound = arith.constant {blocks} : index")
 
 
 def head_view(t: _Text, a: MmaAttention, mem: str, seq: int, dtype: str) -> tuple[str, str]:
@@ -141,9 +141,15 @@ def f32_const(t: _Text, value: float) -> str:
     return t.op(f"arith.constant {value:.9e} : f32", "f")
 
 
+def shuffle_constants(t: _Text) -> None:
+    """%i32_1, %i32_2, %i32_32: quad_reduce's shuffle offsets and width."""
+    for value in (1, 2, 32):
+        t.line(f"%i32_{value} = arith.constant {value} : i32")
+
+
 def quad_reduce(t: _Text, x: str, op: str) -> str:
     """`op` (arith.maximumf / arith.addf) over the 4 lanes holding one row's columns (needs
-    %i32_1, %i32_2, %i32_32)."""
+    shuffle_constants)."""
     for offset in ("%i32_1", "%i32_2"):
         other = t.fresh("s")
         t.line(f"{other}, {other}_valid = gpu.shuffle xor {x}, {offset}, %i32_32 : f32")
@@ -295,9 +301,7 @@ class _AttentionWriter(_Writer):
     def module_text(self, name: str) -> str:
         t, a, T = self.t, self.a, self.tiles
         d, dt = a.head_dim, a.dtype
-        t.line("%i32_1 = arith.constant 1 : i32")
-        t.line("%i32_2 = arith.constant 2 : i32")
-        t.line("%i32_32 = arith.constant 32 : i32")
+        shuffle_constants(t)
         t.line("%tid = gpu.thread_id x")
         t.line("%bx = gpu.block_id x")
         t.line("%by = gpu.block_id y")

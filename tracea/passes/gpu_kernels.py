@@ -116,17 +116,16 @@ def wgmma_tiles(v: OpView, g: MmaGemm) -> WgmmaTiles:
     s = v.attrs.get("schedule")
     if s is None:
         return default_wgmma_tiles(g)
-    group_m = s.group_m or GROUP_M
+    shared = dict(persistent=s.persistent, group_m=s.group_m or GROUP_M, cluster=max(s.cluster, 1),
+                  tma_store=s.store == "tma")
+    producer = s.persistent > 0 or s.cluster > 1
     if _schedule_tile(v) is None:
         default = default_wgmma_tiles(g)
-        return replace(default, specialized=default.specialized or s.persistent > 0 or s.cluster > 1,
-                       persistent=s.persistent, group_m=group_m, cluster=max(s.cluster, 1),
-                       tma_store=s.store == "tma")
+        return replace(default, specialized=default.specialized or producer, **shared)
     bm, bn, bk = s.tile
     warpgroups = bm // s.warp_tile[0] if s.warp_tile else 1
     return WgmmaTiles(bm, bn, s.stages, bk, warpgroups,
-                      s.barrier == "producer_consumer" or warpgroups > 1 or s.persistent > 0 or s.cluster > 1,
-                      s.persistent, group_m, max(s.cluster, 1), s.store == "tma")
+                      s.barrier == "producer_consumer" or warpgroups > 1 or producer, **shared)
 
 
 def gemm_kernel(v: OpView, name: str, chip: str = "sm_80") -> tuple[str, Launch]:

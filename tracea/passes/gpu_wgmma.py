@@ -499,9 +499,8 @@ class _Writer:
                     byte = t.mul(t.add("%lane_pair", t.c(8 * jj)), t.c(item))
                     byte = t.add(row_byte, t.op(f"arith.xori {byte}, %swizzle_xor : index", "i"))
                     elem = t.op(f"arith.divui {byte}, {t.c(2 * item)} : index", "i")
-                    bits = t.op(f"vector.bitcast {x} : vector<2x{g.out_dtype}> to vector<1x{word}>", "b")
-                    t.line(f"memref.store {t.op(f'vector.extract {bits}[0] : {word} from vector<1x{word}>', 'b')}, "
-                           f"{flat}[{elem}] : {flat_t}")
+                    bits = t.op(f"llvm.bitcast {x} : vector<2x{g.out_dtype}> to {word}", "b")
+                    t.line(f"memref.store {bits}, {flat}[{elem}] : {flat_t}")
             t.line("nvvm.fence.proxy {kind = #nvvm.proxy_kind<async.shared>, space = #nvvm.shared_space<cta>}")
             self.warpgroup_barrier()
             t.open("scf.if %wg_leader")

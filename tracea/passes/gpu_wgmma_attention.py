@@ -37,7 +37,7 @@ from dataclasses import dataclass
 from ..errors import OpError
 from .cpu_gemm import _memref, _Text
 from .gpu_attention import (_MASKED, MmaAttention, f32_const, head_view, key_block_bound, key_blocks,
-                            lead_indices, online_softmax, store_normalized)
+                            lead_indices, online_softmax, shuffle_constants, store_normalized)
 from .gpu_mma import WORKGROUP, gpu_module_text
 from .gpu_wgmma import (_ALIGN, _K_MAJOR, BOX_K, ELEM_BYTES, REGISTERS, SWIZZLE_BYTES, WARPGROUP, TensorMap,
                         box_type, n_major_bits, tensormap_type)
@@ -327,9 +327,7 @@ class _Writer(_GemmWriter):
         t, a, T = self.t, self.a, self.tiles
         d, dt = a.head_dim, a.dtype
         group = self.preamble()
-        t.line("%i32_1 = arith.constant 1 : i32")
-        t.line("%i32_2 = arith.constant 2 : i32")
-        t.line("%i32_32 = arith.constant 32 : i32")
+        shuffle_constants(t)
         t.line(f"%wg_q = arith.muli {group}, {t.c(64 * SWIZZLE_BYTES)} : index")  # its 64 rows in each Q chunk
         t.line(f"%q0 = arith.muli %bx, {t.c(T.block_m)} : index")
         lead_indices(t, a, "%by")
@@ -380,6 +378,5 @@ class _Writer(_GemmWriter):
 
         shape_q, shape_k = (*a.lead, a.seq_q, d), (*a.lead, a.seq_k, d)
         params = [f"%Q: {_memref(shape_q, dt)}", f"%K: {_memref(shape_k, dt)}", f"%V: {_memref(shape_k, dt)}",
-                  f"%O: {_memref(shape_q, a.out_dtype)}", "%tmaQ_ptr: !llvm.ptr", "%tmaK_ptr: !llvm.ptr",
-                  "%tmaV_ptr: !llvm.ptr"]
+                  f"%O: {_memref(shape_q, a.out_dtype)}"] + [f"{desc}_ptr: !llvm.ptr" for desc in self.map_names]
         return gpu_module_text(t, name, params, (T.threads, 1))

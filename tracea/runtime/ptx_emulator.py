@@ -512,10 +512,12 @@ class Block:
         """With no warp of this block able to run: exit, complete barrier 0, or report a deadlock."""
         live = [w for w in self.warps if not w.done.all()]
         if not live:
-            if any(w.stores or w.store_groups for w in self.warps) and not self.exited:
+            if self.exited:
+                return
+            if any(w.stores or w.store_groups for w in self.warps):
                 raise EmulationError(f"block {self.ctaid} exits with TMA stores that may not have read their shared "
                                      "memory yet: cp.async.bulk.wait_group.read 0 before exiting")
-            if self.named and not self.exited:  # arrivals without the waits they pair with
+            if self.named:  # arrivals without the waits they pair with
                 raise EmulationError(f"block {self.ctaid} exits with named barriers part-way: " + ", ".join(
                     f"{bar} has {n[1]} of {n[0]} threads" for bar, n in sorted(self.named.items())))
             self.exited = True
@@ -560,6 +562,11 @@ def run_cluster(em: "Emulator", blocks: list[Block], rng: random.Random) -> None
                                  f"{blocks[0].ctaid}: {where} (an mbarrier wait whose phase never completes?)")
 
 
+def _is_tma_store(inst: Instruction) -> bool:
+    """cp.async.bulk.tensor.Nd.global.shared::cta...: a copy to global memory."""
+    return inst.opcode.startswith("cp.async.bulk.tensor") and inst.parts[5:6] == ["global"]
+
+
 class Emulator:
     def __init__(self, kernel: Kernel, grid, block, dynamic_shared: int):
         self.kernel, self.grid, self.block = kernel, tuple(grid), tuple(block)
@@ -577,6 +584,8 @@ class Emulator:
         self.memory: Memory | None = None
         self.params: dict[str, int] = {}
         self.tensor_maps: dict[int, TensorMap] = {}
+        # shared-memory writes are tracked for the async proxy only where TMA stores read them
+        self.tma_stores = any(_is_tma_store(i) for i in kernel.code)
         self._compiled = [self._compile(i) for i in kernel.code]
         self.order = _topological_order(kernel)
 
@@ -674,7 +683,7 @@ class Emulator:
     def _compile(self, inst: Instruction):
         name = inst.parts[0]
         handler = getattr(self, "_op_" + name.replace(".", "_"), None)
-        if inst.opcode.startswith("cp.async.bulk.tensor") and inst.parts[5:6] == ["global"]:  # to global: a store
+        if _is_tma_store(inst):
             return self._tma_store(inst)
         if inst.opcode.startswith("cp.async.bulk.tensor"):
             return self._tma(inst)
@@ -1050,16 +1059,23 @@ class Emulator:
             memory, addrs = self._resolve(space, self.address(w, a)[m])
             raw = np.concatenate([_to_bytes(self.read(w, o, t)[m], width) for o in ins], axis=1)
             if memory is self.current.shared:
-                block, size = self.current, raw.shape[1]
-                block.check_not_mbarrier(addrs.astype(np.int64), size, "a st.shared", inst.line)
-                for start, end in block.store_sources:
-                    if ((addrs < end) & (addrs + size > start)).any():
-                        raise EmulationError(f"PTX line {inst.line}: a st.shared writes shared memory "
-                                             f"[{start:#x}, {end:#x}) that a TMA store in flight may not have read "
-                                             "yet (cp.async.bulk.wait_group.read first)")
-                block.unfenced[(addrs[:, None] + np.arange(size, dtype=np.uint64)).astype(np.int64)] = w.index
+                self._check_shared_store(w, addrs, raw.shape[1], inst.line)
             memory.write(addrs, raw, f"a {'.'.join(inst.parts[:2])}", inst.line)
         return run
+
+    def _check_shared_store(self, w: Warp, addrs: np.ndarray, size: int, line: int) -> None:
+        """Not over a live mbarrier; in a kernel with TMA stores, not over a box one still has to
+        read, and marked unfenced (for the async proxy) until the warp's fence.proxy.async."""
+        block = self.current
+        block.check_not_mbarrier(addrs.astype(np.int64), size, "a st.shared", line)
+        if not self.tma_stores:
+            return
+        for start, end in block.store_sources:
+            if ((addrs < end) & (addrs + size > start)).any():
+                raise EmulationError(f"PTX line {line}: a st.shared writes shared memory [{start:#x}, {end:#x}) that "
+                                     "a TMA store in flight may not have read yet (cp.async.bulk.wait_group.read "
+                                     "first)")
+        block.unfenced[(addrs[:, None] + np.arange(size, dtype=np.uint64)).astype(np.int64)] = w.index
 
     def _op_prefetch(self, inst):
         return lambda w, m, _: None
