@@ -128,9 +128,23 @@ class Mixed(nn.Module):
         return self.b(h)
 
 
-def test_unsupported_op_is_named():
-    with pytest.raises(tracea.CompileError, match="tm_tensor.sort"):
-        tracea.compile(Unsupported(), (torch.randn(4, 8),))
+def test_unsupported_op_runs_in_pytorch_and_is_named():
+    from tracea.frontend import partition
+    partition._warned.clear()
+    torch.manual_seed(0)
+    model = Mixed().eval()
+    x = torch.randn(4, 16)
+    with pytest.warns(RuntimeWarning, match=r"aten.sort.default runs in PyTorch: .*tm_tensor.sort"):
+        compiled = tracea.compile(model, (x,))
+    with torch.no_grad():
+        torch.testing.assert_close(compiled(x), model(x), rtol=1e-5, atol=1e-5)
+    placement = compiled.placement
+    assert placement.eager == {"aten.sort.default": 1} and placement.regions == 2  # before and after the sort
+    assert placement.compiled["aten.mm.default"] == 2  # the linear layers, decomposed as torch-mlir does
+    assert "eager    aten.sort.default x1" in compiled.explain()
+    only_sort = tracea.compile(Unsupported(), (x,))  # nothing to compile: all of it in PyTorch
+    torch.testing.assert_close(only_sort(x), Unsupported()(x))
+    assert only_sort.placement.regions == 0 and only_sort.kernel is None
 
 
 def test_compiled_model_checks_its_inputs():
@@ -170,9 +184,10 @@ def test_dynamo_backend_follows_dynamic_shapes():
     assert not dynamo.fallbacks and not [w for w in caught if "tracea:" in str(w.message)]
 
 
-def test_dynamo_backend_falls_back_once_per_reason():
+def test_dynamo_backend_splits_graphs_and_warns_once_per_op_kind():
+    from tracea.frontend import partition
     dynamo.fallbacks.clear()
-    dynamo._warned.clear()
+    partition._warned.clear()
     torch._dynamo.reset()
     model = Mixed().eval()
     compiled = torch.compile(model, backend="tracea", dynamic=False)
@@ -183,7 +198,7 @@ def test_dynamo_backend_falls_back_once_per_reason():
             torch.testing.assert_close(compiled(x), model(x), rtol=1e-4, atol=1e-4)
     messages = [str(w.message) for w in caught if "tracea:" in str(w.message)]
     assert len(messages) == 1 and "tm_tensor.sort" in messages[0]
-    assert sum(dynamo.fallbacks.values()) == 1
+    assert not dynamo.fallbacks  # the graph was split, not given up
 
 
 def test_dynamo_backend_falls_back_for_autograd():

@@ -4,11 +4,20 @@ the xtc bindings cannot take).
 
 Parameters and buffers become leading function arguments rather than constants: the compiled
 kernel then depends only on shapes (one kernel per shape, shared by models with other weights),
-and the IR text stays small. (Convolutions with a folded batch norm get new weights: a copy.)"""
+and the IR text stays small. (Convolutions with a folded batch norm get new weights: a copy.)
+
+A model may return any pytree torch knows (tuples, dicts, Hugging Face ModelOutputs) whose leaves
+are tensors or constants; the traced function returns the tensor leaves as a flat tuple and
+`OutputLayout` puts the results back into the model's structure."""
 from __future__ import annotations
 
+import contextlib
+import logging
+import os
+import sys
+import tempfile
 import warnings
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from ..errors import CompileError
 
@@ -23,28 +32,72 @@ def require_torch_mlir():
 
 
 @dataclass
+class OutputLayout:
+    """Where a model's outputs go: its pytree spec, and per leaf either None (the next tensor the
+    compiled function returns) or the constant the model always returns there."""
+
+    spec: object = None
+    constants: list = field(default_factory=list)
+    dtypes: list = field(default_factory=list)  # of the tensor leaves
+
+    def record(self, output) -> tuple:
+        """The tensor leaves of `output` (called while tracing), remembering the rest."""
+        import torch
+        from torch.utils._pytree import tree_flatten
+        leaves, self.spec = tree_flatten(output)
+        self.constants = []
+        for leaf in leaves:
+            if isinstance(leaf, torch.Tensor):
+                self.constants.append(None)
+            elif isinstance(leaf, (torch.SymInt, torch.SymFloat, torch.SymBool)):
+                raise CompileError("the model returns a Python number computed from tensor data "
+                                   f"({type(leaf).__name__}); return a tensor instead (e.g. drop .item())")
+            else:
+                self.constants.append(("constant", leaf))
+        tensors = tuple(leaf for leaf in leaves if isinstance(leaf, torch.Tensor))
+        self.dtypes = [t.dtype for t in tensors]
+        return tensors
+
+    def rebuild(self, tensors):
+        from torch.utils._pytree import tree_unflatten
+        it = iter(tensors)
+        return tree_unflatten([next(it) if c is None else c[1] for c in self.constants], self.spec)
+
+
+@dataclass
+class ExportedGraph:
+    program: object  # torch.export.ExportedProgram of forward(*weights, *inputs) -> flat tensor tuple
+    weights: list  # torch tensors passed ahead of the user's inputs, in argument order
+    outputs: OutputLayout
+    input_dtypes: list  # torch dtypes of the user's tensor inputs
+
+
+@dataclass
 class ImportedGraph:
     text: str  # linalg-on-tensors module, generic form
-    weights: list  # torch tensors passed ahead of the user's inputs, in argument order
-    single_output: bool  # the model returned one tensor, not a tuple/list
+    exported: ExportedGraph
+
+    @property
+    def weights(self):
+        return self.exported.weights
 
 
-def _weights_as_inputs(model):
-    """`model` wrapped so that its parameters and buffers are leading inputs of forward();
-    returns (wrapper, those tensors)."""
+def _functional(model, constants: dict[int, object], layout: OutputLayout):
+    """`model` wrapped so that its parameters and buffers are leading inputs of forward() and its
+    non-tensor example inputs (`constants`: position -> value) are baked in; returns (wrapper,
+    those tensors). The wrapper returns the tensor leaves of the model's output as a flat tuple."""
     import torch
     state = dict(model.named_parameters(remove_duplicate=False))
     state.update(dict(model.named_buffers(remove_duplicate=False)))
     names = list(state)
 
-    class Functional(torch.nn.Module):
-        def __init__(self):
-            super().__init__()
-            self.inner = model
-
+    class Functional(torch.nn.Module):  # `model` is not its submodule: export would lift its state
         def forward(self, *flat):
             weights = dict(zip(names, flat[:len(names)]))
-            return torch.func.functional_call(self.inner, weights, flat[len(names):])
+            tensors = iter(flat[len(names):])
+            args = [constants[i] if i in constants else next(tensors)
+                    for i in range(len(constants) + len(flat) - len(names))]
+            return layout.record(torch.func.functional_call(model, weights, tuple(args)))
 
     return Functional(), [state[n] for n in names]
 
@@ -65,7 +118,7 @@ def fold_batch_norms(model):
 _DIALECTS = ("builtin", "func", "linalg", "tensor", "arith", "math", "cf", "scf", "bufferization")
 
 
-def _foreign_ops(module) -> list[str]:
+def foreign_ops(module) -> list[str]:
     """Ops outside the dialects Tracea lowers (e.g. tm_tensor.sort, torch.* left unconverted)."""
     from torch_mlir import ir as tir
     found: set[str] = set()
@@ -79,45 +132,133 @@ def _foreign_ops(module) -> list[str]:
     return sorted(found)
 
 
-def import_module(model, example_inputs, *, fold_bn: bool = True) -> ImportedGraph:
-    """Trace `model` on `example_inputs` (torch tensors) and import it as linalg on tensors."""
+log = logging.getLogger("tracea.torch")
+
+
+@contextlib.contextmanager
+def quiet():
+    """torch.export's and torch-mlir's own noise kept out of the user's way: Python warnings,
+    torch's error-level log lines about failures Tracea handles, and what MLIR's diagnostic
+    handler prints on file descriptor 2; all of it goes to the 'tracea.torch' debug log."""
+    noisy = [logging.getLogger(name) for name in ("torch._subclasses.fake_tensor", "torch.export",
+                                                  "torch._export", "torch.fx.experimental.symbolic_shapes")]
+    levels = [logger.level for logger in noisy]
+    sys.stderr.flush()
+    saved = os.dup(2)
+    with tempfile.TemporaryFile() as captured, warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        for logger in noisy:
+            logger.setLevel(logging.CRITICAL)
+        os.dup2(captured.fileno(), 2)
+        try:
+            yield
+        finally:
+            sys.stderr.flush()
+            os.dup2(saved, 2)
+            os.close(saved)
+            for logger, level in zip(noisy, levels):
+                logger.setLevel(level)
+            captured.seek(0)
+            text = captured.read().decode(errors="replace").strip()
+            if text:
+                log.debug("torch / torch-mlir printed:\n%s", text)
+
+
+def first_line(e: BaseException) -> str:
+    text = str(e).strip()
+    return f"{type(e).__name__}: {text.splitlines()[0]}" if text else type(e).__name__
+
+
+SCALAR_INPUTS = (int, float, bool, type(None), str)
+
+
+def export_model(model, example_inputs, *, fold_bn: bool = True) -> ExportedGraph:
+    """torch.export of `model` on `example_inputs` (tensors; Python scalars are baked in)."""
     require_torch_mlir()
     import torch
-    from torch_mlir import fx
 
     if not isinstance(model, torch.nn.Module):
         raise CompileError(f"tracea.compile expected a torch.nn.Module, got {type(model).__name__}")
     example_inputs = tuple(example_inputs)
+    constants = {}
     for i, x in enumerate(example_inputs):
-        if not isinstance(x, torch.Tensor):
+        if isinstance(x, SCALAR_INPUTS):
+            constants[i] = x
+        elif not isinstance(x, torch.Tensor):
             raise CompileError(f"example input #{i} is a {type(x).__name__}; Tracea compiles models whose "
-                               "inputs are tensors")
+                               "inputs are tensors (and Python numbers, which it bakes in)")
     if fold_bn:
         model = fold_batch_norms(model)
-    wrapped, weights = _weights_as_inputs(model)
-    args = tuple(t.detach() for t in weights) + example_inputs
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore", FutureWarning)  # torch.export's own deprecation noise
+    layout = OutputLayout()
+    wrapped, weights = _functional(model, constants, layout)
+    tensors = tuple(x for x in example_inputs if isinstance(x, torch.Tensor))
+    args = tuple(t.detach() for t in weights) + tensors
+    with quiet():
         try:
             program = torch.export.export(wrapped, args, strict=False)
-            out_spec = program.call_spec.out_spec
-            single = out_spec.num_children == 0
-            if not all(type(o.arg).__name__ == "TensorArgument" for o in program.graph_signature.output_specs) \
-                    or not (single or out_spec.type in (tuple, list)) \
-                    or any(c.num_children for c in out_spec.children()):
-                raise CompileError("the model returns something other than a tensor or a tuple/list of tensors; "
-                                   "Tracea compiles models that return those")
-            module = fx.export_and_import(program, output_type="linalg-on-tensors", func_name="main")
         except CompileError:
             raise
-        except Exception as e:  # noqa: BLE001 - torch.export / torch-mlir name the unsupported construct
-            first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
-            raise CompileError(f"torch-mlir could not import the model to linalg: {type(e).__name__}: "
-                               f"{first}") from None
-    unsupported = _foreign_ops(module)
+        except Exception as e:  # noqa: BLE001 - torch.export names the construct it cannot trace
+            hint = ""
+            if "training" in str(e).lower() or model.training:
+                hint = " (is the model in training mode? call model.eval() first)"
+            raise CompileError(f"torch.export could not trace the model: {first_line(e)}{hint}") from None
+    _views_as_reshapes(program)
+    return ExportedGraph(program, weights, layout, [x.dtype for x in tensors])
+
+
+def _metadata_asserts():
+    import torch
+    return {torch.ops.aten._assert_tensor_metadata.default, torch.ops.aten._assert_scalar.default}
+
+
+def _views_as_reshapes(program) -> None:
+    """aten.view -> aten.reshape, in place. Decompositions run later (torch-mlir's) can change the
+    strides a value was traced with (SDPA's result, say), and a view of it then fails to retrace;
+    a reshape computes the same (the graph mutates nothing) and copies only if it must."""
+    import torch
+    graph = program.graph_module.graph
+    for node in list(graph.nodes):
+        if node.op == "call_function" and node.target is torch.ops.aten.view.default:
+            node.target = torch.ops.aten.reshape.default
+        elif node.op == "call_function" and node.target in _metadata_asserts() and not node.users:
+            graph.erase_node(node)  # checks of traced dtypes and devices that hold by construction
+    program.graph_module.recompile()
+
+
+def to_linalg(program, what: str = "the model") -> str:
+    """linalg-on-tensors text of an ExportedProgram (or an nn.Module / GraphModule traced on the
+    example inputs `program` is paired with), or a CompileError naming what is not lowered."""
+    from torch_mlir import fx
+    with quiet():
+        try:
+            module = fx.export_and_import(program, output_type="linalg-on-tensors", func_name="main")
+        except Exception as e:  # noqa: BLE001 - torch-mlir names the unsupported construct
+            raise CompileError(f"torch-mlir could not import {what} to linalg: {first_line(e)}") from None
+    return _checked_text(module, what)
+
+
+def graph_to_linalg(graph_module, what: str) -> str:
+    """linalg-on-tensors text of an already decomposed ATen graph whose nodes carry their traced
+    values (meta["val"]): no export, no decomposition, so cheap enough to ask op by op."""
+    from torch_mlir import fx
+    with quiet():
+        try:
+            module = fx.stateless_fx_import(graph_module, output_type="linalg-on-tensors", model_name="main")
+        except Exception as e:  # noqa: BLE001 - torch-mlir names the unsupported construct
+            raise CompileError(f"torch-mlir could not import {what} to linalg: {first_line(e)}") from None
+    return _checked_text(module, what)
+
+
+def _checked_text(module, what: str) -> str:
+    unsupported = foreign_ops(module)
     if unsupported:
-        raise CompileError(f"the model uses {', '.join(unsupported)}, which torch-mlir does not lower to linalg "
-                           "and Tracea cannot compile (torch.compile(model, backend='tracea') runs such graphs "
-                           "with PyTorch)")
-    text = module.operation.get_asm(print_generic_op_form=True, large_elements_limit=None)
-    return ImportedGraph(text, weights, single)
+        raise CompileError(f"{what} uses {', '.join(unsupported)}, which torch-mlir does not lower to linalg "
+                           "and Tracea cannot compile")
+    return module.operation.get_asm(print_generic_op_form=True, large_elements_limit=None)
+
+
+def import_module(model, example_inputs, *, fold_bn: bool = True) -> ImportedGraph:
+    """Trace `model` on `example_inputs` (torch tensors) and import it as linalg on tensors."""
+    exported = export_model(model, example_inputs, fold_bn=fold_bn)
+    return ImportedGraph(to_linalg(exported.program), exported)

@@ -1,47 +1,129 @@
-"""`tracea.compile(model, example_inputs)`: a PyTorch module compiled into one Tracea kernel,
-called with torch tensors and returning torch tensors."""
+"""`tracea.compile(model, example_inputs)`: a PyTorch module compiled with Tracea, called with
+torch tensors and returning what the module returns.
+
+The whole traced graph becomes one Tracea kernel when it can; otherwise (ops torch-mlir leaves
+outside linalg, ops Tracea's compiler refuses) it is split, the compilable regions run as Tracea
+kernels and the rest in eager PyTorch (`frontend/partition.py`); `explain()` says which."""
 from __future__ import annotations
 
 import sys
 import time
 
-from ..errors import ArgumentError, CompileError
-from .torch_import import import_module
+from ..errors import ArgumentError, CompileError, InternalCompilerError
+from .partition import Placement, op_kind, partition
+from .torch_import import SCALAR_INPUTS, export_model, to_linalg
+
+
+def _to_numpy(x, dtype):
+    """A torch tensor as the numpy array a kernel takes for element type `dtype` (a numpy dtype):
+    bf16 through ml_dtypes, unsigned bytes as the signless bytes torch-mlir makes of them."""
+    import torch
+    x = x.detach().contiguous()
+    if x.dtype == torch.bfloat16:
+        return x.view(torch.int16).numpy().view(dtype)
+    array = x.numpy()
+    return array.view(dtype) if array.dtype != dtype and array.dtype.itemsize == dtype.itemsize else array
+
+
+def _to_torch(array, dtype):
+    """A kernel's result as a torch tensor of the dtype the model returns there."""
+    import numpy as np
+    import torch
+    if dtype == torch.bfloat16:
+        return torch.from_numpy(array.view(np.int16)).view(torch.bfloat16)
+    if dtype == torch.uint8:
+        return torch.from_numpy(array.view(np.uint8))
+    return torch.from_numpy(array)
+
+
+class TensorBridge:
+    """Calls a Kernel with torch tensors and returns torch tensors (of `out_dtypes` when given)."""
+
+    def __init__(self, kernel, out_dtypes=None):
+        from ..runtime.dtypes import to_numpy
+        self.kernel = kernel
+        self.in_dtypes = [to_numpy(s.dtype) for s in kernel.signature.inputs]
+        self.out_dtypes = out_dtypes or [None] * len(kernel.signature.outputs)
+
+    def __call__(self, tensors) -> list:
+        outputs = self.kernel(*[_to_numpy(t, d) for t, d in zip(tensors, self.in_dtypes)])
+        outputs = outputs if isinstance(outputs, tuple) else (outputs,)
+        return [_to_torch(o, d) for o, d in zip(outputs, self.out_dtypes)]
 
 
 class CompiledModel:
     """Callable like the module it was compiled from, for inputs of the example inputs' shapes and
-    dtypes on the CPU. `kernel` is the Tracea kernel (weights first, then the inputs)."""
+    dtypes on the CPU. `kernel` is the Tracea kernel when the whole model is one (weights first,
+    then the inputs), else None; `placement` and `explain()` say what ran where."""
 
-    def __init__(self, kernel, graph, import_seconds: float):
+    def __init__(self, exported, example_inputs, *, kernel=None, graph=None, program=None,
+                 placement: Placement, import_seconds: float, compile_seconds: float):
+        self.exported = exported
         self.kernel = kernel
-        self.graph = graph
+        self.placement = placement
         self.import_seconds = import_seconds
-        self.compile_seconds = kernel.compile_seconds
-        self._weights = [w.detach().contiguous().numpy() for w in graph.weights]  # views of the tensors
-        self._inputs = kernel.signature.inputs[len(self._weights):]
+        self.compile_seconds = compile_seconds
+        self._expected = [(tuple(x.shape), x.dtype) if not isinstance(x, SCALAR_INPUTS) else ("value", x)
+                          for x in example_inputs]
+        if kernel is not None:
+            self._run = TensorBridge(kernel, exported.outputs.dtypes)
+        else:
+            self._run = _graph_runner(program, graph)
 
-    def __call__(self, *inputs):
+    def explain(self) -> str:
+        """What ran in Tracea kernels and what in PyTorch (and why), op kind by op kind."""
+        return self.placement.explain()
+
+    def _check(self, inputs) -> list:
         import torch
-        if len(inputs) != len(self._inputs):
-            raise ArgumentError(f"the compiled model takes {len(self._inputs)} input(s), got {len(inputs)}")
-        arrays = []
-        for i, (x, spec) in enumerate(zip(inputs, self._inputs)):
+        if len(inputs) != len(self._expected):
+            raise ArgumentError(f"the compiled model takes {len(self._expected)} input(s), got {len(inputs)}")
+        tensors = []
+        for i, (x, want) in enumerate(zip(inputs, self._expected)):
+            if want[0] == "value":
+                if x != want[1]:
+                    raise ArgumentError(f"input #{i} was compiled as the constant {want[1]!r}, got {x!r}; "
+                                        "compile again for this value")
+                continue
             if not isinstance(x, torch.Tensor):
                 raise ArgumentError(f"input #{i} must be a torch.Tensor, got {type(x).__name__}")
             if x.device.type != "cpu":
                 raise ArgumentError(f"input #{i} is on {x.device}; this model was compiled for the CPU "
                                     "(move it with .cpu(), or use torch.compile(model, backend='tracea'), "
                                     "which falls back to PyTorch)")
-            if tuple(x.shape) != spec.shape:
-                raise ArgumentError(f"input #{i} has shape {list(x.shape)} but the model was compiled for "
-                                    f"{list(spec.shape)}; compile it again for this shape (torch.compile with "
-                                    "backend='tracea' recompiles on shape changes)")
-            arrays.append(x.detach().contiguous().numpy())
-        outputs = self.kernel(*self._weights, *arrays)
-        outputs = outputs if isinstance(outputs, tuple) else (outputs,)
-        tensors = [torch.from_numpy(o) for o in outputs]
-        return tensors[0] if self.graph.single_output else tuple(tensors)
+            if tuple(x.shape) != want[0] or x.dtype != want[1]:
+                raise ArgumentError(f"input #{i} is {x.dtype} {list(x.shape)} but the model was compiled for "
+                                    f"{want[1]} {list(want[0])}; compile it again for this input (torch.compile "
+                                    "with backend='tracea' recompiles on shape changes)")
+            tensors.append(x)
+        return tensors
+
+    def __call__(self, *inputs):
+        tensors = self._check(inputs)
+        weights = [w.detach() for w in self.exported.weights]  # read now: in-place updates are seen
+        return self.exported.outputs.rebuild(self._run(weights + tensors))
+
+
+def _graph_runner(program, graph):
+    """Runs the partitioned graph: placeholders filled from the user's arguments (weights first)
+    and the program's own constants, the user outputs picked from the graph's outputs."""
+    from torch.export.graph_signature import InputKind, OutputKind
+    signature = program.graph_signature
+    outputs = [i for i, o in enumerate(signature.output_specs) if o.kind == OutputKind.USER_OUTPUT]
+
+    def run(user_args):
+        args = iter(user_args)
+        values = []
+        for spec in signature.input_specs:
+            if spec.kind == InputKind.USER_INPUT:
+                values.append(next(args))
+            else:  # a parameter, buffer or constant the program holds itself
+                values.append(program.state_dict[spec.target] if spec.target in program.state_dict
+                              else program.constants[spec.target])
+        results = graph(*values)
+        results = results if isinstance(results, (tuple, list)) else (results,)
+        return [results[i] for i in outputs]
+    return run
 
 
 def is_torch_module(program) -> bool:
@@ -59,7 +141,25 @@ def compile_model(model, example_inputs, *, target: str = "cpu", threads: int | 
         raise CompileError(f"PyTorch models compile for the CPU target only so far, not '{target}'")
     example_inputs = (example_inputs,) if not isinstance(example_inputs, (tuple, list)) else tuple(example_inputs)
     start = time.perf_counter()
-    graph = import_module(model, example_inputs)
-    imported = time.perf_counter() - start
-    kernel = compile_program(graph.text, target=target, strategy=strategy, threads=threads)
-    return CompiledModel(kernel, graph, imported)
+    exported = export_model(model, example_inputs)
+
+    def compile_text(text):
+        return compile_program(text, target=target, strategy=strategy, threads=threads)
+
+    placement = Placement()
+    try:
+        kernel = compile_text(to_linalg(exported.program))
+    except (CompileError, InternalCompilerError) as whole_error:
+        try:
+            program, graph = partition(exported.program, compile_text, placement)
+        except (CompileError, InternalCompilerError):
+            raise whole_error from None
+        seconds = time.perf_counter() - start
+        return CompiledModel(exported, example_inputs, graph=graph, program=program, placement=placement,
+                             import_seconds=0.0, compile_seconds=seconds)
+    placement.regions = 1
+    placement.compiled.update(op_kind(n) for n in exported.program.graph_module.graph.nodes
+                              if n.op == "call_function")
+    seconds = time.perf_counter() - start
+    return CompiledModel(exported, example_inputs, kernel=kernel, placement=placement,
+                         import_seconds=seconds - kernel.compile_seconds, compile_seconds=kernel.compile_seconds)

@@ -105,11 +105,28 @@ def plan_for(op: ir.Operation, threads: int, lanes: int, min_work: int) -> Linal
             and all(o.name.startswith(_VECTOR_BODY_DIALECTS) or o.name == "linalg.yield" for o in body.operations) \
             and all(_innermost_or_unused(m, last) for m in maps):
         vector = min(lanes, 1 << (ranges[-1] - 1).bit_length())
-        if not all(iterators) and ranges[-1] % vector:
+        if not all(iterators) and (ranges[-1] % vector or not _combines_directly(body)):
             vector = None  # a masked reduction has no lowering here; masks stay on reads and writes
     if split_dim is None and vector is None:
         return None
     return LinalgPlan(ranges, split_dim, vector)
+
+
+_COMBINERS = {f"arith.{name}" for name in ("addf", "addi", "mulf", "muli", "andi", "ori", "xori", "maximumf",
+                                            "minimumf", "maxnumf", "minnumf", "maxsi", "minsi", "maxui", "minui")}
+
+
+def _combines_directly(body: ir.Block) -> bool:
+    """Whether each accumulator (output block argument) is used by one combining op whose result
+    is yielded: the only reductions MLIR's vectorizer recognizes (an accumulator behind a cast,
+    as in a widened boolean `all`, makes it fail)."""
+    yielded = list(body.operations)[-1].operands
+    n_outputs = len(yielded)
+    for arg, result in zip(list(body.arguments)[-n_outputs:], yielded):
+        users = [use.owner for use in arg.uses]
+        if len(users) != 1 or users[0].name not in _COMBINERS or users[0].results[0] != result:
+            return False
+    return True
 
 
 def _innermost_or_unused(amap: ir.AffineMap, dim: int) -> bool:

@@ -18,7 +18,8 @@ from ..errors import TraceaError
 
 
 class PassFailed(TraceaError):
-    """Raised by a pass after it has emitted its errors at the ops concerned."""
+    """Raised by a pass after it has emitted its errors at the ops concerned; a message given
+    here is emitted too (at the module), for failures no op location explains."""
 
 
 def option(default, help: str, choices: tuple | None = None):
@@ -67,7 +68,9 @@ class TraceaPass:
         def run(op, pass_):
             try:
                 self.run(op)
-            except PassFailed:
+            except PassFailed as e:
+                if str(e):
+                    op.location.emit_error(f"{self.NAME}: {e}")
                 pass_.signal_pass_failure()
             except TraceaError as e:
                 op.location.emit_error(f"{self.NAME}: {e}")

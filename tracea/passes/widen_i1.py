@@ -4,7 +4,9 @@ Imported PyTorch graphs carry i1 tensors (attention masks, `isinf` rows of a saf
 bufferized they become i1 memrefs, and storing to one hits an assertion in this LLVM build's
 memref lowering (element width < 8). Widening every i1 tensor to i8 keeps the computation the
 same: values cross tensor boundaries as 0/1 bytes and are truncated back to i1 inside each
-linalg body, where the arithmetic on them happens.
+linalg body, where the arithmetic on them happens. Function arguments and results of i1 tensors
+become i8 tensors too: a numpy or torch bool array is exactly such bytes, so callers pass them as
+they are.
 """
 from __future__ import annotations
 
@@ -38,12 +40,17 @@ class WidenBoolTensorsPass(TraceaPass):
 
         module.walk(collect)
         i8, i1 = ir.IntegerType.get_signless(8), ir.IntegerType.get_signless(1)
-        for op in ops:
+        for op in ops:  # signatures first: their arguments' users are rewritten below
             if op.name == "func.func":
                 ftype = ir.FunctionType(ir.TypeAttr(op.attributes["function_type"]).value)
-                if any(_is_bool_tensor(t) for t in list(ftype.inputs) + list(ftype.results)):
-                    raise PassFailed("functions taking or returning boolean (i1) tensors are not supported; "
-                                     "convert them to another dtype at the boundary")
+                widen = [_byte_tensor(t) if _is_bool_tensor(t) else t for t in ftype.inputs]
+                results = [_byte_tensor(t) if _is_bool_tensor(t) else t for t in ftype.results]
+                op.attributes["function_type"] = ir.TypeAttr.get(ir.FunctionType.get(widen, results))
+                if op.regions[0].blocks:
+                    for arg, t in zip(op.regions[0].blocks[0].arguments, widen):
+                        arg.set_type(t)
+        for op in ops:
+            if op.name == "func.func":
                 continue
             if op.name == "arith.constant" and _is_bool_tensor(op.result.type):
                 dense = op.attributes["value"]

@@ -1,0 +1,234 @@
+"""Partial fallback: a traced graph that Tracea cannot compile whole is split into regions that
+it compiles and ops that run in eager PyTorch.
+
+The exported program is decomposed the way torch-mlir decomposes it, and each op is asked in
+isolation whether torch-mlir lowers it to linalg (answers cached per op and operand types);
+torch.fx's CapabilityBasedPartitioner groups the supported ops into regions; each region is
+compiled on its own. A region whose compile still fails is split again, op by op, so one bad op
+costs only itself. The result is the decomposed graph with every region replaced by a
+`CompiledRegion`, and a `Placement` saying what ran where and why."""
+from __future__ import annotations
+
+import operator
+import warnings
+from collections import Counter
+from dataclasses import dataclass, field
+
+from ..errors import CompileError, InternalCompilerError
+from .torch_import import graph_to_linalg, quiet
+
+_warned: set[str] = set()
+_probe_cache: dict[tuple, str | None] = {}
+
+
+@dataclass
+class Placement:
+    """What ran where: op kind -> count, for compiled and eager ops, with the reason per eager kind."""
+
+    compiled: Counter = field(default_factory=Counter)
+    eager: Counter = field(default_factory=Counter)
+    reasons: dict[str, str] = field(default_factory=dict)
+    regions: int = 0
+
+    def explain(self) -> str:
+        lines = [f"{sum(self.compiled.values())} op(s) in {self.regions} Tracea kernel(s), "
+                 f"{sum(self.eager.values())} op(s) in eager PyTorch"]
+        for kind, n in sorted(self.eager.items()):
+            lines.append(f"  eager    {kind} x{n}: {self.reasons.get(kind, '')}")
+        for kind, n in sorted(self.compiled.items()):
+            lines.append(f"  compiled {kind} x{n}")
+        return "\n".join(lines)
+
+
+def op_kind(node) -> str:
+    """'aten.sort.default' for an ATen op, the function's name otherwise."""
+    import torch
+    return str(node.target) if isinstance(node.target, torch._ops.OpOverload) else node.target.__name__
+
+
+def _untraceable(value) -> str | None:
+    import torch
+    values = value if isinstance(value, (tuple, list)) else (value,)
+    for v in values:
+        if isinstance(v, torch.Tensor) and v.dtype.is_complex:
+            return f"complex tensors ({v.dtype}) are not compiled by Tracea"
+        if isinstance(v, (torch.SymInt, torch.SymFloat, torch.SymBool)):
+            return "a data-dependent size or scalar"
+    return None
+
+
+def _single_op_module(node):
+    """A GraphModule computing just `node` from placeholders (traced values kept on its nodes)."""
+    import torch
+    from torch import fx
+    graph, mapping = fx.Graph(), {}
+
+    def lift(arg):
+        if isinstance(arg, fx.Node):
+            if arg not in mapping:
+                mapping[arg] = graph.placeholder(f"in{len(mapping)}")
+                mapping[arg].meta = dict(arg.meta)
+            return mapping[arg]
+        return arg
+
+    args = fx.node.map_aggregate(node.args, lift)
+    kwargs = fx.node.map_aggregate(node.kwargs, lift)
+    result = graph.call_function(node.target, args, kwargs)
+    result.meta = dict(node.meta)
+    if isinstance(node.meta.get("val"), (tuple, list)):  # one result per getitem, as the importer wants
+        items = []
+        for i, v in enumerate(node.meta["val"]):
+            items.append(graph.call_function(operator.getitem, (result, i)))
+            items[-1].meta = {"val": v}
+        graph.output(tuple(items))
+    else:
+        graph.output(result)
+    return fx.GraphModule(torch.nn.Module(), graph)
+
+
+def _signature_key(node) -> tuple:
+    import torch
+    from torch import fx
+
+    def describe(arg):
+        if isinstance(arg, fx.Node):
+            v = arg.meta.get("val")
+            return ("tensor", str(v.dtype), v.dim()) if isinstance(v, torch.Tensor) else ("value", repr(v))
+        return repr(arg)
+    return (str(node.target), tuple(fx.node.map_aggregate(node.args, describe)),
+            tuple(sorted((k, str(fx.node.map_aggregate(v, describe))) for k, v in node.kwargs.items())))
+
+
+def lowering_problem(node) -> str | None:
+    """Why torch-mlir cannot lower this op to linalg on its own (None: it can)."""
+    import torch
+    reason = _untraceable(node.meta.get("val"))
+    if reason is None:
+        for arg in node.all_input_nodes:
+            reason = reason or _untraceable(arg.meta.get("val"))
+    if reason is not None:
+        return reason
+    key = _signature_key(node)
+    if key not in _probe_cache:
+        module = _single_op_module(node)
+        try:
+            graph_to_linalg(module, op_kind(node))
+            _probe_cache[key] = None
+        except CompileError as e:
+            _probe_cache[key] = str(e).splitlines()[0]
+    return _probe_cache[key]
+
+
+class CompiledRegion:
+    """A partition of the graph run by a Tracea kernel: torch tensors in, torch tensors out."""
+
+    def __init__(self, kernel, single_output: bool):
+        from .torch_model import TensorBridge
+        self.kernel = kernel
+        self.single_output = single_output
+        self.bridge = TensorBridge(kernel)
+
+    def __call__(self, *tensors):
+        outputs = self.bridge(tensors)
+        return outputs[0] if self.single_output else tuple(outputs)
+
+
+def _compile_region(submodule, compile_text):
+    text = graph_to_linalg(submodule, "a region")
+    out = submodule.graph.find_nodes(op="output")[0].args[0]
+    return CompiledRegion(compile_text(text), not isinstance(out, (tuple, list)))
+
+
+def warn_once(kind: str, reason: str) -> None:
+    if kind not in _warned:
+        _warned.add(kind)
+        warnings.warn(f"tracea: {kind} runs in PyTorch: {reason}", RuntimeWarning, stacklevel=4)
+
+
+def partition(program, compile_text, placement: Placement):
+    """The decomposed graph of `program` (an ExportedProgram) with its compilable regions
+    replaced by Tracea kernels, called with the values of the program's placeholders in order;
+    returns (the decomposed program, that graph module)."""
+    import copy
+
+    from torch.fx.passes.infra.partitioner import CapabilityBasedPartitioner
+    from torch.fx.passes.operator_support import OperatorSupportBase
+    from torch_mlir.extras.fx_decomp_util import get_decomposition_table
+
+    with quiet():
+        program = program.run_decompositions(get_decomposition_table())
+    eager: dict[str, str] = {}  # node name -> why it runs in PyTorch
+
+    class Support(OperatorSupportBase):
+        def is_node_supported(self, submodules, node) -> bool:
+            if node.op != "call_function" or node.name in eager:
+                return False
+            if node.target is operator.getitem:
+                return node.args[0].name not in eager
+            reason = lowering_problem(node)
+            if reason is not None:
+                eager[node.name] = reason
+            return reason is None
+
+    while True:  # each round that fails moves at least one more op to PyTorch
+        gm = copy.deepcopy(program.graph_module)
+        partitioner = CapabilityBasedPartitioner(gm, Support(), allows_single_node_partition=True)
+        partitions = partitioner.propose_partitions()
+        members = {f"fused_{i}": [n for n in p.nodes if n.op == "call_function"
+                                   and n.target is not operator.getitem] for i, p in enumerate(partitions)}
+        work = partitioner.fuse_partitions(partitions)
+        failed = False
+        for node in list(work.graph.nodes):
+            if node.op != "call_module" or node.target not in members:
+                continue
+            try:
+                region = _compile_region(getattr(work, node.target), compile_text)
+            except (CompileError, InternalCompilerError) as e:
+                failed = True
+                ops = members[node.target]
+                alone = {n.name: _op_alone_problem(n, compile_text) for n in ops} if len(ops) > 1 else {}
+                if any(alone.values()):
+                    eager.update({name: why for name, why in alone.items() if why})
+                else:  # every op compiles alone, not together: the region runs in PyTorch
+                    eager.update({n.name: str(e).splitlines()[0] for n in ops})
+                break
+            setattr(work, node.target, RegionModule(region))
+        if not failed:
+            break
+    placement.regions = sum(1 for n in work.graph.nodes if n.op == "call_module" and n.target in members)
+    for node in program.graph_module.graph.nodes:
+        if node.op != "call_function" or node.target is operator.getitem:
+            continue
+        kind = op_kind(node)
+        if node.name in eager:
+            placement.eager[kind] += 1
+            placement.reasons.setdefault(kind, eager[node.name])
+            warn_once(kind, eager[node.name])
+        else:
+            placement.compiled[kind] += 1
+    return program, work
+
+
+def _op_alone_problem(node, compile_text) -> str | None:
+    """Why this one op does not compile by itself (None: it does)."""
+    module = _single_op_module(node)
+    try:
+        _compile_region(module, compile_text)
+        return None
+    except (CompileError, InternalCompilerError) as e:
+        return str(e).splitlines()[0]
+
+
+def RegionModule(region):
+    """`region` as an nn.Module, which an fx call_module node needs."""
+    import torch
+
+    class Region(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.region = region
+
+        def forward(self, *tensors):
+            return self.region(*tensors)
+
+    return Region()
