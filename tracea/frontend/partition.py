@@ -15,7 +15,7 @@ from collections import Counter
 from dataclasses import dataclass, field
 
 from ..errors import CompileError, InternalCompilerError
-from .torch_import import graph_to_linalg, quiet
+from .torch_import import drop_metadata_asserts, graph_to_linalg, quiet
 
 _warned: set[str] = set()
 _probe_cache: dict[tuple, str | None] = {}
@@ -86,14 +86,17 @@ def _single_op_module(node):
     return fx.GraphModule(torch.nn.Module(), graph)
 
 
-def _signature_key(node) -> tuple:
+def _signature_key(node, shapes: bool = True) -> tuple:
+    """The op and its operands' types (with their shapes, or only their ranks)."""
     import torch
     from torch import fx
 
     def describe(arg):
         if isinstance(arg, fx.Node):
             v = arg.meta.get("val")
-            return ("tensor", str(v.dtype), v.dim()) if isinstance(v, torch.Tensor) else ("value", repr(v))
+            if not isinstance(v, torch.Tensor):
+                return ("value", repr(v))
+            return ("tensor", str(v.dtype), tuple(v.shape) if shapes else v.dim())
         return repr(arg)
     return (str(node.target), tuple(fx.node.map_aggregate(node.args, describe)),
             tuple(sorted((k, str(fx.node.map_aggregate(v, describe))) for k, v in node.kwargs.items())))
@@ -115,7 +118,7 @@ def lowering_problem(node) -> str | None:
             graph_to_linalg(module, op_kind(node))
             _probe_cache[key] = None
         except CompileError as e:
-            _probe_cache[key] = str(e).splitlines()[0]
+            _probe_cache[key] = error_reason(e)
     return _probe_cache[key]
 
 
@@ -157,7 +160,9 @@ def partition(program, compile_text, placement: Placement):
 
     with quiet():
         program = program.run_decompositions(get_decomposition_table())
+    drop_metadata_asserts(program.graph_module)
     eager: dict[str, str] = {}  # node name -> why it runs in PyTorch
+    original = {node.name: node for node in program.graph_module.graph.nodes}
 
     class Support(OperatorSupportBase):
         def is_node_supported(self, submodules, node) -> bool:
@@ -174,8 +179,9 @@ def partition(program, compile_text, placement: Placement):
         gm = copy.deepcopy(program.graph_module)
         partitioner = CapabilityBasedPartitioner(gm, Support(), allows_single_node_partition=True)
         partitions = partitioner.propose_partitions()
-        members = {f"fused_{i}": [n for n in p.nodes if n.op == "call_function"
-                                   and n.target is not operator.getitem] for i, p in enumerate(partitions)}
+        # the ops of each region, as nodes of the unfused graph (fusing erases the copy's nodes)
+        members = {f"fused_{i}": [original[n.name] for n in p.nodes if n.op == "call_function"
+                                  and n.target is not operator.getitem] for i, p in enumerate(partitions)}
         work = partitioner.fuse_partitions(partitions)
         failed = False
         for node in list(work.graph.nodes):
@@ -190,7 +196,7 @@ def partition(program, compile_text, placement: Placement):
                 if any(alone.values()):
                     eager.update({name: why for name, why in alone.items() if why})
                 else:  # every op compiles alone, not together: the region runs in PyTorch
-                    eager.update({n.name: str(e).splitlines()[0] for n in ops})
+                    eager.update({n.name: error_reason(e) for n in ops})
                 break
             setattr(work, node.target, RegionModule(region))
         if not failed:
@@ -210,13 +216,23 @@ def partition(program, compile_text, placement: Placement):
 
 
 def _op_alone_problem(node, compile_text) -> str | None:
-    """Why this one op does not compile by itself (None: it does)."""
-    module = _single_op_module(node)
-    try:
-        _compile_region(module, compile_text)
-        return None
-    except (CompileError, InternalCompilerError) as e:
-        return str(e).splitlines()[0]
+    """Why this one op does not compile by itself (None: it does). Asked per op kind and operand
+    ranks, not shapes, to keep a big failing region cheap to split; a failure that depends on
+    shapes shows again in the next round, which then leaves the whole region to PyTorch."""
+    key = ("compile",) + _signature_key(node, shapes=False)
+    if key not in _probe_cache:
+        try:
+            _compile_region(_single_op_module(node), compile_text)
+            _probe_cache[key] = None
+        except (CompileError, InternalCompilerError) as e:
+            _probe_cache[key] = error_reason(e)
+    return _probe_cache[key]
+
+
+def error_reason(e: Exception) -> str:
+    """The line of a compiler error that says what went wrong."""
+    lines = [line.strip() for line in str(e).splitlines() if line.strip()]
+    return next((line for line in lines if "error:" in line), lines[0] if lines else type(e).__name__)
 
 
 def RegionModule(region):

@@ -87,8 +87,8 @@ def _functional(model, constants: dict[int, object], layout: OutputLayout):
     non-tensor example inputs (`constants`: position -> value) are baked in; returns (wrapper,
     those tensors). The wrapper returns the tensor leaves of the model's output as a flat tuple."""
     import torch
-    state = dict(model.named_parameters(remove_duplicate=False))
-    state.update(dict(model.named_buffers(remove_duplicate=False)))
+    state = dict(model.named_parameters())
+    state.update(dict(model.named_buffers()))
     names = list(state)
 
     class Functional(torch.nn.Module):  # `model` is not its submodule: export would lift its state
@@ -207,23 +207,27 @@ def export_model(model, example_inputs, *, fold_bn: bool = True) -> ExportedGrap
     return ExportedGraph(program, weights, layout, [x.dtype for x in tensors])
 
 
-def _metadata_asserts():
-    import torch
-    return {torch.ops.aten._assert_tensor_metadata.default, torch.ops.aten._assert_scalar.default}
-
-
 def _views_as_reshapes(program) -> None:
     """aten.view -> aten.reshape, in place. Decompositions run later (torch-mlir's) can change the
     strides a value was traced with (SDPA's result, say), and a view of it then fails to retrace;
     a reshape computes the same (the graph mutates nothing) and copies only if it must."""
     import torch
-    graph = program.graph_module.graph
-    for node in list(graph.nodes):
+    for node in program.graph_module.graph.nodes:
         if node.op == "call_function" and node.target is torch.ops.aten.view.default:
             node.target = torch.ops.aten.reshape.default
-        elif node.op == "call_function" and node.target in _metadata_asserts() and not node.users:
-            graph.erase_node(node)  # checks of traced dtypes and devices that hold by construction
-    program.graph_module.recompile()
+    drop_metadata_asserts(program.graph_module)
+
+
+def drop_metadata_asserts(graph_module) -> None:
+    """Remove checks of traced dtypes and devices (they hold by construction, and torch-mlir
+    has no lowering for them)."""
+    import torch
+    asserts = {torch.ops.aten._assert_tensor_metadata.default, torch.ops.aten._assert_scalar.default}
+    graph = graph_module.graph
+    for node in list(graph.nodes):
+        if node.op == "call_function" and node.target in asserts and not node.users:
+            graph.erase_node(node)
+    graph_module.recompile()
 
 
 def to_linalg(program, what: str = "the model") -> str:
