@@ -251,3 +251,89 @@ def test_patch_conv2d_and_tracea_conv2d():
         assert isinstance(layer, nn.Conv2d)
         torch.testing.assert_close(layer(x), expected, rtol=1e-4, atol=1e-4)
     assert not ops.fallback_counts
+
+
+UINT8_MODEL = """
+import torch, tracea
+class Affine(torch.nn.Module):
+    def forward(self, x):
+        return x * 3 + 1  # uint8 arithmetic: torch-mlir's lowering segfaults on it
+x = torch.arange(0, 240, 3, dtype=torch.uint8).reshape(8, 10)
+compiled = tracea.compile(Affine(), (x,))
+assert torch.equal(compiled(x), Affine()(x)), (compiled(x), Affine()(x))
+print(compiled.explain().splitlines()[0])
+"""
+
+
+def test_a_torch_mlir_crash_is_an_eager_fallback_not_a_dead_process():
+    import subprocess
+    import sys
+    run = subprocess.run([sys.executable, "-c", UINT8_MODEL], capture_output=True, text=True, timeout=300)
+    assert run.returncode == 0, run.stderr[-3000:]
+    assert "torch-mlir crashed (signal 11)" in run.stderr
+
+
+@pytest.mark.parametrize("dtype", [torch.bool, torch.uint8, torch.int8, torch.int32, torch.int64, torch.float16,
+                                   torch.bfloat16, torch.float64])
+def test_dtypes_cross_the_boundary_with_torch_semantics(dtype):
+    class Select(nn.Module):  # in and out in `dtype`, plus a bool mask out
+        def forward(self, x, y):
+            return torch.where(x > y, x, y), x == y
+    g = torch.Generator().manual_seed(0)
+    x = (torch.randn(6, 5, generator=g) * 50).to(dtype)
+    y = (torch.randn(6, 5, generator=g) * 50).to(dtype)
+    compiled = tracea.compile(Select(), (x, y))
+    got, want = compiled(x, y), Select()(x, y)
+    for a, b in zip(got, want):
+        assert a.dtype == b.dtype and torch.equal(a, b)
+
+
+class ReturnsStructure(nn.Module):
+    def forward(self, x):
+        return {"sum": x.sum(), "pair": (x * 2, None), "n": 3, "any": (x > 0).any()}
+
+
+def test_outputs_keep_the_models_structure_and_scalars():
+    x = torch.randn(4, 3)
+    compiled = tracea.compile(ReturnsStructure(), (x,))
+    got, want = compiled(x), ReturnsStructure()(x)
+    assert got.keys() == want.keys() and got["n"] == 3 and got["pair"][1] is None
+    torch.testing.assert_close(got["sum"], want["sum"])
+    assert got["any"].dtype == torch.bool and got["any"].shape == () and bool(got["any"]) == bool(want["any"])
+
+
+class DataDependent(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.linear = nn.Linear(8, 8)
+
+    def forward(self, x):
+        h = self.linear(x)
+        if h.sum().item() > 0:  # Python control flow on a value: torch.export cannot trace it
+            return torch.relu(h) * 2
+        return h - 1
+
+
+def test_an_untraceable_model_runs_through_dynamo_with_its_graphs_compiled():
+    from tracea.frontend.torch_model import DynamoModel
+    torch.manual_seed(0)
+    model = DataDependent().eval()
+    x = torch.randn(4, 8)
+    with pytest.warns(RuntimeWarning, match="torch.export could not trace the model"):
+        compiled = tracea.compile(model, (x,))
+    assert isinstance(compiled, DynamoModel)
+    for sign in (1, -1):  # both branches
+        with torch.no_grad():
+            torch.testing.assert_close(compiled(x * sign), model(x * sign), rtol=1e-5, atol=1e-5)
+    assert compiled.placement.compiled and not compiled.placement.eager
+    assert "TorchDynamo captured" in compiled.explain()
+
+
+def test_weights_are_read_at_call_time():
+    model = nn.Sequential(nn.Linear(6, 4)).eval()
+    x = torch.randn(3, 6)
+    compiled = tracea.compile(model, (x,))
+    with torch.no_grad():
+        model[0].weight.mul_(-2)
+        model[0].bias.add_(1)
+        torch.testing.assert_close(compiled(x), model(x), rtol=1e-5, atol=1e-5)

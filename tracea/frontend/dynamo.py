@@ -86,7 +86,7 @@ class _PerShape:
 
         tensors = tuple(a for a in args if isinstance(a, torch.Tensor))
         try:
-            return compile_model(Specialized() if sizes else gm, tensors)
+            return compile_model(Specialized() if sizes else gm, tensors, export_fallback=False)
         except Exception as e:  # noqa: BLE001 - torch.export fails in many ways; the graph still runs
             hint = (" (Dynamo made this graph's shapes dynamic after a shape change; "
                     "torch.compile(..., dynamic=False) recompiles per shape instead)") if sizes else ""

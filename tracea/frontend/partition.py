@@ -15,7 +15,7 @@ from collections import Counter
 from dataclasses import dataclass, field
 
 from ..errors import CompileError, InternalCompilerError
-from .torch_import import drop_metadata_asserts, graph_to_linalg, quiet
+from .torch_import import drop_metadata_asserts, graph_to_linalg, lower_graph, quiet
 
 _warned: set[str] = set()
 _probe_cache: dict[tuple, str | None] = {}
@@ -103,33 +103,62 @@ def _signature_key(node, shapes: bool = True) -> tuple:
 
 
 def lowering_problem(node) -> str | None:
-    """Why torch-mlir cannot lower this op to linalg on its own (None: it can)."""
-    import torch
+    """Why torch-mlir cannot lower this op to linalg on its own (None: it can); probe_lowering
+    asks for many ops at once."""
     reason = _untraceable(node.meta.get("val"))
-    if reason is None:
-        for arg in node.all_input_nodes:
-            reason = reason or _untraceable(arg.meta.get("val"))
+    for arg in node.all_input_nodes:
+        reason = reason or _untraceable(arg.meta.get("val"))
     if reason is not None:
         return reason
     key = _signature_key(node)
     if key not in _probe_cache:
-        module = _single_op_module(node)
         try:
-            graph_to_linalg(module, op_kind(node))
+            graph_to_linalg(_single_op_module(node), op_kind(node))
             _probe_cache[key] = None
         except CompileError as e:
             _probe_cache[key] = error_reason(e)
     return _probe_cache[key]
 
 
+def probe_lowering(nodes) -> None:
+    """Fill the probe cache for these ops in one forked child (a fork per op costs ~40 ms); if
+    torch-mlir crashes in it, lowering_problem asks again op by op, each in a child of its own."""
+    from .. import knobs
+    from ..passes.isolation import ChildDied, call_in_fork
+    todo = {}
+    for node in nodes:
+        if node.op == "call_function" and node.target is not operator.getitem and not _untraceable(
+                node.meta.get("val")) and not any(_untraceable(a.meta.get("val")) for a in node.all_input_nodes):
+            todo.setdefault(_signature_key(node), node)
+    todo = {key: node for key, node in todo.items() if key not in _probe_cache}
+    if not todo or not knobs.isolate_compiler():
+        return
+
+    def ask_all():
+        answers = {}
+        for key, node in todo.items():
+            try:
+                lower_graph(_single_op_module(node), op_kind(node))
+                answers[key] = None
+            except CompileError as e:
+                answers[key] = error_reason(e)
+        return answers
+
+    try:
+        answers, _ = call_in_fork(ask_all, ())
+    except ChildDied:
+        return
+    _probe_cache.update(answers)
+
+
 class CompiledRegion:
     """A partition of the graph run by a Tracea kernel: torch tensors in, torch tensors out."""
 
-    def __init__(self, kernel, single_output: bool):
+    def __init__(self, kernel, single_output: bool, out_dtypes):
         from .torch_model import TensorBridge
         self.kernel = kernel
         self.single_output = single_output
-        self.bridge = TensorBridge(kernel)
+        self.bridge = TensorBridge(kernel, out_dtypes)
 
     def __call__(self, *tensors):
         outputs = self.bridge(tensors)
@@ -139,13 +168,16 @@ class CompiledRegion:
 def _compile_region(submodule, compile_text):
     text = graph_to_linalg(submodule, "a region")
     out = submodule.graph.find_nodes(op="output")[0].args[0]
-    return CompiledRegion(compile_text(text), not isinstance(out, (tuple, list)))
+    values = out if isinstance(out, (tuple, list)) else [out]
+    return CompiledRegion(compile_text(text), not isinstance(out, (tuple, list)),
+                          [v.meta["val"].dtype for v in values])
 
 
-def warn_once(kind: str, reason: str) -> None:
-    if kind not in _warned:
-        _warned.add(kind)
-        warnings.warn(f"tracea: {kind} runs in PyTorch: {reason}", RuntimeWarning, stacklevel=4)
+def warn_once(key: str, message: str) -> None:
+    """One RuntimeWarning per key (an op kind, say) in this process."""
+    if key not in _warned:
+        _warned.add(key)
+        warnings.warn(f"tracea: {message}", RuntimeWarning, stacklevel=4)
 
 
 def partition(program, compile_text, placement: Placement):
@@ -161,6 +193,7 @@ def partition(program, compile_text, placement: Placement):
     with quiet():
         program = program.run_decompositions(get_decomposition_table())
     drop_metadata_asserts(program.graph_module)
+    probe_lowering(program.graph_module.graph.nodes)
     eager: dict[str, str] = {}  # node name -> why it runs in PyTorch
     original = {node.name: node for node in program.graph_module.graph.nodes}
 
@@ -209,7 +242,7 @@ def partition(program, compile_text, placement: Placement):
         if node.name in eager:
             placement.eager[kind] += 1
             placement.reasons.setdefault(kind, eager[node.name])
-            warn_once(kind, eager[node.name])
+            warn_once(kind, f"{kind} runs in PyTorch: {eager[node.name]}")
         else:
             placement.compiled[kind] += 1
     return program, work

@@ -104,10 +104,12 @@ def _functional(model, constants: dict[int, object], layout: OutputLayout):
 
 def fold_batch_norms(model):
     """Conv2d followed by BatchNorm2d in eval mode, folded into the convolution's weights and
-    bias (a copy; the model is left as it is). Models torch.fx cannot trace are returned as
-    they are: their batch norms are then compiled as elementwise code."""
-    if model.training:
-        return model
+    bias (a copy; the model is left as it is, and the compiled model does not see later changes
+    to those weights: compile again). Models torch.fx cannot trace are returned as they are: their
+    batch norms are then compiled as elementwise code."""
+    import torch
+    if model.training or not any(isinstance(m, torch.nn.modules.batchnorm._BatchNorm) for m in model.modules()):
+        return model  # nothing to fold: the compiled model reads the model's own weights
     try:
         from torch.fx.experimental.optimization import fuse
         return fuse(model)
@@ -230,21 +232,53 @@ def drop_metadata_asserts(graph_module) -> None:
     graph_module.recompile()
 
 
-def to_linalg(program, what: str = "the model") -> str:
-    """linalg-on-tensors text of an ExportedProgram (or an nn.Module / GraphModule traced on the
-    example inputs `program` is paired with), or a CompileError naming what is not lowered."""
-    from torch_mlir import fx
-    with quiet():
+def _in_child(what: str, lower, *args) -> str:
+    """lower(*args) -> linalg text, run in a forked child: torch-mlir's lowering segfaults on some
+    inputs (arithmetic on uint8, for one), which must not take the caller down."""
+    from .. import knobs
+    from ..passes.isolation import ChildDied, call_in_fork
+
+    def attempt():
         try:
-            module = fx.export_and_import(program, output_type="linalg-on-tensors", func_name="main")
-        except Exception as e:  # noqa: BLE001 - torch-mlir names the unsupported construct
-            raise CompileError(f"torch-mlir could not import {what} to linalg: {first_line(e)}") from None
-    return _checked_text(module, what)
+            return "ok", lower(*args)
+        except CompileError as e:
+            return "error", str(e)
+
+    if not knobs.isolate_compiler():
+        status, value = attempt()
+    else:
+        try:
+            (status, value), _ = call_in_fork(attempt, ())
+        except ChildDied as died:
+            how = (f"signal {os.WTERMSIG(died.wait_status)}" if os.WIFSIGNALED(died.wait_status)
+                   else f"exit status {os.WEXITSTATUS(died.wait_status)}")
+            raise CompileError(f"torch-mlir crashed ({how}) importing {what} to linalg") from None
+    if status == "error":
+        raise CompileError(value)
+    return value
+
+
+def to_linalg(program, what: str = "the model") -> str:
+    """linalg-on-tensors text of an ExportedProgram, or a CompileError naming what is not lowered."""
+    def lower():
+        from torch_mlir import fx
+        with quiet():
+            try:
+                module = fx.export_and_import(program, output_type="linalg-on-tensors", func_name="main")
+            except Exception as e:  # noqa: BLE001 - torch-mlir names the unsupported construct
+                raise CompileError(f"torch-mlir could not import {what} to linalg: {first_line(e)}") from None
+        return _checked_text(module, what)
+    return _in_child(what, lower)
 
 
 def graph_to_linalg(graph_module, what: str) -> str:
     """linalg-on-tensors text of an already decomposed ATen graph whose nodes carry their traced
     values (meta["val"]): no export, no decomposition, so cheap enough to ask op by op."""
+    return _in_child(what, lower_graph, graph_module, what)
+
+
+def lower_graph(graph_module, what: str) -> str:
+    """graph_to_linalg in this process."""
     from torch_mlir import fx
     with quiet():
         try:

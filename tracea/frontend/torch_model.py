@@ -10,7 +10,7 @@ import sys
 import time
 
 from ..errors import ArgumentError, CompileError, InternalCompilerError
-from .partition import Placement, op_kind, partition
+from .partition import Placement, op_kind, partition, warn_once
 from .torch_import import SCALAR_INPUTS, export_model, to_linalg
 
 
@@ -131,8 +131,56 @@ def is_torch_module(program) -> bool:
     return torch is not None and isinstance(program, torch.nn.Module)
 
 
+class DynamoModel:
+    """A model torch.export cannot trace whole (data-dependent Python control flow, .item(), ...),
+    run through TorchDynamo with Tracea as its backend: each graph Dynamo captures is compiled
+    (split where needed), the Python between graphs runs as Python."""
+
+    def __init__(self, model, example_inputs, why: str):
+        import torch
+        from .dynamo import tracea_backend
+        self.why = why
+        self.kernel = None
+        self.graphs = []  # the backend's runner per captured graph
+
+        def backend(gm, inputs):
+            runner = tracea_backend(gm, inputs)
+            self.graphs.append(runner)
+            return runner
+
+        self._compiled = torch.compile(model, backend=backend, dynamic=False)
+        start = time.perf_counter()
+        self(*example_inputs)  # capture and compile now, for the example inputs
+        self.compile_seconds = time.perf_counter() - start
+        self.import_seconds = 0.0
+
+    @property
+    def placement(self) -> Placement:
+        total = Placement()
+        for model in self._models():
+            total.compiled.update(model.placement.compiled)
+            total.eager.update(model.placement.eager)
+            total.reasons.update(model.placement.reasons)
+            total.regions += model.placement.regions
+        return total
+
+    def _models(self):
+        return [m for runner in self.graphs for m in getattr(runner, "kernels", {}).values() if m is not None]
+
+    def explain(self) -> str:
+        return (f"torch.export could not trace the model whole ({self.why}); TorchDynamo captured "
+                f"{len(self.graphs)} graph(s), the Python between them runs as Python\n" + self.placement.explain())
+
+    def __call__(self, *inputs):
+        import torch
+        with torch.no_grad():
+            return self._compiled(*inputs)
+
+
 def compile_model(model, example_inputs, *, target: str = "cpu", threads: int | None = None,
-                  strategy: str = "tiled") -> CompiledModel:
+                  strategy: str = "tiled", export_fallback: bool = True) -> CompiledModel | DynamoModel:
+    """Compile `model` for `example_inputs`. A model torch.export cannot trace is run through
+    TorchDynamo instead (export_fallback, with a warning), its graphs compiled by Tracea."""
     from ..compiler import compile as compile_program
     if example_inputs is None:
         raise CompileError("compiling a torch.nn.Module needs example_inputs (a tuple of tensors of the "
@@ -141,7 +189,15 @@ def compile_model(model, example_inputs, *, target: str = "cpu", threads: int | 
         raise CompileError(f"PyTorch models compile for the CPU target only so far, not '{target}'")
     example_inputs = (example_inputs,) if not isinstance(example_inputs, (tuple, list)) else tuple(example_inputs)
     start = time.perf_counter()
-    exported = export_model(model, example_inputs)
+    try:
+        exported = export_model(model, example_inputs)
+    except CompileError as e:
+        if not export_fallback or "torch.export could not trace" not in str(e):
+            raise
+        why = str(e).split(": ", 1)[1]
+        warn_once(f"export: {why}", f"torch.export could not trace the model ({why}); TorchDynamo splits it "
+                  "into graphs Tracea compiles, with Python in between")
+        return DynamoModel(model, example_inputs, why)
 
     def compile_text(text):
         return compile_program(text, target=target, strategy=strategy, threads=threads)

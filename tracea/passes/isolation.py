@@ -241,6 +241,12 @@ def call_isolated(fn, args: tuple):
         _process_lock.release()
 
 
+def call_in_fork(fn, args: tuple):
+    """fn(*args) in a child forked for this call alone (so `args` need not pickle, only the
+    result) -> (result, what it printed on stderr); raises ChildDied."""
+    return _call_in_new_child(fn, args)
+
+
 def _call_in_new_child(fn, args: tuple):
     read_fd, write_fd = _pipe()
     log = _log_file()

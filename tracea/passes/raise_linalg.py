@@ -285,6 +285,8 @@ def _raise_gemm(op: ir.Operation) -> bool:
     a, b, init = op.operands
     if not _zero_fill(init) or any(str(v.type.element_type) != "f32" for v in (a, b)):
         return False
+    if 0 in ir.ShapedType(a.type).shape + ir.ShapedType(b.type).shape:
+        return False  # an empty operand (K = 0: a zero result) is no GEMM kernel's job
     transpose_a = transpose_b = False
     if _is_last_two_transpose(_producer(a)):
         a, transpose_a = _producer(a).operands[0], True
@@ -394,6 +396,8 @@ def _raise_softmax(op: ir.Operation) -> bool:
     maxed = _reduction(peak, "arith.maximumf|arith.maxnumf")
     if maxed is None or maxed[0] != x or maxed[1] != summed[1] or e.type != x.type:
         return False
+    if str(ir.ShapedType(x.type).element_type) not in ("f32", "f16", "bf16"):
+        return False  # f64: the generic lowering keeps its precision
     with op.location, td.located(op.location), ir.InsertionPoint(op):
         new = td.softmax(x, axis=maxed[1])
     op.results[0].replace_all_uses_with(new)
