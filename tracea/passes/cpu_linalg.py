@@ -24,6 +24,7 @@ from mlir.dialects.transform import interpreter
 
 from ..targets.host import host_cpu
 from .cpu_transpose import transpose_kernel_text, transposed_dims
+from .int_division import INTEGER_DIVISIONS
 from .lower_to_linalg import inline_kernel
 from .registry import PassFailed, TraceaPass, option, register
 
@@ -32,6 +33,10 @@ TAG = "tracea.tile_linalg"
 # kernel); the code generator then optimizes the whole module (targets/native.py)
 GENERIC_LOOPS = "tracea.generic_loops"
 _VECTOR_BODY_DIALECTS = ("arith.", "math.")
+# Not vectorized: the CPU has no vector integer division (LLVM divides lane by lane anyway), and
+# the masked-off lanes of a remainder vector would divide by their padding, 0, which the guard of
+# int_division.py would count as a division by zero.
+_SCALAR_BODY_OPS = INTEGER_DIVISIONS
 
 
 # After vectorizing: 1-D transfers with masks as operands and 1-D reductions, which the LLVM
@@ -102,8 +107,10 @@ def plan_for(op: ir.Operation, threads: int, lanes: int, min_work: int) -> Linal
     last = len(ranges) - 1
     body = op.regions[0].blocks[0]
     if ranges and ranges[-1] > 1 and all(m.is_projected_permutation for m in maps) \
-            and all(o.name.startswith(_VECTOR_BODY_DIALECTS) or o.name == "linalg.yield" for o in body.operations) \
-            and all(_innermost_or_unused(m, last) for m in maps):
+            and all((o.name.startswith(_VECTOR_BODY_DIALECTS) and o.name not in _SCALAR_BODY_OPS)
+                    or o.name == "linalg.yield" for o in body.operations) \
+            and all(_innermost_or_unused(m, last) for m in maps) \
+            and all(_unit_innermost_stride(o, m, last) for o, m in zip(op.operands, maps)):
         vector = min(lanes, 1 << (ranges[-1] - 1).bit_length())
         if not all(iterators) and (ranges[-1] % vector or not _combines_directly(body)):
             vector = None  # a masked reduction has no lowering here; masks stay on reads and writes
@@ -127,6 +134,16 @@ def _combines_directly(body: ir.Block) -> bool:
         if len(users) != 1 or users[0].name not in _COMBINERS or users[0].results[0] != result:
             return False
     return True
+
+
+def _unit_innermost_stride(operand: ir.Value, amap: ir.AffineMap, dim: int) -> bool:
+    """After bufferization (the copies): a memref the innermost loop walks with a stride other
+    than 1 (a strided subview, e.g. a transposed convolution's input scattered into every other
+    element) is not vectorized; its transfers could not become vector loads and stores."""
+    if not isinstance(operand.type, ir.MemRefType) or dim not in [e.position for e in amap.results]:
+        return True
+    strides, _ = ir.MemRefType(operand.type).get_strides_and_offset()
+    return not strides or strides[-1] == 1
 
 
 def _innermost_or_unused(amap: ir.AffineMap, dim: int) -> bool:

@@ -120,7 +120,11 @@ def llvm_lowering(threads: int, openmp: bool = False) -> str:
                     "async-runtime-ref-counting, async-runtime-ref-counting-opt, convert-async-to-llvm, ")
     else:
         parallel = ""
-    return ("scf-forall-to-parallel, convert-linalg-to-loops, lower-affine, " + parallel +
+    # vector transfers the LLVM conversion cannot take (a broadcast from a 0-d memref, a strided
+    # innermost dimension: the leftover ops once made the LLVM translation crash) become loads,
+    # broadcasts and scalar loops; integer divisions get their divisors guarded (int_division.py)
+    return ("convert-vector-to-scf, scf-forall-to-parallel, convert-linalg-to-loops, tracea-guard-int-division, "
+            "lower-affine, " + parallel +
             # address arithmetic out of the loops while they are still loops: kernel-only modules get
             # no LLVM -O pipeline (native.py); measured with that clean-up, the encoder ran 2.46 ->
             # 2.38 ms and the CNN 2.87 -> 2.67 ms with it
@@ -171,6 +175,12 @@ class ForwardOutputsPass(TraceaPass):
 STRATEGIES = ("tiled", "reference")
 
 
+# Rewrites of ops torch-mlir emits, on linalg on tensors before anything vectorizes them (after the
+# tracea ops are lowered, whose kernels have neither): integer floor division through f64 made
+# exact (passes/int_division.py), math.fpowi as torch computes pow (passes/fpowi.py)
+TORCH_NUMERICS = "tracea-int-floor-division, tracea-expand-fpowi"
+
+
 # Each canonicalize / cse in the CPU pipelines changes the final code of some kernel or model:
 # the others were dropped (~5 ms each) after hashing the LLVM-dialect output of GEMMs, convs,
 # attention, softmax and the three PyTorch models of bench/torch_models.py with and without them.
@@ -179,7 +189,7 @@ def tiled_lowering(threads: int = 0) -> str:
     split among the threads and vectorized (0 threads: the host's cores)."""
     t = f"{{threads={threads}}}" if threads else ""
     return (f"tracea-verify, tracea-widen-i1, tracea-raise-linalg, canonicalize, tracea-cpu-conv{t}, "
-            f"tracea-cpu-schedule{t}, tracea-cpu-kernels{t}, tracea-lower-to-linalg, "
+            f"tracea-cpu-schedule{t}, tracea-cpu-kernels{t}, tracea-lower-to-linalg, {TORCH_NUMERICS}, "
             # unit dims dropped and elementwise producers fused into their consumers: torch's
             # decomposed layer norm becomes a few loop nests instead of ten (encoder 2.11 -> 1.90 ms)
             f"linalg-generalize-named-ops, linalg-fold-unit-extent-dims, linalg-fuse-elementwise-ops, canonicalize, "
@@ -221,7 +231,8 @@ class CpuTarget(Target):
             raise ValueError(f"unknown CPU strategy '{strategy}'; available: {', '.join(STRATEGIES)}")
         tiled = strategy == "tiled"
         return [
-            ("linalg", parse_pipeline(tiled_lowering(threads) if tiled else "tracea-widen-i1, tracea-to-linalg")),
+            ("linalg", parse_pipeline(tiled_lowering(threads) if tiled
+                                      else f"tracea-widen-i1, tracea-to-linalg, {TORCH_NUMERICS}")),
             ("bufferized", parse_pipeline("tracea-cpu-bufferize" + (f", {tiled_copies(threads)}" if tiled else ""))),
             ("llvm", parse_pipeline(llvm_lowering(threads, openmp_library() is not None))),
         ]

@@ -9,9 +9,11 @@ code generator, and the object code is kept: it is what `Kernel.export` links.
 """
 from __future__ import annotations
 
+import ctypes
 import functools
 import os
 import re
+from pathlib import Path
 
 import mlir.ir as ir
 
@@ -66,6 +68,73 @@ def _hold_llvm_across_fork(llvm) -> None:
 
 
 @functools.cache
+def _translation_api():
+    """MLIR's C API for the LLVM translation, called directly: the Python binding
+    (`translate_module_to_llvmir`) prints the translated module without checking that the
+    translation succeeded, so a module it cannot translate (an op no lowering converted, say)
+    segfaulted the compiler in LLVM's Module::print instead of reporting the op."""
+    import mlir
+    libs = Path(mlir.__path__[0]) / "_mlir_libs"
+    # PyDLL: the GIL stays held, since a diagnostic the translation emits runs Python handlers
+    capi = ctypes.PyDLL(str(libs / "libMLIRPythonCAPI.so"))  # loaded already: the bindings' own copy
+    llvm = ctypes.CDLL(str(libs.parent.parent / "llvm" / "lib" / "libLLVM.so"))  # the LLVM it links
+    capi.mlirTranslateModuleToLLVMIR.argtypes = [ctypes.c_void_p, ctypes.c_void_p]
+    capi.mlirTranslateModuleToLLVMIR.restype = ctypes.c_void_p
+    llvm.LLVMContextCreate.argtypes, llvm.LLVMContextCreate.restype = [], ctypes.c_void_p
+    llvm.LLVMContextDispose.argtypes, llvm.LLVMContextDispose.restype = [ctypes.c_void_p], None
+    llvm.LLVMDisposeModule.argtypes, llvm.LLVMDisposeModule.restype = [ctypes.c_void_p], None
+    llvm.LLVMPrintModuleToString.argtypes = [ctypes.c_void_p]
+    llvm.LLVMPrintModuleToString.restype = ctypes.c_void_p  # freed with LLVMDisposeMessage
+    llvm.LLVMDisposeMessage.argtypes, llvm.LLVMDisposeMessage.restype = [ctypes.c_void_p], None
+    get_pointer = ctypes.pythonapi.PyCapsule_GetPointer
+    get_pointer.argtypes, get_pointer.restype = [ctypes.py_object, ctypes.c_char_p], ctypes.c_void_p
+    return capi, llvm, get_pointer
+
+
+# What MLIR's LLVM translation takes: the LLVM and OpenMP dialects in a builtin module.
+_TRANSLATABLE = ("llvm.", "omp.")
+
+
+def _untranslatable_ops(operation) -> list[str]:
+    found: dict[str, str] = {}
+
+    def visit(op):
+        name = op.operation.name
+        if name != "builtin.module" and not name.startswith(_TRANSLATABLE) and name not in found:
+            found[name] = str(op.operation.location)
+        return ir.WalkResult.ADVANCE
+
+    operation.walk(visit)
+    return [f"{name} ({loc})" for name, loc in found.items()]
+
+
+def translate_to_llvm_ir(operation) -> str:
+    """LLVM IR text of an LLVM-dialect module; CompileError (never a crash) when the module holds
+    ops the LLVM lowering left unconverted or MLIR cannot translate it."""
+    leftover = _untranslatable_ops(operation)
+    if leftover:
+        raise CompileError("the LLVM lowering left ops no conversion took, which cannot become LLVM IR: "
+                           + ", ".join(leftover[:8]) + (" ..." if len(leftover) > 8 else ""))
+    capi, llvm, get_pointer = _translation_api()
+    op_pointer = get_pointer(operation._CAPIPtr, b"mlir.ir.Operation._CAPIPtr")
+    context = llvm.LLVMContextCreate()
+    try:
+        module = capi.mlirTranslateModuleToLLVMIR(op_pointer, context)
+        if not module:  # MLIR emitted the reason as a diagnostic on the op at fault
+            raise CompileError("translating the LLVM dialect to LLVM IR failed (see the diagnostics)")
+        try:
+            text = llvm.LLVMPrintModuleToString(module)
+            try:
+                return ctypes.string_at(text).decode()
+            finally:
+                llvm.LLVMDisposeMessage(text)
+        finally:
+            llvm.LLVMDisposeModule(module)
+    finally:
+        llvm.LLVMContextDispose(context)
+
+
+@functools.cache
 def host_machine():
     """The host's target machine: its CPU and features as LLVM detects them (never assumed);
     position-independent code, so an object links into a shared library as is."""
@@ -87,9 +156,15 @@ def warm_up() -> None:
         object_code(module, [])
 
 
+# The module global tracea-guard-int-division counts integer divisions by zero in (passes/int_division.py).
+FAULT_COUNTER = "__tracea_int_faults"
+
+
 def packed_entry(llvm_ir: str, function: str) -> str:
-    """A `void _mlir_<function>(void **args)` wrapper: args[i] points to the i-th argument, which
-    is a pointer (to a memref descriptor). Kernels are called through it with one ctypes array."""
+    """An `int32_t _mlir_<function>(void **args)` wrapper: args[i] points to the i-th argument,
+    which is a pointer (to a memref descriptor). Kernels are called through it with one ctypes
+    array. It returns 1 when the call divided an integer by zero (the module's fault counter
+    moved; the runtime raises ZeroDivisionError, as torch does), else 0."""
     match = re.search(rf"^define void @{re.escape(function)}\(([^)]*)\)", llvm_ir, re.MULTILINE)
     if match is None:
         raise CompileError(f"the translated module has no function @{function} returning void")
@@ -97,13 +172,22 @@ def packed_entry(llvm_ir: str, function: str) -> str:
     if any(not p.startswith("ptr") for p in params):
         raise CompileError(f"@{function} takes non-pointer arguments ({match.group(1)}); its packed entry "
                            "expects memref descriptors passed by pointer")
-    lines = [f"define void @{PACKED_PREFIX}{function}(ptr %args) {{"]
+    counted = re.search(rf"^@{FAULT_COUNTER} = ", llvm_ir, re.MULTILINE) is not None
+    lines = [f"define i32 @{PACKED_PREFIX}{function}(ptr %args) {{"]
     for i in range(len(params)):
         lines += [f"  %slot{i} = getelementptr ptr, ptr %args, i64 {i}",
                   f"  %ref{i} = load ptr, ptr %slot{i}",
                   f"  %arg{i} = load ptr, ptr %ref{i}"]
-    lines += [f"  call void @{function}({', '.join(f'ptr %arg{i}' for i in range(len(params)))})",
-              "  ret void", "}", ""]
+    if counted:
+        lines.append(f"  %faults_before = load atomic i32, ptr @{FAULT_COUNTER} monotonic, align 4")
+    lines.append(f"  call void @{function}({', '.join(f'ptr %arg{i}' for i in range(len(params)))})")
+    if counted:
+        lines += [f"  %faults_after = load atomic i32, ptr @{FAULT_COUNTER} monotonic, align 4",
+                  "  %faulted = icmp ne i32 %faults_after, %faults_before",
+                  "  %status = zext i1 %faulted to i32",
+                  "  ret i32 %status", "}", ""]
+    else:
+        lines += ["  ret i32 0", "}", ""]
     return llvm_ir + "\n" + "\n".join(lines)
 
 
@@ -112,14 +196,8 @@ def object_code(module, entries: list[str], optimize: bool = False) -> bytes:
     a packed entry for each function named in `entries`. optimize=True runs LLVM's -O1 (without
     its vectorizers) instead of the clean-up: loop nests MLIR lowered generically (elementwise
     chains, reductions) ran 5-10 % faster with it; Tracea's kernels did not."""
-    from mlir.dialects.llvm import translate_module_to_llvmir
-
     llvm = _llvm()
-    operation = getattr(module, "operation", module)
-    try:
-        llvm_ir = str(translate_module_to_llvmir(operation))
-    except RuntimeError as e:  # noqa: PERF203 - one call
-        raise CompileError(f"translating the LLVM dialect to LLVM IR failed: {e}") from None
+    llvm_ir = translate_to_llvm_ir(getattr(module, "operation", module))
     for entry in entries:
         llvm_ir = packed_entry(llvm_ir, entry)
     if "bfloat" in llvm_ir:
