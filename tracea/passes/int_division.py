@@ -2,18 +2,21 @@
 
 LLVM's `sdiv`/`udiv`/`srem`/`urem` are undefined for a zero divisor and for signed INT_MIN / -1,
 and on x86 both raise SIGFPE, which killed the process that called a compiled kernel (torch's
-integer `fmod`, `remainder`, `div(rounding_mode="trunc")` of a zero). Eager PyTorch on the CPU
-raises ZeroDivisionError for every integer division or remainder by zero, and returns INT_MIN for
-INT_MIN // -1 (0 for the remainders). This pass, run on the bufferized IR before the LLVM
+integer `fmod`, `remainder`, `div(rounding_mode="trunc")`: of a zero, and, once vectorized, of the
+masked-off lanes of a remainder vector, which hold 0). Eager PyTorch on the CPU raises
+ZeroDivisionError for every integer division or remainder by zero; INT_MIN // -1 gives INT_MIN
+(floor division, and int8 / int16 truncating division; int32 / int64 truncating division traps in
+eager torch itself) and the remainders 0. This pass, run on the bufferized IR before the LLVM
 lowering, makes each `arith.divsi/divui/remsi/remui/floordivsi/ceildivsi/ceildivui` (scalar or
 vector, in any loop) follow that:
 
 - the divisor is replaced by 1 where it is 0 or (signed) where the pair is INT_MIN / -1, so the
   hardware division never traps: INT_MIN / 1 = INT_MIN and INT_MIN % 1 = 0 are torch's results;
-- where a divisor is 0, the kernel counts a fault in a module global (`FAULT_COUNTER`, one atomic
-  add on that rare path; a vector divides once for all its lanes). The packed entry point
-  (targets/native.py) returns whether the count moved during the call, and the runtime raises
-  ZeroDivisionError, as torch does.
+- where a divisor is 0, the kernel counts a fault in a module global (`FAULT_COUNTER`: one atomic
+  add per division by zero, on that rare path; a vector counts once for all its lanes). The
+  packed entry point (targets/native.py) returns whether the count moved during the call, and the
+  runtime raises ZeroDivisionError, as torch does. The counter belongs to the kernel, not to the
+  call: while two threads run the same kernel, one's division by zero may raise in both.
 
 Divisions by a constant that can be neither 0 nor (signed) -1 are left as they are: Tracea's
 kernels' index arithmetic costs nothing more.

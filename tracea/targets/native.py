@@ -109,18 +109,18 @@ def _untranslatable_ops(operation) -> list[str]:
 
 
 def translate_to_llvm_ir(operation) -> str:
-    """LLVM IR text of an LLVM-dialect module; CompileError (never a crash) when the module holds
-    ops the LLVM lowering left unconverted or MLIR cannot translate it."""
-    leftover = _untranslatable_ops(operation)
-    if leftover:
-        raise CompileError("the LLVM lowering left ops no conversion took, which cannot become LLVM IR: "
-                           + ", ".join(leftover[:8]) + (" ..." if len(leftover) > 8 else ""))
+    """LLVM IR text of an LLVM-dialect module; CompileError (never a crash) when MLIR cannot
+    translate it, naming the ops the LLVM lowering left unconverted."""
     capi, llvm, get_pointer = _translation_api()
     op_pointer = get_pointer(operation._CAPIPtr, b"mlir.ir.Operation._CAPIPtr")
     context = llvm.LLVMContextCreate()
     try:
         module = capi.mlirTranslateModuleToLLVMIR(op_pointer, context)
-        if not module:  # MLIR emitted the reason as a diagnostic on the op at fault
+        if not module:  # MLIR emitted a diagnostic on the first op at fault
+            leftover = _untranslatable_ops(operation)  # walked only here: a success costs nothing
+            if leftover:
+                raise CompileError("the LLVM lowering left ops no conversion took, which cannot become LLVM IR: "
+                                   + ", ".join(leftover[:8]) + (" ..." if len(leftover) > 8 else ""))
             raise CompileError("translating the LLVM dialect to LLVM IR failed (see the diagnostics)")
         try:
             text = llvm.LLVMPrintModuleToString(module)
