@@ -129,8 +129,8 @@ class Mixed(nn.Module):
 
 
 def test_unsupported_op_runs_in_pytorch_and_is_named():
-    from tracea.frontend import partition
-    partition._warned.clear()
+    from tracea.frontend import torch_import
+    torch_import._warned.clear()
     torch.manual_seed(0)
     model = Mixed().eval()
     x = torch.randn(4, 16)
@@ -185,9 +185,9 @@ def test_dynamo_backend_follows_dynamic_shapes():
 
 
 def test_dynamo_backend_splits_graphs_and_warns_once_per_op_kind():
-    from tracea.frontend import partition
+    from tracea.frontend import torch_import
     dynamo.fallbacks.clear()
-    partition._warned.clear()
+    torch_import._warned.clear()
     torch._dynamo.reset()
     model = Mixed().eval()
     compiled = torch.compile(model, backend="tracea", dynamic=False)
@@ -202,7 +202,8 @@ def test_dynamo_backend_splits_graphs_and_warns_once_per_op_kind():
 
 
 def test_dynamo_backend_falls_back_for_autograd():
-    dynamo._warned.clear()
+    from tracea.frontend import torch_import
+    torch_import._warned.clear()
     torch._dynamo.reset()
     model = nn.Linear(8, 4)
     compiled = torch.compile(model, backend="tracea")
@@ -337,3 +338,53 @@ def test_weights_are_read_at_call_time():
         model[0].weight.mul_(-2)
         model[0].bias.add_(1)
         torch.testing.assert_close(compiled(x), model(x), rtol=1e-5, atol=1e-5)
+
+
+def test_dynamic_dims_compile_once_for_every_size():
+    """The example shapes get their own kernel; the first other size compiles one kernel with
+    symbolic sizes, which serves every later size (batch 1 included: traced from a doubled one)."""
+    torch.manual_seed(0)
+    model = mlp().eval()
+    compiled = tracea.compile(model, (torch.randn(8, 64),), dynamic_dims={0: 0})
+    with torch.no_grad():
+        for rows in (8, 3, 1, 17, 64, 5):
+            x = torch.randn(rows, 64)
+            torch.testing.assert_close(compiled(x), model(x), rtol=1e-4, atol=1e-4)
+    assert compiled.compiles == 2 and not compiled.special
+    assert None in compiled.general.kernel.signature.inputs[-1].shape  # a '?' size in the kernel
+    with pytest.raises(tracea.ArgumentError, match="compiled for 64 only"):
+        compiled(torch.randn(3, 65))  # a dim not named in dynamic_dims
+
+
+def test_dynamic_sequence_length_of_a_transformer():
+    import model_zoo
+    from torch.utils._pytree import tree_leaves
+    model, (ids,) = model_zoo.build("bert")
+    compiled = tracea.compile(model, (ids,), dynamic_dims={0: 1})
+    for seq in (32, 9, 64, 17):
+        x = torch.randint(0, 1000, (2, seq))
+        with torch.no_grad():
+            expected = model(x)
+        for want, have in zip(tree_leaves(expected), tree_leaves(compiled(x))):
+            torch.testing.assert_close(have, want, rtol=1e-4, atol=1e-4)
+    assert compiled.compiles == 2, compiled.explain()
+
+
+def test_dynamo_dynamic_shapes_compile_once():
+    from tracea.frontend.torch_import import warn_once  # noqa: F401  (the backend is registered)
+    torch._dynamo.reset()
+    torch.manual_seed(0)
+    model = mlp().eval()
+    runners = []
+
+    def backend(gm, example_inputs):
+        runners.append(dynamo.tracea_backend(gm, example_inputs))
+        return runners[-1]
+
+    compiled = torch.compile(model, backend=backend, dynamic=True)
+    with torch.no_grad():
+        for rows in (4, 6, 9, 13, 30):
+            x = torch.randn(rows, 64)
+            torch.testing.assert_close(compiled(x), model(x), rtol=1e-4, atol=1e-4)
+    assert len(runners) == 1 and isinstance(runners[0], dynamo._Symbolic)  # one Dynamo graph
+    assert runners[0].model.compiles == 2 and not runners[0].model.special  # and two Tracea compiles

@@ -61,12 +61,14 @@ def _signature(text: str, entry: str | None, source_name: str) -> Signature:
 
 
 def compile(program, example_inputs=None, *, target: str = "cpu", entry: str | None = None, strategy: str = "tiled",
-            threads: int | None = None, keep_stages: bool = False, chip: str | None = None):
+            threads: int | None = None, keep_stages: bool = False, chip: str | None = None, dynamic_dims=None):
     """Compile `program` for `target`; the result is cached for this exact input and options.
 
     `program` is IR text, a Path, an MLIR module, a tracea Function, or a torch.nn.Module; a module
     needs `example_inputs` (tensors of the shapes it will be called with) and compiles into a
-    CompiledModel called with torch tensors (see tracea.frontend.torch_model).
+    CompiledModel called with torch tensors (see tracea.frontend.torch_model); `dynamic_dims`
+    ({input position: dim or dims}, e.g. {0: 0} for a batch) makes those sizes free: one more
+    compile at the first call with other sizes serves them all (tracea.frontend.dynamic).
 
     strategy: "tiled" (fast kernels where the target has them) or "reference" (plain linalg
     loops, the ground truth for tests). threads: worker threads for parallel loops (default:
@@ -82,7 +84,10 @@ def compile(program, example_inputs=None, *, target: str = "cpu", entry: str | N
     input, and InternalCompilerError (with a saved reproducer) if the compiler itself aborts.
     """
     if is_torch_module(program):
-        return compile_model(program, example_inputs, target=target, threads=threads, strategy=strategy)
+        return compile_model(program, example_inputs, target=target, threads=threads, strategy=strategy,
+                             dynamic_dims=dynamic_dims)
+    if dynamic_dims is not None:
+        raise TypeError("dynamic_dims is for torch.nn.Module programs; in IR, write '?' for a dynamic size")
     if example_inputs is not None:
         raise TypeError("example_inputs is for torch.nn.Module programs; tracea IR carries its own shapes")
     if target == "cuda":

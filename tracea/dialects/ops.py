@@ -34,18 +34,19 @@ class TensorSpec:
         return len(self.shape)
 
     def __str__(self) -> str:
-        return "tensor<" + "".join(f"{d}x" for d in self.shape) + self.dtype + ">"
+        return "tensor<" + "".join(f"{'?' if d is None else d}x" for d in self.shape) + self.dtype + ">"
 
     def to_type(self) -> ir.Type:
-        return ir.RankedTensorType.get(list(self.shape), ir.Type.parse(self.dtype))
+        return ir.Type.parse(str(self))
 
     @staticmethod
-    def from_type(t: ir.Type, what: str) -> "TensorSpec":
+    def from_type(t: ir.Type, what: str, dynamic: bool = False) -> "TensorSpec":
         if not isinstance(t, ir.RankedTensorType):
             raise OpError(f"{what} must be a ranked tensor, got {t}")
-        if not t.has_static_shape:
+        if not t.has_static_shape and not dynamic:
             raise OpError(f"{what} has a dynamic shape ({t}); tracea ops need static shapes")
-        return TensorSpec(tuple(t.shape), str(t.element_type))
+        return TensorSpec(tuple(None if t.is_dynamic_dim(i) else d for i, d in enumerate(t.shape)),
+                          str(t.element_type))
 
 
 # --- epilogues -----------------------------------------------------------------------

@@ -8,10 +8,10 @@ from __future__ import annotations
 
 import logging
 import threading
-import warnings
+
+from .torch_import import warn_once
 
 log = logging.getLogger("tracea.dynamo")
-_warned: set[str] = set()
 _lock = threading.Lock()
 fallbacks: dict[str, int] = {}  # reason -> graphs that ran eagerly for it
 
@@ -19,10 +19,7 @@ fallbacks: dict[str, int] = {}  # reason -> graphs that ran eagerly for it
 def _fall_back(gm, reason: str):
     with _lock:
         fallbacks[reason] = fallbacks.get(reason, 0) + 1
-        first = reason not in _warned
-        _warned.add(reason)
-    if first:
-        warnings.warn(f"tracea: running a graph with PyTorch instead: {reason}", RuntimeWarning, stacklevel=3)
+    warn_once(f"graph: {reason}", f"running a graph with PyTorch instead: {reason}")
     log.debug("graph falls back to eager: %s", reason)
     return gm.forward
 
@@ -36,8 +33,8 @@ def _unsupported_input(example_inputs) -> str | None:
             return f"graph input #{i} is a {type(x).__name__}; Tracea compiles graphs of tensors"
         if x.device.type != "cpu":
             return f"graph input #{i} is on {x.device}; Tracea compiles PyTorch graphs for the CPU"
-        if x.dtype != torch.float32:
-            return f"graph input #{i} has dtype {x.dtype}; Tracea compiles float32 PyTorch graphs"
+        if x.dtype.is_complex:
+            return f"graph input #{i} has dtype {x.dtype}; Tracea compiles graphs of real tensors"
     return None
 
 
@@ -94,6 +91,58 @@ class _PerShape:
             return None
 
 
+class _Symbolic:
+    """A graph Dynamo traced with symbolic sizes, compiled once for all of them
+    (dynamic.DynamicModel) at its first call (compiling inside the backend call trips Dynamo's own
+    guards); its size arguments are read from the tensors' shapes at each call."""
+
+    def __init__(self, gm, example_inputs):
+        import torch
+        self.gm, self.model = gm, None
+        self.kernels = {}  # (what DynamoModel.placement reads)
+        placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
+        self.positions = [i for i, a in enumerate(example_inputs) if isinstance(a, torch.Tensor)]
+        # the sizes Dynamo passes as arguments are the ones that vary (others it specialized)
+        symbols = {a.node.expr for a in example_inputs if isinstance(a, torch.SymInt)}
+        self.dims, source = {}, {}  # tensor number -> its symbolic dims; size symbol -> (tensor, dim)
+        for t, i in enumerate(self.positions):
+            for d, size in enumerate(getattr(placeholders[i].meta.get("example_value"), "shape", ())):
+                if isinstance(size, torch.SymInt) and size.node.expr in symbols:
+                    self.dims.setdefault(t, []).append(d)
+                    source.setdefault(size.node.expr, (t, d))
+        self.sizes = {}  # argument position of a size -> (tensor, dim) it is read from
+        for i, a in enumerate(example_inputs):
+            if isinstance(a, torch.SymInt):
+                if a.node.expr not in source:
+                    raise ValueError(f"size argument #{i} is no tensor's dim")
+                self.sizes[i] = source[a.node.expr]
+        self.n_args = len(example_inputs)
+
+    def __call__(self, *args):
+        import torch
+        tensors = tuple(a for a in args if isinstance(a, torch.Tensor))
+        if self.model is None:
+            self.model = self.kernels["symbolic"] = self._compile(tensors)
+        return self.model(*tensors)
+
+    def _compile(self, tensors):
+        import torch
+        from .torch_model import compile_model
+        gm, sizes, n_args = self.gm, self.sizes, self.n_args
+
+        class SizesFromShapes(torch.nn.Module):
+            def __init__(self):
+                super().__init__()
+                self.gm = gm
+
+            def forward(self, *tensors):
+                it = iter(tensors)
+                return self.gm(*[tensors[sizes[i][0]].shape[sizes[i][1]] if i in sizes else next(it)
+                                 for i in range(n_args)])
+
+        return compile_model(SizesFromShapes(), tensors, export_fallback=False, dynamic_dims=self.dims)
+
+
 def tracea_backend(gm, example_inputs):
     """The backend function Dynamo calls with a GraphModule and its example inputs."""
     import torch
@@ -104,10 +153,14 @@ def tracea_backend(gm, example_inputs):
                   "under torch.no_grad() or torch.inference_mode()")
     if reason is not None:
         return _fall_back(gm, reason)
+    if any(isinstance(x, torch.SymInt) for x in example_inputs):
+        try:
+            return _Symbolic(gm, example_inputs)  # compiled at its first call
+        except ValueError as e:  # a size Tracea cannot read from the tensors: per-shape kernels
+            log.debug("graph compiled per shape: %s", e)
+            return _PerShape(gm)
     runner = _PerShape(gm)
-    if not any(isinstance(x, torch.SymInt) for x in example_inputs):
-        runner.prepare(example_inputs)  # compile now, for the shapes Dynamo traced with
-    # (a graph with symbolic sizes compiles at its first call, for the sizes it is called with)
+    runner.prepare(example_inputs)  # compile now, for the shapes Dynamo traced with
     return runner
 
 

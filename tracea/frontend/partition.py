@@ -10,14 +10,13 @@ costs only itself. The result is the decomposed graph with every region replaced
 from __future__ import annotations
 
 import operator
-import warnings
 from collections import Counter
 from dataclasses import dataclass, field
 
 from ..errors import CompileError, InternalCompilerError
-from .torch_import import drop_metadata_asserts, graph_to_linalg, lower_graph, quiet
+from .dynamic import graph_shapes
+from .torch_import import drop_metadata_asserts, graph_to_linalg, lower_graph, quiet, warn_once
 
-_warned: set[str] = set()
 _probe_cache: dict[tuple, str | None] = {}
 
 
@@ -48,11 +47,12 @@ def op_kind(node) -> str:
 
 def _untraceable(value) -> str | None:
     import torch
+    from torch.fx.experimental.symbolic_shapes import free_unbacked_symbols
     values = value if isinstance(value, (tuple, list)) else (value,)
     for v in values:
         if isinstance(v, torch.Tensor) and v.dtype.is_complex:
             return f"complex tensors ({v.dtype}) are not compiled by Tracea"
-        if isinstance(v, (torch.SymInt, torch.SymFloat, torch.SymBool)):
+        if isinstance(v, (torch.SymInt, torch.SymFloat, torch.SymBool)) and free_unbacked_symbols(v):
             return "a data-dependent size or scalar"
     return None
 
@@ -96,7 +96,7 @@ def _signature_key(node, shapes: bool = True) -> tuple:
             v = arg.meta.get("val")
             if not isinstance(v, torch.Tensor):
                 return ("value", repr(v))
-            return ("tensor", str(v.dtype), tuple(v.shape) if shapes else v.dim())
+            return ("tensor", str(v.dtype), str(tuple(v.shape)) if shapes else v.dim())
         return repr(arg)
     return (str(node.target), tuple(fx.node.map_aggregate(node.args, describe)),
             tuple(sorted((k, str(fx.node.map_aggregate(v, describe))) for k, v in node.kwargs.items())))
@@ -154,11 +154,11 @@ def probe_lowering(nodes) -> None:
 class CompiledRegion:
     """A partition of the graph run by a Tracea kernel: torch tensors in, torch tensors out."""
 
-    def __init__(self, kernel, single_output: bool, out_dtypes):
+    def __init__(self, kernel, single_output: bool, out_dtypes, shapes):
         from .torch_model import TensorBridge
         self.kernel = kernel
         self.single_output = single_output
-        self.bridge = TensorBridge(kernel, out_dtypes)
+        self.bridge = TensorBridge(kernel, out_dtypes, shapes)
 
     def __call__(self, *tensors):
         outputs = self.bridge(tensors)
@@ -170,14 +170,7 @@ def _compile_region(submodule, compile_text):
     out = submodule.graph.find_nodes(op="output")[0].args[0]
     values = out if isinstance(out, (tuple, list)) else [out]
     return CompiledRegion(compile_text(text), not isinstance(out, (tuple, list)),
-                          [v.meta["val"].dtype for v in values])
-
-
-def warn_once(key: str, message: str) -> None:
-    """One RuntimeWarning per key (an op kind, say) in this process."""
-    if key not in _warned:
-        _warned.add(key)
-        warnings.warn(f"tracea: {message}", RuntimeWarning, stacklevel=4)
+                          [v.meta["val"].dtype for v in values], graph_shapes(submodule))
 
 
 def partition(program, compile_text, placement: Placement):

@@ -14,6 +14,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
+import re
 import sys
 import tempfile
 import warnings
@@ -117,7 +118,7 @@ def fold_batch_norms(model):
         return model
 
 
-_DIALECTS = ("builtin", "func", "linalg", "tensor", "arith", "math", "cf", "scf", "bufferization")
+_DIALECTS = ("builtin", "func", "linalg", "tensor", "arith", "math", "cf", "scf", "bufferization", "affine")
 
 
 def foreign_ops(module) -> list[str]:
@@ -135,6 +136,14 @@ def foreign_ops(module) -> list[str]:
 
 
 log = logging.getLogger("tracea.torch")
+_warned: set[str] = set()
+
+
+def warn_once(key: str, message: str) -> None:
+    """One RuntimeWarning per key (an op kind, say) in this process."""
+    if key not in _warned:
+        _warned.add(key)
+        warnings.warn(f"tracea: {message}", RuntimeWarning, stacklevel=4)
 
 
 @contextlib.contextmanager
@@ -174,8 +183,10 @@ def first_line(e: BaseException) -> str:
 SCALAR_INPUTS = (int, float, bool, type(None), str)
 
 
-def export_model(model, example_inputs, *, fold_bn: bool = True) -> ExportedGraph:
-    """torch.export of `model` on `example_inputs` (tensors; Python scalars are baked in)."""
+def export_model(model, example_inputs, *, fold_bn: bool = True, dynamic_dims=None) -> ExportedGraph:
+    """torch.export of `model` on `example_inputs` (tensors; Python scalars are baked in).
+    dynamic_dims: {input position: dim or dims} whose sizes stay symbolic (torch.export.Dim.AUTO:
+    export works out which of them are equal, and refuses none)."""
     require_torch_mlir()
     import torch
 
@@ -195,9 +206,24 @@ def export_model(model, example_inputs, *, fold_bn: bool = True) -> ExportedGrap
     wrapped, weights = _functional(model, constants, layout)
     tensors = tuple(x for x in example_inputs if isinstance(x, torch.Tensor))
     args = tuple(t.detach() for t in weights) + tensors
+    dynamic_shapes = None
+    if dynamic_dims:
+        positions = [i for i, x in enumerate(example_inputs) if isinstance(x, torch.Tensor)]
+        per_tensor = []
+        for i in positions:
+            dims = dynamic_dims.get(i, ())
+            dims = (dims,) if isinstance(dims, int) else tuple(dims)
+            rank = example_inputs[i].dim()
+            if any(not -rank <= d < rank for d in dims):
+                raise CompileError(f"dynamic_dims names dim(s) {list(dims)} of input #{i}, which has {rank}")
+            per_tensor.append({d % rank: f"in{i}_dim{d % rank}" for d in dims} or None)
+        unknown = set(dynamic_dims) - set(positions)
+        if unknown:
+            raise CompileError(f"dynamic_dims names input(s) {sorted(unknown)}, which are not tensor inputs")
+        dynamic_shapes = (tuple([None] * len(weights) + per_tensor),)
     with quiet():
         try:
-            program = torch.export.export(wrapped, args, strict=False)
+            program = _export_dynamic(wrapped, args, dynamic_shapes)
         except CompileError:
             raise
         except Exception as e:  # noqa: BLE001 - torch.export names the construct it cannot trace
@@ -207,6 +233,22 @@ def export_model(model, example_inputs, *, fold_bn: bool = True) -> ExportedGrap
             raise CompileError(f"torch.export could not trace the model: {first_line(e)}{hint}") from None
     _views_as_reshapes(program)
     return ExportedGraph(program, weights, layout, [x.dtype for x in tensors])
+
+
+def _export_dynamic(wrapped, args, dynamic_shapes):
+    """torch.export with each named dim a symbol of range 1.. (size 1 included: a batch of one);
+    if the model ties some of them together (equal sizes, which named dims must declare), with
+    Dim.AUTO instead, which works the ties out but traces sizes of 2 and up only."""
+    import torch
+    if dynamic_shapes is None:
+        return torch.export.export(wrapped, args, strict=False)
+    named = [{d: torch.export.Dim(name, min=1) for d, name in dims.items()} if dims else None
+             for dims in dynamic_shapes[0]]
+    try:
+        return torch.export.export(wrapped, args, dynamic_shapes=(tuple(named),), strict=False)
+    except Exception:  # noqa: BLE001 - constraint violations among the named dims
+        auto = [{d: torch.export.Dim.AUTO for d in dims} if dims else None for dims in dynamic_shapes[0]]
+        return torch.export.export(wrapped, args, dynamic_shapes=(tuple(auto),), strict=False)
 
 
 def _views_as_reshapes(program) -> None:
@@ -221,13 +263,16 @@ def _views_as_reshapes(program) -> None:
 
 
 def drop_metadata_asserts(graph_module) -> None:
-    """Remove checks of traced dtypes and devices (they hold by construction, and torch-mlir
-    has no lowering for them)."""
+    """Remove checks of traced dtypes, devices and input shapes (they hold by construction, or
+    are checked by the caller, and torch-mlir has no lowering for them)."""
     import torch
     asserts = {torch.ops.aten._assert_tensor_metadata.default, torch.ops.aten._assert_scalar.default}
     graph = graph_module.graph
     for node in list(graph.nodes):
-        if node.op == "call_function" and node.target in asserts and not node.users:
+        if node.users:
+            continue
+        if (node.op == "call_function" and node.target in asserts) or \
+                (node.op == "call_module" and node.target == "_guards_fn"):  # export's check of its inputs
             graph.erase_node(node)
     graph_module.recompile()
 
@@ -293,7 +338,14 @@ def _checked_text(module, what: str) -> str:
     if unsupported:
         raise CompileError(f"{what} uses {', '.join(unsupported)}, which torch-mlir does not lower to linalg "
                            "and Tracea cannot compile")
-    return module.operation.get_asm(print_generic_op_form=True, large_elements_limit=None)
+    text = module.operation.get_asm(print_generic_op_form=True, large_elements_limit=None)
+    for source, result in re.findall(r'"tensor.cast"\(%\w+\) : \(tensor<([^>]*)>\) -> tensor<([^>]*)>', text):
+        if any(a == "?" and b != "?" for a, b in zip(source.split("x"), result.split("x"))):
+            # seen: a reshape merging two dynamic dims became a cast of ? to 1, wrong for other sizes
+            raise CompileError(f"torch-mlir gave a dynamic size a fixed value (tensor<{source}> cast to "
+                               f"tensor<{result}>) importing {what}: it mishandles reshapes that merge several "
+                               "dynamic dimensions; make fewer dimensions dynamic")
+    return text
 
 
 def import_module(model, example_inputs, *, fold_bn: bool = True) -> ImportedGraph:

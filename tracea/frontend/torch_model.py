@@ -10,8 +10,9 @@ import sys
 import time
 
 from ..errors import ArgumentError, CompileError, InternalCompilerError
-from .partition import Placement, op_kind, partition, warn_once
-from .torch_import import SCALAR_INPUTS, export_model, to_linalg
+from .dynamic import DynamicModel, current_sizes, known_sizes, program_shapes, traceable_example
+from .partition import Placement, op_kind, partition
+from .torch_import import SCALAR_INPUTS, export_model, to_linalg, warn_once
 
 
 def _to_numpy(x, dtype):
@@ -37,16 +38,26 @@ def _to_torch(array, dtype):
 
 
 class TensorBridge:
-    """Calls a Kernel with torch tensors and returns torch tensors (of `out_dtypes` when given)."""
+    """Calls a Kernel with torch tensors and returns torch tensors (of `out_dtypes` when given);
+    with `shapes` (dynamic.SymbolicShapes) the result shapes of a dynamic kernel come from the
+    sizes of each call."""
 
-    def __init__(self, kernel, out_dtypes=None):
+    def __init__(self, kernel, out_dtypes=None, shapes=None):
         from ..runtime.dtypes import to_numpy
         self.kernel = kernel
         self.in_dtypes = [to_numpy(s.dtype) for s in kernel.signature.inputs]
+        self.np_out_dtypes = [to_numpy(s.dtype) for s in kernel.signature.outputs]
         self.out_dtypes = out_dtypes or [None] * len(kernel.signature.outputs)
+        self.shapes = shapes if shapes is not None and shapes.dynamic else None
 
     def __call__(self, tensors) -> list:
-        outputs = self.kernel(*[_to_numpy(t, d) for t, d in zip(tensors, self.in_dtypes)])
+        import numpy as np
+        arrays = [_to_numpy(t, d) for t, d in zip(tensors, self.in_dtypes)]
+        out = None
+        if self.shapes is not None:
+            env = self.shapes.bind([a.shape for a in arrays], current_sizes())
+            out = [np.empty(shape, d) for shape, d in zip(self.shapes.output_shapes(env), self.np_out_dtypes)]
+        outputs = self.kernel(*arrays, out=out)
         outputs = outputs if isinstance(outputs, tuple) else (outputs,)
         return [_to_torch(o, d) for o, d in zip(outputs, self.out_dtypes)]
 
@@ -65,14 +76,28 @@ class CompiledModel:
         self.compile_seconds = compile_seconds
         self._expected = [(tuple(x.shape), x.dtype) if not isinstance(x, SCALAR_INPUTS) else ("value", x)
                           for x in example_inputs]
+        self.shapes = program_shapes(exported.program)
+        if self.shapes.dynamic:  # sizes are checked against the symbols, per call (TensorBridge)
+            self._expected = [(None, e[1]) if e[0] != "value" else e for e in self._expected]
         if kernel is not None:
-            self._run = TensorBridge(kernel, exported.outputs.dtypes)
+            self._run = TensorBridge(kernel, exported.outputs.dtypes, self.shapes)
         else:
             self._run = _graph_runner(program, graph)
 
     def explain(self) -> str:
         """What ran in Tracea kernels and what in PyTorch (and why), op kind by op kind."""
         return self.placement.explain()
+
+    def accepts(self, inputs) -> bool:
+        """Whether these inputs have shapes this compiled model takes."""
+        try:
+            self._check(inputs)
+            if self.shapes.dynamic:
+                weights = [tuple(w.shape) for w in self.exported.weights]
+                self.shapes.bind(weights + [tuple(x.shape) for x in inputs if hasattr(x, "shape")])
+            return True
+        except ArgumentError:
+            return False
 
     def _check(self, inputs) -> list:
         import torch
@@ -91,7 +116,7 @@ class CompiledModel:
                 raise ArgumentError(f"input #{i} is on {x.device}; this model was compiled for the CPU "
                                     "(move it with .cpu(), or use torch.compile(model, backend='tracea'), "
                                     "which falls back to PyTorch)")
-            if tuple(x.shape) != want[0] or x.dtype != want[1]:
+            if (want[0] is not None and tuple(x.shape) != want[0]) or x.dtype != want[1]:
                 raise ArgumentError(f"input #{i} is {x.dtype} {list(x.shape)} but the model was compiled for "
                                     f"{want[1]} {list(want[0])}; compile it again for this input (torch.compile "
                                     "with backend='tracea' recompiles on shape changes)")
@@ -111,7 +136,15 @@ def _graph_runner(program, graph):
     signature = program.graph_signature
     outputs = [i for i, o in enumerate(signature.output_specs) if o.kind == OutputKind.USER_OUTPUT]
 
+    shapes = program_shapes(program)
+
     def run(user_args):
+        if shapes.dynamic:
+            with known_sizes(shapes.bind([tuple(a.shape) for a in user_args])):
+                return run_graph(user_args)
+        return run_graph(user_args)
+
+    def run_graph(user_args):
         args = iter(user_args)
         values = []
         for spec in signature.input_specs:
@@ -178,19 +211,34 @@ class DynamoModel:
 
 
 def compile_model(model, example_inputs, *, target: str = "cpu", threads: int | None = None,
-                  strategy: str = "tiled", export_fallback: bool = True) -> CompiledModel | DynamoModel:
-    """Compile `model` for `example_inputs`. A model torch.export cannot trace is run through
-    TorchDynamo instead (export_fallback, with a warning), its graphs compiled by Tracea."""
-    from ..compiler import compile as compile_program
+                  strategy: str = "tiled", export_fallback: bool = True, dynamic_dims=None):
+    """Compile `model` for `example_inputs` -> CompiledModel. A model torch.export cannot trace
+    is run through TorchDynamo instead (export_fallback, with a warning: a DynamoModel), its graphs
+    compiled by Tracea. dynamic_dims ({input position: dim or dims}) adds one compile for symbolic
+    sizes of those dims, made at the first call with other sizes (a dynamic.DynamicModel)."""
     if example_inputs is None:
         raise CompileError("compiling a torch.nn.Module needs example_inputs (a tuple of tensors of the "
                            "shapes it will be called with)")
     if target != "cpu":
         raise CompileError(f"PyTorch models compile for the CPU target only so far, not '{target}'")
     example_inputs = (example_inputs,) if not isinstance(example_inputs, (tuple, list)) else tuple(example_inputs)
+    options = dict(target=target, threads=threads, strategy=strategy)
+    static = _compile(model, example_inputs, options, export_fallback, None)
+    if not dynamic_dims or isinstance(static, DynamoModel):
+        return static
+
+    def compile_general(model, inputs, dynamic_dims):
+        if dynamic_dims is None:  # for these shapes only
+            return _compile(model, inputs, options, False, None)
+        return _compile(model, traceable_example(inputs, dynamic_dims), options, False, dynamic_dims)
+    return DynamicModel(model, example_inputs, dynamic_dims, compile_general, static)
+
+
+def _compile(model, example_inputs, options, export_fallback, dynamic_dims):
+    from ..compiler import compile as compile_program
     start = time.perf_counter()
     try:
-        exported = export_model(model, example_inputs)
+        exported = export_model(model, example_inputs, dynamic_dims=dynamic_dims)
     except CompileError as e:
         if not export_fallback or "torch.export could not trace" not in str(e):
             raise
@@ -200,12 +248,14 @@ def compile_model(model, example_inputs, *, target: str = "cpu", threads: int | 
         return DynamoModel(model, example_inputs, why)
 
     def compile_text(text):
-        return compile_program(text, target=target, strategy=strategy, threads=threads)
+        return compile_program(text, **options)
 
     placement = Placement()
     try:
         kernel = compile_text(to_linalg(exported.program))
     except (CompileError, InternalCompilerError) as whole_error:
+        if dynamic_dims:  # split, a symbolic graph passes sizes between regions: per-shape kernels do better
+            raise
         try:
             program, graph = partition(exported.program, compile_text, placement)
         except (CompileError, InternalCompilerError):

@@ -536,6 +536,11 @@ def _erase_dead_ops(block: ir.Block) -> None:
             op.erase()
 
 
+def _static(op: ir.Operation) -> bool:
+    return all(ir.ShapedType(v.type).has_static_shape for v in list(op.operands) + list(op.results)
+               if isinstance(v.type, ir.ShapedType))
+
+
 @register
 @dataclass(frozen=True)
 class RaiseLinalgPass(TraceaPass):
@@ -550,6 +555,8 @@ class RaiseLinalgPass(TraceaPass):
             block = func_op.regions[0].blocks[0]
             for op in list(block.operations):
                 op = op.operation
+                if not _static(op):
+                    continue  # tracea ops take static shapes: dynamic ones keep the generic lowering
                 if op.name in _DEFAULT_MAPS:
                     _raise_gemm(op)
                 elif op.name == "linalg.conv_2d_nchw_fchw":

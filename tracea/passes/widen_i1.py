@@ -64,6 +64,18 @@ class WidenBoolTensorsPass(TraceaPass):
                 op.result.replace_all_uses_with(new.result)
                 op.erase()
                 continue
+            if op.name == "tensor.extract" and op.result.type == i1:  # an element of a widened tensor
+                op.result.set_type(i8)
+                with op.location, ir.InsertionPoint.after(op):
+                    narrow = ir.Operation.create("arith.trunci", results=[i1], operands=[op.result])
+                op.result.replace_all_uses_except(narrow.result, narrow)
+                continue
+            if op.name in ("tensor.insert", "tensor.from_elements", "tensor.splat"):
+                for i, operand in enumerate(list(op.operands)):
+                    if operand.type == i1:  # a scalar stored into a widened tensor
+                        with op.location, ir.InsertionPoint(op):
+                            wide = ir.Operation.create("arith.extui", results=[i8], operands=[operand])
+                        op.operands[i] = wide.result
             for result in op.results:
                 if _is_bool_tensor(result.type):
                     result.set_type(_byte_tensor(result.type))

@@ -78,6 +78,11 @@ def data_address(array: np.ndarray) -> int:
     return array.ctypes.data
 
 
+def _fits(shape: tuple, spec_shape: tuple) -> bool:
+    """Whether an array shape matches a signature's (None: any size there)."""
+    return len(shape) == len(spec_shape) and all(w is None or w == d for d, w in zip(shape, spec_shape))
+
+
 class CallFrame:
     """The C-interface arguments of one call: a memref descriptor per tensor (sizes and strides
     fixed by the signature) and the packed array of pointers to them. Made once per kernel and
@@ -85,9 +90,10 @@ class CallFrame:
 
     def __init__(self, specs: Sequence[TensorSpec]):
         self.descriptors = []
+        self.dynamic = [i for i, spec in enumerate(specs) if None in spec.shape]  # sizes set per call
         for spec in specs:
             desc = descriptor_type(spec.rank)()
-            if spec.rank:
+            if spec.rank and None not in spec.shape:
                 desc.sizes[:] = spec.shape
                 desc.strides[:] = [int(np.prod(spec.shape[i + 1:])) for i in range(spec.rank)]
             self.descriptors.append(desc)
@@ -98,6 +104,10 @@ class CallFrame:
         """Point the descriptors at C-contiguous arrays of the signature's shapes."""
         for desc, array in zip(self.descriptors, arrays):
             desc.allocated = desc.aligned = data_address(array)
+        for i in self.dynamic:
+            desc, shape = self.descriptors[i], arrays[i].shape
+            desc.sizes[:] = shape
+            desc.strides[:] = [int(np.prod(shape[d + 1:])) for d in range(len(shape))]
         return self.packed
 
 
@@ -159,9 +169,10 @@ class Kernel:
             else:
                 raise ArgumentError(f"{self.signature.name}: {role} {name} must be a numpy array, "
                                     f"got {type(array).__name__}")
-        if array.shape != spec.shape or array.dtype != dtype:
+        if not _fits(array.shape, spec.shape) or array.dtype != dtype:
+            shape = "(" + ", ".join("?" if d is None else str(d) for d in spec.shape) + ")"
             raise ArgumentError(f"{self.signature.name}: {role} {name} must be a {dtype} array of shape "
-                                f"{spec.shape}, got {array.dtype} {array.shape}")
+                                f"{shape}, got {array.dtype} {array.shape}")
         if role == "output" and not (array.flags.c_contiguous and array.flags.writeable):
             raise ArgumentError(f"{self.signature.name}: output {name} must be a writeable C-contiguous array")
         return np.ascontiguousarray(array)  # a copy only for non-contiguous inputs
@@ -174,6 +185,10 @@ class Kernel:
         inputs = [self._check(i, a, s, d, "argument")
                   for i, (a, s, d) in enumerate(zip(args, sig.inputs, self._in_dtypes))]
         if out is None:
+            dynamic = [i for i, s in enumerate(sig.outputs) if None in s.shape]
+            if dynamic:
+                raise ArgumentError(f"{sig.name}: result #{dynamic[0]} has a dynamic shape ({sig.outputs[dynamic[0]]}); "
+                                    "pass arrays of the result shapes with out=")
             outputs = [np.empty(s.shape, d) for s, d in zip(sig.outputs, self._out_dtypes)]
         else:
             given = [out] if isinstance(out, np.ndarray) else list(out)

@@ -26,14 +26,14 @@ ENTRY_PREFIX = "_tracea_entry_"
 
 
 def memref_type(spec: TensorSpec) -> str:
-    return "memref<" + "".join(f"{d}x" for d in spec.shape) + spec.dtype + ">"
+    return "memref" + str(spec)[len("tensor"):]
 
 
 def function_signature(func_op) -> tuple[list[TensorSpec], list[TensorSpec]]:
     ftype = ir.FunctionType(ir.TypeAttr(func_op.attributes["function_type"]).value)
     name = ir.StringAttr(func_op.attributes["sym_name"]).value
-    inputs = [TensorSpec.from_type(t, f"argument #{i} of @{name}") for i, t in enumerate(ftype.inputs)]
-    outputs = [TensorSpec.from_type(t, f"result #{i} of @{name}") for i, t in enumerate(ftype.results)]
+    inputs = [TensorSpec.from_type(t, f"argument #{i} of @{name}", dynamic=True) for i, t in enumerate(ftype.inputs)]
+    outputs = [TensorSpec.from_type(t, f"result #{i} of @{name}", dynamic=True) for i, t in enumerate(ftype.results)]
     return inputs, outputs
 
 

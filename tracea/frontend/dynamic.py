@@ -1,0 +1,194 @@
+"""Dynamic shapes: one compile for every size of the dimensions a user names.
+
+`tracea.compile(model, inputs, dynamic_dims={0: 0})` keeps the example's shapes on the fast path
+(a kernel specialized for them, Tracea's tuned kernels included) and compiles, at the first call
+with other sizes, one more kernel whose named dimensions are symbolic (torch.export's symbols
+become `?` sizes in MLIR; the kernel reads them from its memref descriptors at run time). Every
+later size is served by that kernel: no recompiles. `SymbolicShapes` binds the symbols to the
+sizes of a call, checks them, and gives the result shapes the caller allocates."""
+from __future__ import annotations
+
+import contextlib
+import threading
+import time
+
+from ..errors import ArgumentError, CompileError
+from .torch_import import warn_once
+
+
+def _dims(value) -> list:
+    """A traced value's sizes: ints, or sympy expressions of torch.export's size symbols."""
+    import torch
+    return [d.node.expr if isinstance(d, torch.SymInt) else int(d) for d in value.shape]
+
+
+_sizes = threading.local()  # the symbol sizes of the model call in progress (see known_sizes)
+
+
+@contextlib.contextmanager
+def known_sizes(env: dict):
+    """Make the model's symbol sizes known to the kernels of its regions during one call."""
+    previous = getattr(_sizes, "env", None)
+    _sizes.env = env
+    try:
+        yield
+    finally:
+        _sizes.env = previous
+
+
+def current_sizes() -> dict:
+    return getattr(_sizes, "env", None) or {}
+
+
+class SymbolicShapes:
+    """The sizes a kernel's inputs have (ints or symbol expressions) and its results' shapes."""
+
+    def __init__(self, input_values, output_values, ranges=None):
+        self.inputs = [_dims(v) for v in input_values]
+        self.outputs = [_dims(v) for v in output_values]
+        self.ranges = ranges or {}  # symbol -> torch ValueRanges (lower, upper)
+        self.dynamic = any(not isinstance(d, int) for dims in self.inputs + self.outputs for d in dims)
+
+    def bind(self, shapes, known=None) -> dict:
+        """{symbol: size} for these input shapes (and the `known` sizes of the whole graph's
+        inputs, for a region whose inputs are products of them); ArgumentError when they
+        contradict the traced ones."""
+        env = dict(known or {})
+        for i, (shape, dims) in enumerate(zip(shapes, self.inputs)):
+            if len(shape) != len(dims):
+                raise ArgumentError(f"input #{i} has {len(shape)} dimensions, the model was compiled for {len(dims)}")
+            for d, (size, want) in enumerate(zip(shape, dims)):
+                if isinstance(want, int):
+                    if size != want:
+                        raise ArgumentError(f"input #{i} has size {size} in dim {d}, where the model was compiled "
+                                            f"for {want} only (name it in dynamic_dims to make it vary)")
+                elif want.is_Symbol:
+                    if env.setdefault(want, size) != size:
+                        raise ArgumentError(f"input #{i} has size {size} in dim {d}, but another input's size "
+                                            f"there is {env[want]}: the model needs them equal")
+        for i, (shape, dims) in enumerate(zip(shapes, self.inputs)):  # sizes derived from others
+            for d, (size, want) in enumerate(zip(shape, dims)):
+                if isinstance(want, int) or want.is_Symbol or want.free_symbols - env.keys():
+                    continue
+                if int(want.subs(env)) != size:
+                    raise ArgumentError(f"input #{i} has size {size} in dim {d}; the model needs {want.subs(env)}")
+        for symbol, size in env.items():
+            bounds = self.ranges.get(symbol)
+            if bounds is not None and not (bounds.lower <= size <= bounds.upper):
+                raise ArgumentError(f"a dynamic size of {size} is outside the range {bounds.lower}..{bounds.upper} "
+                                    "torch.export traced the model for")
+        return env
+
+    def output_shapes(self, env) -> list[tuple]:
+        """The result shapes for the sizes `env` binds."""
+        return [tuple(d if isinstance(d, int) else int(d.subs(env)) for d in dims) for dims in self.outputs]
+
+
+def program_shapes(program) -> SymbolicShapes:
+    """The SymbolicShapes of an ExportedProgram's user inputs and outputs."""
+    from torch.export.graph_signature import InputKind, OutputKind
+    graph = program.graph_module.graph
+    placeholders = {n.name: n for n in graph.nodes if n.op == "placeholder"}
+    inputs = [placeholders[s.arg.name].meta["val"] for s in program.graph_signature.input_specs
+              if s.kind == InputKind.USER_INPUT]
+    results = graph.output_node().args[0]
+    outputs = [r.meta["val"] for r, s in zip(results, program.graph_signature.output_specs)
+               if s.kind == OutputKind.USER_OUTPUT]
+    return SymbolicShapes(inputs, outputs, dict(program.range_constraints))
+
+
+def graph_shapes(graph_module) -> SymbolicShapes:
+    """The SymbolicShapes of a partition's region (a GraphModule whose nodes carry their values)."""
+    graph = graph_module.graph
+    out = graph.output_node().args[0]
+    outputs = out if isinstance(out, (tuple, list)) else [out]
+    return SymbolicShapes([n.meta["val"] for n in graph.nodes if n.op == "placeholder"],
+                          [n.meta["val"] for n in outputs])
+
+
+def traceable_example(inputs, dynamic_dims):
+    """`inputs` with every dynamic dim of size 0 or 1 doubled (repeating the data, so indices
+    stay valid) until it is at least 2: torch.export fixes dims traced at 0 or 1."""
+    import torch
+    inputs = list(inputs)
+    for i, dims in dynamic_dims.items():
+        x = inputs[i]
+        for d in ((dims,) if isinstance(dims, int) else dims):
+            while x.shape[d] < 2:
+                x = torch.cat([x, x], dim=d) if x.shape[d] else torch.zeros_like(x.narrow(d, 0, 0)).expand(
+                    *[2 if k == d % x.dim() else n for k, n in enumerate(x.shape)]).clone()
+        inputs[i] = x
+    return tuple(inputs)
+
+
+class DynamicModel:
+    """A model compiled for its example shapes, and once more for any sizes of `dynamic_dims`."""
+
+    def __init__(self, model, example_inputs, dynamic_dims, compile_model, static):
+        self.model, self.dynamic_dims, self._compile_model = model, dynamic_dims, compile_model
+        self.static = static
+        self.general = None  # compiled at the first call with other sizes
+        self.special = {}  # shapes the general kernel cannot take -> a model compiled for them
+        self.general_failed = None  # why the general kernel could not be compiled
+        self.compiles = 1
+        self._example = [tuple(x.shape) if hasattr(x, "shape") else x for x in example_inputs]
+        self.compile_seconds = static.compile_seconds
+        self.placement = static.placement
+
+    @property
+    def kernel(self):
+        return self.static.kernel
+
+    def explain(self) -> str:
+        general = ("compiled for symbolic sizes too:\n" + self.general.explain()) if self.general else \
+            f"no kernel for symbolic sizes: {self.general_failed}" if self.general_failed else \
+            "a kernel for symbolic sizes is compiled at the first call with other sizes"
+        if self.special:
+            general += f"\nand for {len(self.special)} other shape(s): {', '.join(map(str, self.special))}"
+        return f"for the example shapes:\n{self.static.explain()}\n{general}"
+
+    def __call__(self, *inputs):
+        shapes = [tuple(x.shape) if hasattr(x, "shape") else x for x in inputs]
+        if shapes == self._example:
+            return self.static(*inputs)
+        if self.general is None and self.general_failed is None:
+            try:
+                self.general = self._compiled(lambda: self._compile_model(self.model, inputs, self.dynamic_dims))
+            except CompileError as e:
+                self.general_failed = str(e)
+                warn_once(f"dynamic: {e}", f"compiling the model for symbolic sizes failed ({e}); it is compiled "
+                          "for each new shape instead")
+        if self.general is not None and self.general.accepts(inputs):
+            return self.general(*inputs)
+        self._check_fixed_dims(shapes)
+        # sizes outside the symbolic kernel's range (0 or 1 where torch.export traced only 2 and
+        # up): a kernel for these shapes, kept
+        key = tuple(shapes)
+        if key not in self.special:
+            self.special[key] = self._compiled(lambda: self._compile_model(self.model, inputs, None))
+        return self.special[key](*inputs)
+
+    def _check_fixed_dims(self, shapes) -> None:
+        """ArgumentError unless `shapes` differ from the example's in the dynamic dims only."""
+        if len(shapes) != len(self._example):
+            raise ArgumentError(f"the compiled model takes {len(self._example)} input(s), got {len(shapes)}")
+        for i, (shape, example) in enumerate(zip(shapes, self._example)):
+            dims = self.dynamic_dims.get(i, ())
+            dims = {d % len(example) for d in ((dims,) if isinstance(dims, int) else dims)} if \
+                isinstance(example, tuple) else set()
+            if not isinstance(example, tuple) or len(shape) != len(example):
+                continue  # the compiled model names that mistake
+            for d, (size, want) in enumerate(zip(shape, example)):
+                if d not in dims and size != want:
+                    raise ArgumentError(f"input #{i} has size {size} in dim {d}, where the model was compiled "
+                                        f"for {want} only (name it in dynamic_dims to make it vary)")
+
+    def _compiled(self, compile_now):
+        start = time.perf_counter()
+        try:
+            model = compile_now()
+        except CompileError as e:
+            raise CompileError(f"compiling the model for other sizes failed: {e}") from None
+        self.compiles += 1
+        self.compile_seconds += time.perf_counter() - start
+        return model
