@@ -243,11 +243,14 @@ def worker_main(root: Path) -> None:
                 return other("compiling", e)
             # Tracea runs what it cannot compile in eager PyTorch and says so in `placement`:
             # count those ops (and the compiled ones), so that passes are told apart from
-            # whole-model compiles. (Tracea versions without the fallback have no placement.)
+            # whole-model compiles, and keep why (an internal compiler error among them, which
+            # the fallback does not raise). Tracea versions without the fallback have no placement.
             placement = getattr(compiled, "placement", None)
             if placement is not None and placement.eager:
                 extra["eager_ops"] = max(extra.get("eager_ops", 0), sum(placement.eager.values()))
                 extra["compiled_ops"] = min(extra.get("compiled_ops", 1 << 30), sum(placement.compiled.values()))
+                extra.setdefault("eager_reasons", {}).update(
+                    {kind: first_line(why)[:300] for kind, why in placement.reasons.items()})
             try:
                 output = compiled(*clone_torch_script_value(item.inputs))
             except Exception as e:  # noqa: BLE001
@@ -457,6 +460,21 @@ def summarize(results: list[dict], total: int, elapsed: float, broken: dict, met
                    + ", ".join(r["name"] for r in eager[:3]) + f"; {len(none)} of them compiled no op at all"
                    + (f", e.g. {', '.join(none[:3])}" if none else ""))
 
+    fallbacks = collections.defaultdict(list)
+    for r in results:
+        for kind, why in r.get("eager_reasons", {}).items():
+            fallbacks[f"{kind}: {gist(why)}"].append(r["name"])
+    if fallbacks:
+        top = sorted(fallbacks.items(), key=lambda kv: -len(kv[1]))[:15]
+        out.append(f"\ntop {len(top)} of {len(fallbacks)} reasons an op ran in PyTorch (tests, op: reason, examples):")
+        for reason, tests in top:
+            out.append(f"  {len(tests):5}  {reason}\n         e.g. {', '.join(tests[:3])}")
+    hidden = sorted((r["name"], kind, why) for r in results for kind, why in r.get("eager_reasons", {}).items()
+                    if "internal compiler error" in why)
+    if hidden:
+        out.append(f"\ninternal compiler errors the fallback absorbed (the op then ran in PyTorch; {len(hidden)}):")
+        out.extend(f"  {name}: {kind}: {why}" for name, kind, why in hidden)
+
     severe = [r for r in results if r["status"] in ("crash", "ice", "timeout")]
     out.append(f"\ncrashes, internal compiler errors and timeouts ({len(severe)}):")
     for r in sorted(severe, key=lambda r: (r["status"], r["name"])):
@@ -517,8 +535,8 @@ def main() -> int:
     parser.add_argument("--limit", type=int, metavar="N", help="run at most the first N selected tests")
     parser.add_argument("--out", type=Path, metavar="FILE",
                         help="write per-test results as JSON (name, status, category, error: its first line, "
-                             "seconds, reference: what torch-mlir expects of its own backend; eager_ops and "
-                             "compiled_ops when Tracea ran part of the model in PyTorch)")
+                             "seconds, reference: what torch-mlir expects of its own backend; eager_ops, "
+                             "compiled_ops and eager_reasons when Tracea ran part of the model in PyTorch)")
     args = parser.parse_args()
     if not args.torch_mlir:
         print("torch_mlir_e2e.py: no torch-mlir source: pass --torch-mlir PATH or set TORCH_MLIR_SRC to a "
