@@ -463,7 +463,9 @@ def summarize(results: list[dict], total: int, elapsed: float, broken: dict, met
     fallbacks = collections.defaultdict(list)
     for r in results:
         for kind, why in r.get("eager_reasons", {}).items():
-            fallbacks[f"{kind}: {gist(why)}"].append(r["name"])
+            reason = compile_error_category(why)
+            reason = reason[len(kind) + 1:] if reason.startswith(f"{kind} ") else reason  # "aten.sort uses ..."
+            fallbacks[f"{kind}: {reason}"].append(r["name"])
     if fallbacks:
         top = sorted(fallbacks.items(), key=lambda kv: -len(kv[1]))[:15]
         out.append(f"\ntop {len(top)} of {len(fallbacks)} reasons an op ran in PyTorch (tests, op: reason, examples):")
