@@ -8,8 +8,6 @@ later size is served by that kernel: no recompiles. `SymbolicShapes` binds the s
 sizes of a call, checks them, and gives the result shapes the caller allocates."""
 from __future__ import annotations
 
-import contextlib
-import threading
 import time
 
 from ..errors import ArgumentError, CompileError
@@ -22,24 +20,6 @@ def _dims(value) -> list:
     return [d.node.expr if isinstance(d, torch.SymInt) else int(d) for d in value.shape]
 
 
-_sizes = threading.local()  # the symbol sizes of the model call in progress (see known_sizes)
-
-
-@contextlib.contextmanager
-def known_sizes(env: dict):
-    """Make the model's symbol sizes known to the kernels of its regions during one call."""
-    previous = getattr(_sizes, "env", None)
-    _sizes.env = env
-    try:
-        yield
-    finally:
-        _sizes.env = previous
-
-
-def current_sizes() -> dict:
-    return getattr(_sizes, "env", None) or {}
-
-
 class SymbolicShapes:
     """The sizes a kernel's inputs have (ints or symbol expressions) and its results' shapes."""
 
@@ -49,11 +29,9 @@ class SymbolicShapes:
         self.ranges = ranges or {}  # symbol -> torch ValueRanges (lower, upper)
         self.dynamic = any(not isinstance(d, int) for dims in self.inputs + self.outputs for d in dims)
 
-    def bind(self, shapes, known=None) -> dict:
-        """{symbol: size} for these input shapes (and the `known` sizes of the whole graph's
-        inputs, for a region whose inputs are products of them); ArgumentError when they
-        contradict the traced ones."""
-        env = dict(known or {})
+    def bind(self, shapes) -> dict:
+        """{symbol: size} for these input shapes; ArgumentError when they contradict the traced ones."""
+        env = {}
         for i, (shape, dims) in enumerate(zip(shapes, self.inputs)):
             if len(shape) != len(dims):
                 raise ArgumentError(f"input #{i} has {len(shape)} dimensions, the model was compiled for {len(dims)}")
@@ -95,15 +73,6 @@ def program_shapes(program) -> SymbolicShapes:
     outputs = [r.meta["val"] for r, s in zip(results, program.graph_signature.output_specs)
                if s.kind == OutputKind.USER_OUTPUT]
     return SymbolicShapes(inputs, outputs, dict(program.range_constraints))
-
-
-def graph_shapes(graph_module) -> SymbolicShapes:
-    """The SymbolicShapes of a partition's region (a GraphModule whose nodes carry their values)."""
-    graph = graph_module.graph
-    out = graph.output_node().args[0]
-    outputs = out if isinstance(out, (tuple, list)) else [out]
-    return SymbolicShapes([n.meta["val"] for n in graph.nodes if n.op == "placeholder"],
-                          [n.meta["val"] for n in outputs])
 
 
 def traceable_example(inputs, dynamic_dims):

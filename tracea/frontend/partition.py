@@ -14,8 +14,7 @@ from collections import Counter
 from dataclasses import dataclass, field
 
 from ..errors import CompileError, InternalCompilerError
-from .dynamic import graph_shapes
-from .torch_import import drop_metadata_asserts, graph_to_linalg, lower_graph, quiet, warn_once
+from .torch_import import graph_to_linalg, lower_graph, warn_once
 
 _probe_cache: dict[tuple, str | None] = {}
 
@@ -154,11 +153,11 @@ def probe_lowering(nodes) -> None:
 class CompiledRegion:
     """A partition of the graph run by a Tracea kernel: torch tensors in, torch tensors out."""
 
-    def __init__(self, kernel, single_output: bool, out_dtypes, shapes):
+    def __init__(self, kernel, single_output: bool, out_dtypes):
         from .torch_model import TensorBridge
         self.kernel = kernel
         self.single_output = single_output
-        self.bridge = TensorBridge(kernel, out_dtypes, shapes)
+        self.bridge = TensorBridge(kernel, out_dtypes)
 
     def __call__(self, *tensors):
         outputs = self.bridge(tensors)
@@ -170,25 +169,20 @@ def _compile_region(submodule, compile_text):
     out = submodule.graph.find_nodes(op="output")[0].args[0]
     values = out if isinstance(out, (tuple, list)) else [out]
     return CompiledRegion(compile_text(text), not isinstance(out, (tuple, list)),
-                          [v.meta["val"].dtype for v in values], graph_shapes(submodule))
+                          [v.meta["val"].dtype for v in values])
 
 
-def partition(program, compile_text, placement: Placement):
-    """The decomposed graph of `program` (an ExportedProgram) with its compilable regions
-    replaced by Tracea kernels, called with the values of the program's placeholders in order;
-    returns (the decomposed program, that graph module)."""
+def partition(graph_module, compile_text, placement: Placement):
+    """`graph_module` (torch_import.decomposed_graph) with its compilable regions replaced by
+    Tracea kernels: called like it, with the user's arguments."""
     import copy
 
     from torch.fx.passes.infra.partitioner import CapabilityBasedPartitioner
     from torch.fx.passes.operator_support import OperatorSupportBase
-    from torch_mlir.extras.fx_decomp_util import get_decomposition_table
 
-    with quiet():
-        program = program.run_decompositions(get_decomposition_table())
-    drop_metadata_asserts(program.graph_module)
-    probe_lowering(program.graph_module.graph.nodes)
+    probe_lowering(graph_module.graph.nodes)
     eager: dict[str, str] = {}  # node name -> why it runs in PyTorch
-    original = {node.name: node for node in program.graph_module.graph.nodes}
+    original = {node.name: node for node in graph_module.graph.nodes}
 
     class Support(OperatorSupportBase):
         def is_node_supported(self, submodules, node) -> bool:
@@ -202,7 +196,7 @@ def partition(program, compile_text, placement: Placement):
             return reason is None
 
     while True:  # each round that fails moves at least one more op to PyTorch
-        gm = copy.deepcopy(program.graph_module)
+        gm = copy.deepcopy(graph_module)
         partitioner = CapabilityBasedPartitioner(gm, Support(), allows_single_node_partition=True)
         partitions = partitioner.propose_partitions()
         # the ops of each region, as nodes of the unfused graph (fusing erases the copy's nodes)
@@ -228,7 +222,7 @@ def partition(program, compile_text, placement: Placement):
         if not failed:
             break
     placement.regions = sum(1 for n in work.graph.nodes if n.op == "call_module" and n.target in members)
-    for node in program.graph_module.graph.nodes:
+    for node in graph_module.graph.nodes:
         if node.op != "call_function" or node.target is operator.getitem:
             continue
         kind = op_kind(node)
@@ -238,7 +232,7 @@ def partition(program, compile_text, placement: Placement):
             warn_once(kind, f"{kind} runs in PyTorch: {eager[node.name]}")
         else:
             placement.compiled[kind] += 1
-    return program, work
+    return work
 
 
 def _op_alone_problem(node, compile_text) -> str | None:

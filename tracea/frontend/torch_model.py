@@ -10,9 +10,9 @@ import sys
 import time
 
 from ..errors import ArgumentError, CompileError, InternalCompilerError
-from .dynamic import DynamicModel, current_sizes, known_sizes, program_shapes, traceable_example
+from .dynamic import DynamicModel, program_shapes, traceable_example
 from .partition import Placement, op_kind, partition
-from .torch_import import SCALAR_INPUTS, export_model, to_linalg, warn_once
+from .torch_import import SCALAR_INPUTS, decomposed_graph, export_model, graph_to_linalg, to_linalg, warn_once
 
 
 def _to_numpy(x, dtype):
@@ -55,7 +55,7 @@ class TensorBridge:
         arrays = [_to_numpy(t, d) for t, d in zip(tensors, self.in_dtypes)]
         out = None
         if self.shapes is not None:
-            env = self.shapes.bind([a.shape for a in arrays], current_sizes())
+            env = self.shapes.bind([a.shape for a in arrays])
             out = [np.empty(shape, d) for shape, d in zip(self.shapes.output_shapes(env), self.np_out_dtypes)]
         outputs = self.kernel(*arrays, out=out)
         outputs = outputs if isinstance(outputs, tuple) else (outputs,)
@@ -67,7 +67,7 @@ class CompiledModel:
     dtypes on the CPU. `kernel` is the Tracea kernel when the whole model is one (weights first,
     then the inputs), else None; `placement` and `explain()` say what ran where."""
 
-    def __init__(self, exported, example_inputs, *, kernel=None, graph=None, program=None,
+    def __init__(self, exported, example_inputs, *, kernel=None, graph=None,
                  placement: Placement, import_seconds: float, compile_seconds: float):
         self.exported = exported
         self.kernel = kernel
@@ -82,7 +82,7 @@ class CompiledModel:
         if kernel is not None:
             self._run = TensorBridge(kernel, exported.outputs.dtypes, self.shapes)
         else:
-            self._run = _graph_runner(program, graph)
+            self._run = lambda args: list(graph(*args))  # the partitioned graph: a tuple of tensors
 
     def explain(self) -> str:
         """What ran in Tracea kernels and what in PyTorch (and why), op kind by op kind."""
@@ -127,36 +127,6 @@ class CompiledModel:
         tensors = self._check(inputs)
         weights = [w.detach() for w in self.exported.weights]  # read now: in-place updates are seen
         return self.exported.outputs.rebuild(self._run(weights + tensors))
-
-
-def _graph_runner(program, graph):
-    """Runs the partitioned graph: placeholders filled from the user's arguments (weights first)
-    and the program's own constants, the user outputs picked from the graph's outputs."""
-    from torch.export.graph_signature import InputKind, OutputKind
-    signature = program.graph_signature
-    outputs = [i for i, o in enumerate(signature.output_specs) if o.kind == OutputKind.USER_OUTPUT]
-
-    shapes = program_shapes(program)
-
-    def run(user_args):
-        if shapes.dynamic:
-            with known_sizes(shapes.bind([tuple(a.shape) for a in user_args])):
-                return run_graph(user_args)
-        return run_graph(user_args)
-
-    def run_graph(user_args):
-        args = iter(user_args)
-        values = []
-        for spec in signature.input_specs:
-            if spec.kind == InputKind.USER_INPUT:
-                values.append(next(args))
-            else:  # a parameter, buffer or constant the program holds itself
-                values.append(program.state_dict[spec.target] if spec.target in program.state_dict
-                              else program.constants[spec.target])
-        results = graph(*values)
-        results = results if isinstance(results, (tuple, list)) else (results,)
-        return [results[i] for i in outputs]
-    return run
 
 
 def is_torch_module(program) -> bool:
@@ -250,18 +220,22 @@ def _compile(model, example_inputs, options, export_fallback, dynamic_dims):
     def compile_text(text):
         return compile_program(text, **options)
 
-    placement = Placement()
+    placement, graph = Placement(), None
     try:
-        kernel = compile_text(to_linalg(exported.program))
+        if dynamic_dims:  # symbolic sizes: torch-mlir's own path (it keeps them '?')
+            kernel = compile_text(to_linalg(exported.program))
+        else:
+            graph = decomposed_graph(exported)
+            kernel = compile_text(graph_to_linalg(graph, "the model"))
     except (CompileError, InternalCompilerError) as whole_error:
-        if dynamic_dims:  # split, a symbolic graph passes sizes between regions: per-shape kernels do better
+        if dynamic_dims or graph is None:  # split, a symbolic graph passes sizes between regions
             raise
         try:
-            program, graph = partition(exported.program, compile_text, placement)
+            graph = partition(graph, compile_text, placement)
         except (CompileError, InternalCompilerError):
             raise whole_error from None
         seconds = time.perf_counter() - start
-        return CompiledModel(exported, example_inputs, graph=graph, program=program, placement=placement,
+        return CompiledModel(exported, example_inputs, graph=graph, placement=placement,
                              import_seconds=0.0, compile_seconds=seconds)
     placement.regions = 1
     placement.compiled.update(op_kind(n) for n in exported.program.graph_module.graph.nodes
