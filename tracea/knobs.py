@@ -68,3 +68,10 @@ def cache_dir() -> Path | None:
         return Path(os.environ["TRACEA_CACHE_DIR"])
     base = os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache"
     return Path(base) / "tracea" / "kernels"
+
+
+def show_progress() -> bool:
+    """TRACEA_PROGRESS=1 prints the steps of a model compile (tracing, importing, compiling) to
+    stderr as they start, =0 never; by default only when stderr is a terminal."""
+    import sys
+    return _flag("TRACEA_PROGRESS", sys.stderr.isatty())

@@ -204,9 +204,17 @@ def compile_model(model, example_inputs, *, target: str = "cpu", threads: int | 
     return DynamicModel(model, example_inputs, dynamic_dims, compile_general, static)
 
 
+def _progress(step: str, start: float) -> None:
+    """One line on stderr per step of a model compile (knobs.show_progress)."""
+    from .. import knobs
+    if knobs.show_progress():
+        print(f"tracea: {time.perf_counter() - start:6.1f} s  {step}", file=sys.stderr, flush=True)
+
+
 def _compile(model, example_inputs, options, export_fallback, dynamic_dims):
     from ..compiler import compile as compile_program
     start = time.perf_counter()
+    _progress(f"tracing {type(model).__name__} with torch.export", start)
     try:
         exported = export_model(model, example_inputs, dynamic_dims=dynamic_dims)
     except CompileError as e:
@@ -218,6 +226,7 @@ def _compile(model, example_inputs, options, export_fallback, dynamic_dims):
         return DynamoModel(model, example_inputs, why)
 
     def compile_text(text):
+        _progress(f"compiling {text.count(chr(10))} lines of linalg", start)
         return compile_program(text, **options)
 
     placement, graph = Placement(), None
@@ -225,11 +234,14 @@ def _compile(model, example_inputs, options, export_fallback, dynamic_dims):
         if dynamic_dims:  # symbolic sizes: torch-mlir's own path (it keeps them '?')
             kernel = compile_text(to_linalg(exported.program))
         else:
+            _progress("decomposing into ATen ops", start)
             graph = decomposed_graph(exported)
+            _progress("importing to linalg with torch-mlir", start)
             kernel = compile_text(graph_to_linalg(graph, "the model"))
     except (CompileError, InternalCompilerError) as whole_error:
         if dynamic_dims or graph is None:  # split, a symbolic graph passes sizes between regions
             raise
+        _progress(f"splitting the graph: {str(whole_error).splitlines()[0]}", start)
         try:
             graph = partition(graph, compile_text, placement)
         except (CompileError, InternalCompilerError):
