@@ -388,3 +388,42 @@ def test_dynamo_dynamic_shapes_compile_once():
             torch.testing.assert_close(compiled(x), model(x), rtol=1e-4, atol=1e-4)
     assert len(runners) == 1 and isinstance(runners[0], dynamo._Symbolic)  # one Dynamo graph
     assert runners[0].model.compiles == 2 and not runners[0].model.special  # and two Tracea compiles
+
+
+CACHED_MODEL = """
+import sys, torch, tracea
+from tracea.frontend import torch_import
+torch.manual_seed(0)
+model = torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.GELU(), torch.nn.LayerNorm(32)).eval()
+x = torch.randn(4, 16)
+calls = []
+real = torch_import.decomposed_graph
+torch_import.decomposed_graph = lambda e: calls.append(1) or real(e)
+import tracea.frontend.torch_model as tm
+tm.decomposed_graph = torch_import.decomposed_graph
+compiled = tracea.compile(model, (x,))
+with torch.no_grad():
+    torch.testing.assert_close(compiled(x), model(x), rtol=1e-5, atol=1e-5)
+print(f"{compiled.kernel.origin}|{len(calls)}")
+"""
+
+
+def test_a_whole_model_compile_is_a_disk_cache_hit_in_a_new_process(tmp_path):
+    """The linalg import and the kernel are both cached: a later process only traces the model.
+    A damaged import entry is ignored (and rewritten)."""
+    import os
+    import subprocess
+    import sys
+    env = dict(os.environ, TRACEA_CACHE_DIR=str(tmp_path))
+
+    def run():
+        done = subprocess.run([sys.executable, "-c", CACHED_MODEL], env=env, capture_output=True, text=True,
+                              timeout=300)
+        assert done.returncode == 0, done.stderr[-3000:]
+        return done.stdout.strip().splitlines()[-1].split("|")
+
+    assert run() == ["compiled", "1"]
+    assert run() == ["disk cache", "0"]  # no decomposition, no torch-mlir import, no compile
+    for entry in tmp_path.glob("*.text"):
+        entry.write_text(entry.read_text().replace("linalg", "linalx", 1))  # damaged, checksum stale
+    assert run() == ["disk cache", "1"]  # imported again (the same text: the kernel entry still fits)

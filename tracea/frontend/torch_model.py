@@ -10,6 +10,7 @@ import sys
 import time
 
 from ..errors import ArgumentError, CompileError, InternalCompilerError
+from ..runtime import disk_cache
 from .dynamic import DynamicModel, program_shapes, traceable_example
 from .partition import Placement, op_kind, partition
 from .torch_import import SCALAR_INPUTS, decomposed_graph, export_model, graph_to_linalg, to_linalg, warn_once
@@ -204,6 +205,28 @@ def compile_model(model, example_inputs, *, target: str = "cpu", threads: int | 
     return DynamicModel(model, example_inputs, dynamic_dims, compile_general, static)
 
 
+def _import_key(exported) -> str:
+    """The disk-cache key of a traced model's linalg import: its exported graph's code, the
+    types of its inputs, the values of the constants it holds, and the versions of the tools."""
+    import hashlib
+
+    import importlib.metadata
+
+    import torch
+    program = exported.program
+    digest = hashlib.sha256(program.graph_module.code.encode())
+    for node in program.graph_module.graph.nodes:
+        if node.op == "placeholder":
+            value = node.meta.get("val")
+            digest.update(repr((node.name, getattr(value, "shape", value), getattr(value, "dtype", None))).encode())
+    for name, value in sorted(program.constants.items()):
+        digest.update(name.encode())
+        if isinstance(value, torch.Tensor):
+            digest.update(value.detach().contiguous().reshape(-1).view(torch.uint8).numpy().tobytes())
+    versions = f"{torch.__version__} {importlib.metadata.version('torch-mlir')}"
+    return disk_cache.entry_key(["torch-import", versions, digest.hexdigest()])
+
+
 def _progress(step: str, start: float) -> None:
     """One line on stderr per step of a model compile (knobs.show_progress)."""
     from .. import knobs
@@ -234,13 +257,19 @@ def _compile(model, example_inputs, options, export_fallback, dynamic_dims):
         if dynamic_dims:  # symbolic sizes: torch-mlir's own path (it keeps them '?')
             kernel = compile_text(to_linalg(exported.program))
         else:
-            _progress("decomposing into ATen ops", start)
-            graph = decomposed_graph(exported)
-            _progress("importing to linalg with torch-mlir", start)
-            kernel = compile_text(graph_to_linalg(graph, "the model"))
+            text = disk_cache.lookup_text(key := _import_key(exported))
+            if text is None:
+                _progress("decomposing into ATen ops", start)
+                graph = decomposed_graph(exported)
+                _progress("importing to linalg with torch-mlir", start)
+                text = graph_to_linalg(graph, "the model")
+                disk_cache.store_text(key, text)
+            kernel = compile_text(text)
     except (CompileError, InternalCompilerError) as whole_error:
-        if dynamic_dims or graph is None:  # split, a symbolic graph passes sizes between regions
+        if dynamic_dims:  # a symbolic graph is not split: regions would pass sizes between them
             raise
+        if graph is None:
+            graph = decomposed_graph(exported)
         _progress(f"splitting the graph: {str(whole_error).splitlines()[0]}", start)
         try:
             graph = partition(graph, compile_text, placement)

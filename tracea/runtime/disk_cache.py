@@ -62,3 +62,31 @@ def store(key: str, kernel: Kernel) -> None:
                 os.replace(Path(tmp) / f"kernel{suffix}", directory / f"{key}{suffix}")
     except (TraceaError, OSError):
         return
+
+
+def lookup_text(key: str) -> str | None:
+    """A stored intermediate text (a PyTorch model's linalg import), or None; a damaged entry
+    (its checksum does not match) is ignored and rewritten by the next store."""
+    directory = knobs.cache_dir()
+    path = directory / f"{key}.text" if directory is not None else None
+    if path is None or not path.exists():
+        return None
+    try:
+        digest, text = path.read_text().split("\n", 1)
+    except (OSError, UnicodeDecodeError, ValueError):
+        return None
+    return text if hashlib.sha256(text.encode()).hexdigest() == digest else None
+
+
+def store_text(key: str, text: str) -> None:
+    """Best effort, written whole or not at all (a temporary file renamed)."""
+    directory = knobs.cache_dir()
+    if directory is None:
+        return
+    try:
+        directory.mkdir(parents=True, exist_ok=True)
+        with tempfile.NamedTemporaryFile("w", dir=directory, suffix=".tmp", delete=False) as f:
+            f.write(hashlib.sha256(text.encode()).hexdigest() + "\n" + text)
+        os.replace(f.name, directory / f"{key}.text")
+    except OSError:
+        pass
