@@ -173,8 +173,8 @@ def _compile_region(submodule, compile_text):
 
 
 def partition(graph_module, compile_text, placement: Placement):
-    """`graph_module` (torch_import.decomposed_graph) with its compilable regions replaced by
-    Tracea kernels: called like it, with the user's arguments."""
+    """`graph_module` (a decomposed program's) with its compilable regions replaced by Tracea
+    kernels: called like it."""
     import copy
 
     from torch.fx.passes.infra.partitioner import CapabilityBasedPartitioner

@@ -306,10 +306,11 @@ def decomposed_graph(exported: ExportedGraph):
         try:
             # functionalized: export's graph still has in-place ops (relu_, copy_, add_)
             graph = make_fx(torch.func.functionalize(flat, remove="mutations"),
-                            decomposition_table=get_decomposition_table(), tracing_mode="fake")(*args)
+                            decomposition_table=get_decomposition_table(), tracing_mode="fake",
+                            _allow_non_fake_inputs=True)(*args)  # constants the graph holds stay real
         except Exception as e:  # noqa: BLE001
             raise CompileError(f"decomposing the traced model failed: {first_line(e)}") from None
-    for node in list(graph.graph.nodes):  # functionalize restores an output's strides in place:
+    for node in list(graph.graph.nodes):  # functionalize restores an output's strides in place
         if node.op == "call_function" and node.target is torch.ops.aten.as_strided_.default:
             source = node.args[0].meta["val"]
             size, stride, offset = (list(node.args[1:4]) + [0])[:3]
@@ -318,7 +319,22 @@ def decomposed_graph(exported: ExportedGraph):
                 node.replace_all_uses_with(node.args[0])
                 graph.graph.erase_node(node)
     drop_metadata_asserts(graph)
+    mutating = sorted({str(n.target) for n in graph.graph.nodes if n.op == "call_function"
+                       and isinstance(n.target, torch._ops.OpOverload) and n.target._schema.is_mutable})
+    if mutating:  # e.g. an input written in place: functionalization keeps that copy_
+        raise CompileError(f"the decomposed graph still mutates tensors ({', '.join(mutating)})")
     return graph
+
+
+def decomposed_program(program):
+    """The ExportedProgram decomposed by torch.export itself with torch-mlir's table: slower than
+    decomposed_graph, but it keeps mutations of inputs and constants as the program's outputs
+    (not ops), which the partition needs."""
+    from torch_mlir.extras.fx_decomp_util import get_decomposition_table
+    with quiet():
+        program = program.run_decompositions(get_decomposition_table())
+    drop_metadata_asserts(program.graph_module)
+    return program
 
 
 def _in_child(what: str, lower, *args) -> str:

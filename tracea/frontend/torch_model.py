@@ -13,7 +13,8 @@ from ..errors import ArgumentError, CompileError, InternalCompilerError
 from ..runtime import disk_cache
 from .dynamic import DynamicModel, program_shapes, traceable_example
 from .partition import Placement, op_kind, partition
-from .torch_import import SCALAR_INPUTS, decomposed_graph, export_model, graph_to_linalg, to_linalg, warn_once
+from .torch_import import (SCALAR_INPUTS, decomposed_graph, decomposed_program, export_model, graph_to_linalg,
+                           to_linalg, warn_once)
 
 
 def _to_numpy(x, dtype):
@@ -83,7 +84,7 @@ class CompiledModel:
         if kernel is not None:
             self._run = TensorBridge(kernel, exported.outputs.dtypes, self.shapes)
         else:
-            self._run = lambda args: list(graph(*args))  # the partitioned graph: a tuple of tensors
+            self._run = graph  # the partitioned graph's runner
 
     def explain(self) -> str:
         """What ran in Tracea kernels and what in PyTorch (and why), op kind by op kind."""
@@ -128,6 +129,24 @@ class CompiledModel:
         tensors = self._check(inputs)
         weights = [w.detach() for w in self.exported.weights]  # read now: in-place updates are seen
         return self.exported.outputs.rebuild(self._run(weights + tensors))
+
+
+def _program_runner(program, graph):
+    """Runs a partitioned program's graph: placeholders filled from the user's arguments (weights
+    first) and the program's own parameters, buffers and constants; the user outputs picked."""
+    from torch.export.graph_signature import InputKind, OutputKind
+    signature = program.graph_signature
+    outputs = [i for i, o in enumerate(signature.output_specs) if o.kind == OutputKind.USER_OUTPUT]
+
+    def run(user_args):
+        args = iter(user_args)
+        values = [next(args) if spec.kind == InputKind.USER_INPUT else
+                  program.state_dict[spec.target] if spec.target in program.state_dict else program.constants[spec.target]
+                  for spec in signature.input_specs]
+        results = graph(*values)
+        results = results if isinstance(results, (tuple, list)) else (results,)
+        return [results[i] for i in outputs]
+    return run
 
 
 def is_torch_module(program) -> bool:
@@ -252,7 +271,7 @@ def _compile(model, example_inputs, options, export_fallback, dynamic_dims):
         _progress(f"compiling {text.count(chr(10))} lines of linalg", start)
         return compile_program(text, **options)
 
-    placement, graph = Placement(), None
+    placement = Placement()
     try:
         if dynamic_dims:  # symbolic sizes: torch-mlir's own path (it keeps them '?')
             kernel = compile_text(to_linalg(exported.program))
@@ -260,23 +279,25 @@ def _compile(model, example_inputs, options, export_fallback, dynamic_dims):
             text = disk_cache.lookup_text(key := _import_key(exported))
             if text is None:
                 _progress("decomposing into ATen ops", start)
-                graph = decomposed_graph(exported)
+                try:
+                    graph = decomposed_graph(exported)
+                except CompileError:  # torch.export's own decomposition, slower, takes the rest
+                    graph = None
                 _progress("importing to linalg with torch-mlir", start)
-                text = graph_to_linalg(graph, "the model")
+                text = graph_to_linalg(graph, "the model") if graph is not None else to_linalg(exported.program)
                 disk_cache.store_text(key, text)
             kernel = compile_text(text)
     except (CompileError, InternalCompilerError) as whole_error:
         if dynamic_dims:  # a symbolic graph is not split: regions would pass sizes between them
             raise
-        if graph is None:
-            graph = decomposed_graph(exported)
         _progress(f"splitting the graph: {str(whole_error).splitlines()[0]}", start)
         try:
-            graph = partition(graph, compile_text, placement)
+            program = decomposed_program(exported.program)
+            graph = partition(program.graph_module, compile_text, placement)
         except (CompileError, InternalCompilerError):
             raise whole_error from None
         seconds = time.perf_counter() - start
-        return CompiledModel(exported, example_inputs, graph=graph, placement=placement,
+        return CompiledModel(exported, example_inputs, graph=_program_runner(program, graph), placement=placement,
                              import_seconds=0.0, compile_seconds=seconds)
     placement.regions = 1
     placement.compiled.update(op_kind(n) for n in exported.program.graph_module.graph.nodes
