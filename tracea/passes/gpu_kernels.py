@@ -262,7 +262,7 @@ class GpuKernelsPass(TraceaPass):
                 continue
             kernels.append((func, text, launch))
         if failed:
-            raise PassFailed("some functions could not become NVIDIA kernels")
+            raise PassFailed()  # each function's error was emitted at it
         with module.context, module.location:
             module.attributes["gpu.container_module"] = ir.UnitAttr.get()
             previous = None  # the kernels go into the first gpu.module, in the functions' order
