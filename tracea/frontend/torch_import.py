@@ -71,7 +71,6 @@ class ExportedGraph:
     weights: list  # torch tensors passed ahead of the user's inputs, in argument order
     outputs: OutputLayout
     input_dtypes: list  # torch dtypes of the user's tensor inputs
-    example_tensors: tuple = ()  # the user's tensor inputs it was traced with
 
 
 @dataclass
@@ -233,7 +232,7 @@ def export_model(model, example_inputs, *, fold_bn: bool = True, dynamic_dims=No
                 hint = " (is the model in training mode? call model.eval() first)"
             raise CompileError(f"torch.export could not trace the model: {first_line(e)}{hint}") from None
     _views_as_reshapes(program)
-    return ExportedGraph(program, weights, layout, [x.dtype for x in tensors], tensors)
+    return ExportedGraph(program, weights, layout, [x.dtype for x in tensors])
 
 
 def _export_dynamic(wrapped, args, dynamic_shapes):
@@ -278,58 +277,10 @@ def drop_metadata_asserts(graph_module) -> None:
     graph_module.recompile()
 
 
-def decomposed_graph(exported: ExportedGraph):
-    """The exported program as a GraphModule of the ATen ops torch-mlir imports: placeholders the
-    user's arguments (weights, then tensors), outputs the flat tuple of tensors, every node
-    carrying its traced value. Traced by make_fx with torch-mlir's decomposition table, which
-    for a ViT-base took 2.8 s where ExportedProgram.run_decompositions took 8.0 s."""
-    import torch
-    from torch.export.graph_signature import InputKind, OutputKind
-    from torch.fx.experimental.proxy_tensor import make_fx
-    from torch_mlir.extras.fx_decomp_util import get_decomposition_table
-    program = exported.program
-    signature = program.graph_signature
-    names = [n.name for n in program.graph_module.graph.nodes if n.op == "placeholder"]
-    held = {s.arg.name: (program.state_dict[s.target] if s.target in program.state_dict else program.constants[s.target])
-            for s in signature.input_specs if s.kind != InputKind.USER_INPUT}
-    users = [s.arg.name for s in signature.input_specs if s.kind == InputKind.USER_INPUT]
-    outputs = [i for i, o in enumerate(signature.output_specs) if o.kind == OutputKind.USER_OUTPUT]
-    graph_module = program.graph_module
-
-    def flat(*args):
-        values = dict(held, **dict(zip(users, args)))
-        results = graph_module(*[values[n] for n in names])
-        return tuple(results[i] for i in outputs)
-
-    args = [w.detach() for w in exported.weights] + list(exported.example_tensors)
-    with quiet(), torch.no_grad():
-        try:
-            # functionalized: export's graph still has in-place ops (relu_, copy_, add_)
-            graph = make_fx(torch.func.functionalize(flat, remove="mutations"),
-                            decomposition_table=get_decomposition_table(), tracing_mode="fake",
-                            _allow_non_fake_inputs=True)(*args)  # constants the graph holds stay real
-        except Exception as e:  # noqa: BLE001
-            raise CompileError(f"decomposing the traced model failed: {first_line(e)}") from None
-    for node in list(graph.graph.nodes):  # functionalize restores an output's strides in place
-        if node.op == "call_function" and node.target is torch.ops.aten.as_strided_.default:
-            source = node.args[0].meta["val"]
-            size, stride, offset = (list(node.args[1:4]) + [0])[:3]
-            same = all(n == 1 or a == b for n, a, b in zip(source.shape, stride, source.stride()))
-            if list(size) == list(source.shape) and same and not offset:  # no-op: strides of size-1 dims
-                node.replace_all_uses_with(node.args[0])
-                graph.graph.erase_node(node)
-    drop_metadata_asserts(graph)
-    mutating = sorted({str(n.target) for n in graph.graph.nodes if n.op == "call_function"
-                       and isinstance(n.target, torch._ops.OpOverload) and n.target._schema.is_mutable})
-    if mutating:  # e.g. an input written in place: functionalization keeps that copy_
-        raise CompileError(f"the decomposed graph still mutates tensors ({', '.join(mutating)})")
-    return graph
-
-
 def decomposed_program(program):
-    """The ExportedProgram decomposed by torch.export itself with torch-mlir's table: slower than
-    decomposed_graph, but it keeps mutations of inputs and constants as the program's outputs
-    (not ops), which the partition needs."""
+    """The ExportedProgram decomposed with torch-mlir's table, as torch-mlir's own import does
+    (make_fx with that table was 3x faster on a ViT-base but decomposed differently: torch-mlir
+    then folded isfinite's x == x to true, wrong for NaN)."""
     from torch_mlir.extras.fx_decomp_util import get_decomposition_table
     with quiet():
         program = program.run_decompositions(get_decomposition_table())

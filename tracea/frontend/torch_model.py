@@ -13,8 +13,7 @@ from ..errors import ArgumentError, CompileError, InternalCompilerError
 from ..runtime import disk_cache
 from .dynamic import DynamicModel, program_shapes, traceable_example
 from .partition import Placement, op_kind, partition
-from .torch_import import (SCALAR_INPUTS, decomposed_graph, decomposed_program, export_model, graph_to_linalg,
-                           to_linalg, warn_once)
+from .torch_import import SCALAR_INPUTS, decomposed_program, export_model, to_linalg, warn_once
 
 
 def _to_numpy(x, dtype):
@@ -278,13 +277,8 @@ def _compile(model, example_inputs, options, export_fallback, dynamic_dims):
         else:
             text = disk_cache.lookup_text(key := _import_key(exported))
             if text is None:
-                _progress("decomposing into ATen ops", start)
-                try:
-                    graph = decomposed_graph(exported)
-                except CompileError:  # torch.export's own decomposition, slower, takes the rest
-                    graph = None
-                _progress("importing to linalg with torch-mlir", start)
-                text = graph_to_linalg(graph, "the model") if graph is not None else to_linalg(exported.program)
+                _progress("decomposing and importing to linalg with torch-mlir", start)
+                text = to_linalg(exported.program)
                 disk_cache.store_text(key, text)
             kernel = compile_text(text)
     except (CompileError, InternalCompilerError) as whole_error:
