@@ -33,6 +33,17 @@ def import_torchvision():
 import_torchvision()  # before transformers, which imports torchvision when it is installed
 
 
+class Fn(torch.nn.Module):
+    """A function as a module (what tracea.compile and torch.export take)."""
+
+    def __init__(self, fn):
+        super().__init__()
+        self.fn = fn
+
+    def forward(self, *args):
+        return self.fn(*args)
+
+
 def _tokens(batch=2, seq=32, vocab=1000):
     return (torch.randint(0, vocab, (batch, seq), generator=torch.Generator().manual_seed(1)),)
 

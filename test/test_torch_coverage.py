@@ -18,13 +18,7 @@ def rand(*shape, dtype=torch.float32):
     return torch.randn(shape, generator=g).to(dtype)
 
 
-class Fn(torch.nn.Module):
-    def __init__(self, fn):
-        super().__init__()
-        self.fn = fn
-
-    def forward(self, *args):
-        return self.fn(*args)
+from model_zoo import Fn  # noqa: E402
 
 
 # name -> (function, inputs, ops expected in PyTorch: None = whatever the fallback picks)

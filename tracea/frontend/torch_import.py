@@ -316,15 +316,8 @@ def _in_child(what: str, lower, *args) -> str:
 
 def to_linalg(program, what: str = "the model") -> str:
     """linalg-on-tensors text of an ExportedProgram, or a CompileError naming what is not lowered."""
-    def lower():
-        from torch_mlir import fx
-        with quiet():
-            try:
-                module = fx.export_and_import(program, output_type="linalg-on-tensors", func_name="main")
-            except Exception as e:  # noqa: BLE001 - torch-mlir names the unsupported construct
-                raise CompileError(f"torch-mlir could not import {what} to linalg: {first_line(e)}") from None
-        return _checked_text(module, what)
-    return _in_child(what, lower)
+    return _in_child(what, _imported, lambda fx: fx.export_and_import(
+        program, output_type="linalg-on-tensors", func_name="main"), what)
 
 
 def graph_to_linalg(graph_module, what: str) -> str:
@@ -335,10 +328,16 @@ def graph_to_linalg(graph_module, what: str) -> str:
 
 def lower_graph(graph_module, what: str) -> str:
     """graph_to_linalg in this process."""
+    return _imported(lambda fx: fx.stateless_fx_import(graph_module, output_type="linalg-on-tensors",
+                                                       model_name="main"), what)
+
+
+def _imported(importer, what: str) -> str:
+    """importer(torch_mlir.fx) -> module, as checked linalg text; its failure a CompileError."""
     from torch_mlir import fx
     with quiet():
         try:
-            module = fx.stateless_fx_import(graph_module, output_type="linalg-on-tensors", model_name="main")
+            module = importer(fx)
         except Exception as e:  # noqa: BLE001 - torch-mlir names the unsupported construct
             raise CompileError(f"torch-mlir could not import {what} to linalg: {first_line(e)}") from None
     return _checked_text(module, what)
