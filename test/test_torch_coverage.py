@@ -30,6 +30,8 @@ CASES = {
                        (rand(4, 5), torch.tensor([[0, 1, 2, 0, 3]]), rand(1, 5)), None),
     "sort_topk": (lambda x: torch.sort(x, 1).values[:, :2] + torch.topk(x, 2).values,
                   (rand(5, 7),), None),
+    "fallback_with_outputs": (lambda x: (torch.sort(x, 1).values * 2, x.sum(0), x.amax(1)),  # each in its place
+                              (rand(5, 7),), {"aten.sort.default"}),
     "cumsum": (lambda x: torch.cumsum(x * 3, 1).tanh(), (rand(4, 9),), {"aten.cumsum.default"}),
     "complex": (lambda x: torch.view_as_real(torch.fft.rfft(x)).sum(-1) * 2, (rand(4, 16),), None),
     # these compile
