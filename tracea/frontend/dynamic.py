@@ -11,7 +11,7 @@ from __future__ import annotations
 import time
 
 from ..errors import ArgumentError, CompileError
-from .torch_import import warn_once
+from .torch_import import dims_named, warn_once
 
 
 def _dims(value) -> list:
@@ -80,12 +80,13 @@ def traceable_example(inputs, dynamic_dims):
     stay valid) until it is at least 2: torch.export fixes dims traced at 0 or 1."""
     import torch
     inputs = list(inputs)
-    for i, dims in dynamic_dims.items():
+    for i in dynamic_dims:
         x = inputs[i]
-        for d in ((dims,) if isinstance(dims, int) else dims):
+        for d in dims_named(dynamic_dims, i, x.dim()):
+            if x.shape[d] == 0:
+                x = torch.zeros([2 if k == d else n for k, n in enumerate(x.shape)], dtype=x.dtype)
             while x.shape[d] < 2:
-                x = torch.cat([x, x], dim=d) if x.shape[d] else torch.zeros_like(x.narrow(d, 0, 0)).expand(
-                    *[2 if k == d % x.dim() else n for k, n in enumerate(x.shape)]).clone()
+                x = torch.cat([x, x], dim=d)
         inputs[i] = x
     return tuple(inputs)
 
@@ -125,8 +126,7 @@ class DynamicModel:
                 self.general = self._compiled(lambda: self._compile_model(self.model, inputs, self.dynamic_dims))
             except CompileError as e:
                 self.general_failed = str(e)
-                warn_once(f"dynamic: {e}", f"compiling the model for symbolic sizes failed ({e}); it is compiled "
-                          "for each new shape instead")
+                warn_once(f"dynamic: {e}", f"{e}; the model is compiled for each new shape instead")
         if self.general is not None and self.general.accepts(inputs):
             return self.general(*inputs)
         self._check_fixed_dims(shapes)
@@ -142,11 +142,9 @@ class DynamicModel:
         if len(shapes) != len(self._example):
             raise ArgumentError(f"the compiled model takes {len(self._example)} input(s), got {len(shapes)}")
         for i, (shape, example) in enumerate(zip(shapes, self._example)):
-            dims = self.dynamic_dims.get(i, ())
-            dims = {d % len(example) for d in ((dims,) if isinstance(dims, int) else dims)} if \
-                isinstance(example, tuple) else set()
             if not isinstance(example, tuple) or len(shape) != len(example):
                 continue  # the compiled model names that mistake
+            dims = dims_named(self.dynamic_dims, i, len(example))
             for d, (size, want) in enumerate(zip(shape, example)):
                 if d not in dims and size != want:
                     raise ArgumentError(f"input #{i} has size {size} in dim {d}, where the model was compiled "

@@ -9,6 +9,7 @@ from __future__ import annotations
 import logging
 import threading
 
+from .dynamic import DynamicModel
 from .torch_import import warn_once
 
 log = logging.getLogger("tracea.dynamo")
@@ -99,13 +100,12 @@ class _Symbolic:
     def __init__(self, gm, example_inputs):
         import torch
         self.gm, self.model = gm, None
-        self.kernels = {}  # (what DynamoModel.placement reads)
         placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
-        self.positions = [i for i, a in enumerate(example_inputs) if isinstance(a, torch.Tensor)]
+        positions = [i for i, a in enumerate(example_inputs) if isinstance(a, torch.Tensor)]
         # the sizes Dynamo passes as arguments are the ones that vary (others it specialized)
         symbols = {a.node.expr for a in example_inputs if isinstance(a, torch.SymInt)}
         self.dims, source = {}, {}  # tensor number -> its symbolic dims; size symbol -> (tensor, dim)
-        for t, i in enumerate(self.positions):
+        for t, i in enumerate(positions):
             for d, size in enumerate(getattr(placeholders[i].meta.get("example_value"), "shape", ())):
                 if isinstance(size, torch.SymInt) and size.node.expr in symbols:
                     self.dims.setdefault(t, []).append(d)
@@ -118,11 +118,21 @@ class _Symbolic:
                 self.sizes[i] = source[a.node.expr]
         self.n_args = len(example_inputs)
 
+    @property
+    def kernels(self) -> dict:  # (what DynamoModel.placement reads)
+        return {"symbolic": self.model} if isinstance(self.model, DynamicModel) else {}
+
     def __call__(self, *args):
         import torch
         tensors = tuple(a for a in args if isinstance(a, torch.Tensor))
         if self.model is None:
-            self.model = self.kernels["symbolic"] = self._compile(tensors)
+            try:
+                self.model = self._compile(tensors)
+            except Exception as e:  # noqa: BLE001 - the graph still runs, per shape
+                log.debug("graph compiled per shape: %s", _reason(e))
+                self.model = _PerShape(self.gm)
+        if isinstance(self.model, _PerShape):
+            return self.model(*args)
         return self.model(*tensors)
 
     def _compile(self, tensors):

@@ -101,12 +101,19 @@ def _signature_key(node, shapes: bool = True) -> tuple:
             tuple(sorted((k, str(fx.node.map_aggregate(v, describe))) for k, v in node.kwargs.items())))
 
 
+def _value_problem(node) -> str | None:
+    """Why the values this op takes or makes keep it out of Tracea (complex, data-dependent)."""
+    for value in [node.meta.get("val")] + [arg.meta.get("val") for arg in node.all_input_nodes]:
+        reason = _untraceable(value)
+        if reason is not None:
+            return reason
+    return None
+
+
 def lowering_problem(node) -> str | None:
     """Why torch-mlir cannot lower this op to linalg on its own (None: it can); probe_lowering
     asks for many ops at once."""
-    reason = _untraceable(node.meta.get("val"))
-    for arg in node.all_input_nodes:
-        reason = reason or _untraceable(arg.meta.get("val"))
+    reason = _value_problem(node)
     if reason is not None:
         return reason
     key = _signature_key(node)
@@ -126,8 +133,7 @@ def probe_lowering(nodes) -> None:
     from ..passes.isolation import ChildDied, call_in_fork
     todo = {}
     for node in nodes:
-        if node.op == "call_function" and node.target is not operator.getitem and not _untraceable(
-                node.meta.get("val")) and not any(_untraceable(a.meta.get("val")) for a in node.all_input_nodes):
+        if node.op == "call_function" and node.target is not operator.getitem and not _value_problem(node):
             todo.setdefault(_signature_key(node), node)
     todo = {key: node for key, node in todo.items() if key not in _probe_cache}
     if not todo or not knobs.isolate_compiler():
@@ -150,26 +156,23 @@ def probe_lowering(nodes) -> None:
     _probe_cache.update(answers)
 
 
-class CompiledRegion:
-    """A partition of the graph run by a Tracea kernel: torch tensors in, torch tensors out."""
-
-    def __init__(self, kernel, single_output: bool, out_dtypes):
-        from .torch_model import TensorBridge
-        self.kernel = kernel
-        self.single_output = single_output
-        self.bridge = TensorBridge(kernel, out_dtypes)
-
-    def __call__(self, *tensors):
-        outputs = self.bridge(tensors)
-        return outputs[0] if self.single_output else tuple(outputs)
-
-
 def _compile_region(submodule, compile_text):
+    """A partition of the graph as a Tracea kernel: an nn.Module (what an fx call_module node
+    calls) taking and returning torch tensors as the partition did."""
+    import torch
+
+    from .torch_model import TensorBridge
     text = graph_to_linalg(submodule, "a region")
     out = submodule.graph.find_nodes(op="output")[0].args[0]
-    values = out if isinstance(out, (tuple, list)) else [out]
-    return CompiledRegion(compile_text(text), not isinstance(out, (tuple, list)),
-                          [v.meta["val"].dtype for v in values])
+    single = not isinstance(out, (tuple, list))
+    bridge = TensorBridge(compile_text(text), [v.meta["val"].dtype for v in ([out] if single else out)])
+
+    class CompiledRegion(torch.nn.Module):
+        def forward(self, *tensors):
+            outputs = bridge(tensors)
+            return outputs[0] if single else tuple(outputs)
+
+    return CompiledRegion()
 
 
 def partition(graph_module, compile_text, placement: Placement):
@@ -218,7 +221,7 @@ def partition(graph_module, compile_text, placement: Placement):
                 else:  # every op compiles alone, not together: the region runs in PyTorch
                     eager.update({n.name: error_reason(e) for n in ops})
                 break
-            setattr(work, node.target, RegionModule(region))
+            setattr(work, node.target, region)
         if not failed:
             break
     placement.regions = sum(1 for n in work.graph.nodes if n.op == "call_module" and n.target in members)
@@ -253,18 +256,3 @@ def error_reason(e: Exception) -> str:
     """The line of a compiler error that says what went wrong."""
     lines = [line.strip() for line in str(e).splitlines() if line.strip()]
     return next((line for line in lines if "error:" in line), lines[0] if lines else type(e).__name__)
-
-
-def RegionModule(region):
-    """`region` as an nn.Module, which an fx call_module node needs."""
-    import torch
-
-    class Region(torch.nn.Module):
-        def __init__(self):
-            super().__init__()
-            self.region = region
-
-        def forward(self, *tensors):
-            return self.region(*tensors)
-
-    return Region()

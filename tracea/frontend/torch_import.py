@@ -185,8 +185,7 @@ SCALAR_INPUTS = (int, float, bool, type(None), str)
 
 def export_model(model, example_inputs, *, fold_bn: bool = True, dynamic_dims=None) -> ExportedGraph:
     """torch.export of `model` on `example_inputs` (tensors; Python scalars are baked in).
-    dynamic_dims: {input position: dim or dims} whose sizes stay symbolic (torch.export.Dim.AUTO:
-    export works out which of them are equal, and refuses none)."""
+    dynamic_dims: {input position: dim or dims} whose sizes stay symbolic (see _export_dynamic)."""
     require_torch_mlir()
     import torch
 
@@ -211,12 +210,11 @@ def export_model(model, example_inputs, *, fold_bn: bool = True, dynamic_dims=No
         positions = [i for i, x in enumerate(example_inputs) if isinstance(x, torch.Tensor)]
         per_tensor = []
         for i in positions:
-            dims = dynamic_dims.get(i, ())
-            dims = (dims,) if isinstance(dims, int) else tuple(dims)
             rank = example_inputs[i].dim()
-            if any(not -rank <= d < rank for d in dims):
-                raise CompileError(f"dynamic_dims names dim(s) {list(dims)} of input #{i}, which has {rank}")
-            per_tensor.append({d % rank: f"in{i}_dim{d % rank}" for d in dims} or None)
+            named = dynamic_dims.get(i, ())
+            if any(not -rank <= d < rank for d in ((named,) if isinstance(named, int) else named)):
+                raise CompileError(f"dynamic_dims names dim(s) {named} of input #{i}, which has {rank}")
+            per_tensor.append({d: f"in{i}_dim{d}" for d in dims_named(dynamic_dims, i, rank)} or None)
         unknown = set(dynamic_dims) - set(positions)
         if unknown:
             raise CompileError(f"dynamic_dims names input(s) {sorted(unknown)}, which are not tensor inputs")
@@ -232,7 +230,14 @@ def export_model(model, example_inputs, *, fold_bn: bool = True, dynamic_dims=No
                 hint = " (is the model in training mode? call model.eval() first)"
             raise CompileError(f"torch.export could not trace the model: {first_line(e)}{hint}") from None
     _views_as_reshapes(program)
+    drop_metadata_asserts(program.graph_module)  # (recompiles the edited graph)
     return ExportedGraph(program, weights, layout, [x.dtype for x in tensors])
+
+
+def dims_named(dynamic_dims, position: int, rank: int) -> set[int]:
+    """The dims (0..rank-1) that dynamic_dims makes symbolic for the input at `position`."""
+    dims = dynamic_dims.get(position, ())
+    return {d % rank for d in ((dims,) if isinstance(dims, int) else dims)}
 
 
 def _export_dynamic(wrapped, args, dynamic_shapes):
@@ -259,7 +264,6 @@ def _views_as_reshapes(program) -> None:
     for node in program.graph_module.graph.nodes:
         if node.op == "call_function" and node.target is torch.ops.aten.view.default:
             node.target = torch.ops.aten.reshape.default
-    drop_metadata_asserts(program.graph_module)
 
 
 def drop_metadata_asserts(graph_module) -> None:

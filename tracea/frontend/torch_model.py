@@ -68,7 +68,7 @@ class CompiledModel:
     dtypes on the CPU. `kernel` is the Tracea kernel when the whole model is one (weights first,
     then the inputs), else None; `placement` and `explain()` say what ran where."""
 
-    def __init__(self, exported, example_inputs, *, kernel=None, graph=None,
+    def __init__(self, exported, example_inputs, *, kernel=None, runner=None,
                  placement: Placement, import_seconds: float, compile_seconds: float):
         self.exported = exported
         self.kernel = kernel
@@ -83,7 +83,7 @@ class CompiledModel:
         if kernel is not None:
             self._run = TensorBridge(kernel, exported.outputs.dtypes, self.shapes)
         else:
-            self._run = graph  # the partitioned graph's runner
+            self._run = runner  # the partitioned graph's
 
     def explain(self) -> str:
         """What ran in Tracea kernels and what in PyTorch (and why), op kind by op kind."""
@@ -118,8 +118,9 @@ class CompiledModel:
                                     "(move it with .cpu(), or use torch.compile(model, backend='tracea'), "
                                     "which falls back to PyTorch)")
             if (want[0] is not None and tuple(x.shape) != want[0]) or x.dtype != want[1]:
+                shape = "any shape" if want[0] is None else list(want[0])  # dynamic sizes: bound per call
                 raise ArgumentError(f"input #{i} is {x.dtype} {list(x.shape)} but the model was compiled for "
-                                    f"{want[1]} {list(want[0])}; compile it again for this input (torch.compile "
+                                    f"{want[1]} {shape}; compile it again for this input (torch.compile "
                                     "with backend='tracea' recompiles on shape changes)")
             tensors.append(x)
         return tensors
@@ -291,7 +292,7 @@ def _compile(model, example_inputs, options, export_fallback, dynamic_dims):
         except (CompileError, InternalCompilerError):
             raise whole_error from None
         seconds = time.perf_counter() - start
-        return CompiledModel(exported, example_inputs, graph=_program_runner(program, graph), placement=placement,
+        return CompiledModel(exported, example_inputs, runner=_program_runner(program, graph), placement=placement,
                              import_seconds=0.0, compile_seconds=seconds)
     placement.regions = 1
     placement.compiled.update(op_kind(n) for n in exported.program.graph_module.graph.nodes

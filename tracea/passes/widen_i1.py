@@ -43,9 +43,10 @@ class WidenBoolTensorsPass(TraceaPass):
         for op in ops:  # signatures first: their arguments' users are rewritten below
             if op.name == "func.func":
                 ftype = ir.FunctionType(ir.TypeAttr(op.attributes["function_type"]).value)
-                widen = [_byte_tensor(t) if _is_bool_tensor(t) else t for t in ftype.inputs]
-                results = [_byte_tensor(t) if _is_bool_tensor(t) else t for t in ftype.results]
-                op.attributes["function_type"] = ir.TypeAttr.get(ir.FunctionType.get(widen, results))
+                def widened(types):
+                    return [_byte_tensor(t) if _is_bool_tensor(t) else t for t in types]
+                widen = widened(ftype.inputs)
+                op.attributes["function_type"] = ir.TypeAttr.get(ir.FunctionType.get(widen, widened(ftype.results)))
                 if op.regions[0].blocks:
                     for arg, t in zip(op.regions[0].blocks[0].arguments, widen):
                         arg.set_type(t)

@@ -83,6 +83,11 @@ def _fits(shape: tuple, spec_shape: tuple) -> bool:
     return len(shape) == len(spec_shape) and all(w is None or w == d for d, w in zip(shape, spec_shape))
 
 
+def _contiguous_strides(shape) -> list[int]:
+    """Element strides of a C-contiguous array of `shape`."""
+    return [int(np.prod(shape[d + 1:])) for d in range(len(shape))]
+
+
 class CallFrame:
     """The C-interface arguments of one call: a memref descriptor per tensor (sizes and strides
     fixed by the signature) and the packed array of pointers to them. Made once per kernel and
@@ -95,7 +100,7 @@ class CallFrame:
             desc = descriptor_type(spec.rank)()
             if spec.rank and None not in spec.shape:
                 desc.sizes[:] = spec.shape
-                desc.strides[:] = [int(np.prod(spec.shape[i + 1:])) for i in range(spec.rank)]
+                desc.strides[:] = _contiguous_strides(spec.shape)
             self.descriptors.append(desc)
         self._pointers = [ctypes.c_void_p(ctypes.addressof(d)) for d in self.descriptors]
         self.packed = (ctypes.c_void_p * len(specs))(*[ctypes.addressof(p) for p in self._pointers])
@@ -107,7 +112,7 @@ class CallFrame:
         for i in self.dynamic:
             desc, shape = self.descriptors[i], arrays[i].shape
             desc.sizes[:] = shape
-            desc.strides[:] = [int(np.prod(shape[d + 1:])) for d in range(len(shape))]
+            desc.strides[:] = _contiguous_strides(shape)
         return self.packed
 
 
