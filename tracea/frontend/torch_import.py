@@ -219,7 +219,8 @@ def export_model(model, example_inputs, *, fold_bn: bool = True, dynamic_dims=No
         if unknown:
             raise CompileError(f"dynamic_dims names input(s) {sorted(unknown)}, which are not tensor inputs")
         dynamic_shapes = (tuple([None] * len(weights) + per_tensor),)
-    with quiet():
+    from .layers import module_paths
+    with quiet(), module_paths(model):  # (where the layers are: see layers.py)
         try:
             program = _export_dynamic(wrapped, args, dynamic_shapes)
         except CompileError:

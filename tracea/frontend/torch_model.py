@@ -11,6 +11,7 @@ import time
 
 from ..errors import ArgumentError, CompileError, InternalCompilerError
 from ..runtime import disk_cache
+from . import layers
 from .dynamic import DynamicModel, program_shapes, traceable_example
 from .partition import Placement, op_kind, partition
 from .torch_import import SCALAR_INPUTS, decomposed_program, export_model, to_linalg, warn_once
@@ -253,6 +254,22 @@ def _progress(step: str, start: float) -> None:
         print(f"tracea: {time.perf_counter() - start:6.1f} s  {step}", file=sys.stderr, flush=True)
 
 
+def _import(program, start: float) -> str:
+    """linalg text of a static program: its repeated layers imported once each when it has some
+    (layers.py), else whole."""
+    pieces = layers.plan(program)
+    if pieces is not None:
+        distinct = len({p.key for p in pieces})
+        _progress(f"decomposing and importing to linalg with torch-mlir: {distinct} distinct piece(s) "
+                  f"of {len(pieces)}", start)
+        try:
+            return layers.import_pieces(program, pieces, "the model")
+        except CompileError as e:  # imported whole instead, which names the problem if it has one
+            _progress(f"importing the model whole: {str(e).splitlines()[0]}", start)
+    _progress("decomposing and importing to linalg with torch-mlir", start)
+    return to_linalg(program)
+
+
 def _compile(model, example_inputs, options, export_fallback, dynamic_dims):
     from ..compiler import compile as compile_program
     start = time.perf_counter()
@@ -278,8 +295,7 @@ def _compile(model, example_inputs, options, export_fallback, dynamic_dims):
         else:
             text = disk_cache.lookup_text(key := _import_key(exported))
             if text is None:
-                _progress("decomposing and importing to linalg with torch-mlir", start)
-                text = to_linalg(exported.program)
+                text = _import(exported.program, start)
                 disk_cache.store_text(key, text)
             kernel = compile_text(text)
     except (CompileError, InternalCompilerError) as whole_error:

@@ -123,7 +123,7 @@ def llvm_lowering(threads: int, openmp: bool = False) -> str:
     # vector transfers the LLVM conversion cannot take (a broadcast from a 0-d memref, a strided
     # innermost dimension: the leftover ops once made the LLVM translation crash) become loads,
     # broadcasts and scalar loops; integer divisions get their divisors guarded (int_division.py)
-    return ("convert-vector-to-scf, scf-forall-to-parallel, convert-linalg-to-loops, tracea-guard-int-division, "
+    return ("tracea-outline-loops, convert-vector-to-scf, scf-forall-to-parallel, convert-linalg-to-loops, tracea-guard-int-division, "
             "lower-affine, " + parallel +
             # address arithmetic out of the loops while they are still loops: kernel-only modules get
             # no LLVM -O pipeline (native.py); measured with that clean-up, the encoder ran 2.46 ->
@@ -210,6 +210,10 @@ register_pipeline("tracea-cpu-bufferize", "C entry points, inlining, one-shot bu
                   "tracea-cpu-abi, inline{default-pipeline=}, symbol-dce, canonicalize, eliminate-empty-tensors, "
                   "one-shot-bufferize{bufferize-function-boundaries "
                   "function-boundary-type-conversion=identity-layout-map}, "
+                  # functions a model's layers were imported into (frontend/layers.py) are called
+                  # with buffers for their results: returned buffers made the deallocation check
+                  # aliasing at run time in i1 memrefs, which this LLVM build cannot lower
+                  "buffer-results-to-out-params{hoist-static-allocs=true}, "
                   "tracea-cpu-forward-outputs, buffer-deallocation-pipeline")
 register_pipeline("tracea-cpu-to-llvm", "lower bufferized IR to the LLVM dialect (parallel loops run serially)",
                   llvm_lowering(1))
