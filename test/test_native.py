@@ -70,3 +70,76 @@ def test_only_generic_loop_nests_get_llvm_optimizations():
     x = np.random.default_rng(1).standard_normal((32, 48)).astype(np.float32)
     e = np.exp(x - x.max(axis=0))
     np.testing.assert_allclose(generic(x), e / e.sum(axis=0), rtol=1e-5, atol=1e-6)
+
+
+def test_a_large_module_compiles_in_parts_that_link_into_one(monkeypatch):
+    """parallel_parts: every function defined in exactly one part, internal ones callable from
+    the others, the one mutable global shared (not copied); the joined object runs as the whole."""
+    from tracea.targets.host import host_cpu
+    if host_cpu().cores < 2:
+        pytest.skip("one core: modules are compiled whole")
+    functions = "\n".join(f"""
+        llvm.func internal @step{k}(%x: i64) -> i64 {{
+          %counter = llvm.mlir.addressof @counter : !llvm.ptr
+          %one = llvm.mlir.constant(1 : i32) : i32
+          %old = llvm.atomicrmw add %counter, %one monotonic : !llvm.ptr, i32
+          %k = llvm.mlir.constant({k + 2} : i64) : i64
+          %y = llvm.mul %x, %k : i64
+          %z = llvm.add %y, %k : i64
+          llvm.return %z : i64
+        }}""" for k in range(9))
+    calls = "\n".join(f"%v{k + 1} = llvm.call @step{k}(%v{k}) : (i64) -> i64" for k in range(9))
+    source = f"""
+        llvm.mlir.global internal @counter(0 : i32) : i32
+        {functions}
+        llvm.func @chain(%v0: i64) -> i64 {{
+          {calls}
+          llvm.return %v9 : i64
+        }}
+        llvm.func @count() -> i32 {{
+          %counter = llvm.mlir.addressof @counter : !llvm.ptr
+          %n = llvm.load %counter : !llvm.ptr -> i32
+          llvm.return %n : i32
+        }}"""
+    with shared_context("host"):
+        llvm_ir = native.translate_to_llvm_ir(ir.Module.parse(source).operation)
+    monkeypatch.setattr(native, "PARALLEL_MIN_BYTES", 0)
+    parts = native.parallel_parts(llvm_ir, [])
+    assert parts is not None and len(parts) == min(host_cpu().cores, 8)
+    for k in range(9):
+        assert sum(f"@step{k}(" in p and f"define hidden i64 @step{k}(" in p for p in parts) == 1
+    assert sum("@counter = hidden global i32 0" in p for p in parts) == 1
+    code = native._compile_parts(parts, [], optimize=False)
+    assert code is not None
+    library = native.JitLibrary(code, ["chain", "count"])
+    chain = ctypes.CFUNCTYPE(ctypes.c_int64, ctypes.c_int64)(library.addresses["chain"])
+    count = ctypes.CFUNCTYPE(ctypes.c_int32)(library.addresses["count"])
+    expected = 3
+    for k in range(9):
+        expected = expected * (k + 2) + k + 2
+    assert chain(3) == expected
+    assert count() == 9  # one counter for all the parts
+
+
+def test_a_kernel_compiled_in_parts_runs_and_exports(tmp_path):
+    """Twelve softmax kernels: a module large enough to be compiled on several cores (in the
+    compiler process), checked against numpy, then linked into a shared library and loaded."""
+    from tracea.runtime import aot
+    from tracea.targets.host import host_cpu
+    shapes = [(k, 40 + k) for k in range(1, 13)]
+    fn = td.function(*[td.tensor(s) for s in shapes], name="many")(
+        lambda *xs: tuple(td.softmax(x, axis=1) for x in xs))
+    kernel = tracea.compile(fn, keep_stages=True)
+    with shared_context("host"):
+        llvm_ir = native.translate_to_llvm_ir(ir.Module.parse(kernel.stages["llvm"]).operation)
+    if host_cpu().cores >= 2:
+        assert native.parallel_parts(llvm_ir, []) is not None  # (else this test misses its point)
+    rng = np.random.default_rng(0)
+    xs = [rng.standard_normal(s).astype(np.float32) * 20 for s in shapes]
+    expected = [np.exp(x - x.max(1, keepdims=True)) / np.exp(x - x.max(1, keepdims=True)).sum(1, keepdims=True)
+                for x in xs]
+    for got, want in zip(kernel(*xs), expected):
+        np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-7)
+    loaded = aot.load(kernel.export(tmp_path / "many.so"))
+    for got, want in zip(loaded(*xs), expected):
+        np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-7)

@@ -248,6 +248,12 @@ def call_in_fork(fn, args: tuple):
 
 
 def _call_in_new_child(fn, args: tuple):
+    return start_in_fork(fn, args)()
+
+
+def start_in_fork(fn, args: tuple):
+    """fn(*args) in a child forked now, running while this process goes on; returns a function
+    that waits for it -> (result, what it printed on stderr), or raises ChildDied."""
     read_fd, write_fd = _pipe()
     log = _log_file()
 
@@ -257,17 +263,20 @@ def _call_in_new_child(fn, args: tuple):
 
     pid = _fork_child(work, keep=(write_fd, log))
     _close(write_fd)
-    try:
-        payload = _receive(read_fd)
-    except EOFError:
-        payload = None
-    _close(read_fd)
-    _, wait_status = os.waitpid(pid, 0)
-    text = _read_log(log)
-    _close(log)
-    if payload is not None and os.WIFEXITED(wait_status) and os.WEXITSTATUS(wait_status) == 0:
-        return pickle.loads(payload), text
-    raise ChildDied(wait_status, text)
+
+    def wait():
+        try:
+            payload = _receive(read_fd)
+        except EOFError:
+            payload = None
+        _close(read_fd)
+        _, wait_status = os.waitpid(pid, 0)
+        text = _read_log(log)
+        _close(log)
+        if payload is not None and os.WIFEXITED(wait_status) and os.WEXITSTATUS(wait_status) == 0:
+            return pickle.loads(payload), text
+        raise ChildDied(wait_status, text)
+    return wait
 
 
 def compiler_process_id() -> int | None:

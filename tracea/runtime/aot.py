@@ -23,7 +23,7 @@ FORMAT = "tracea-cpu-kernel-1"
 _C_TYPES = {"f32": "float", "f64": "double", "f16": "uint16_t /* f16 */", "bf16": "uint16_t /* bf16 */"}
 
 
-def _linker() -> str:
+def linker() -> str:
     for name in ("cc", "gcc", "clang"):
         if shutil.which(name):
             return name
@@ -61,7 +61,7 @@ def export(kernel: Kernel, path: str | Path) -> Path:
         obj.write_bytes(kernel.object_code)
         # --no-undefined: a symbol the JIT supplied but this toolchain lacks must fail here, not
         # when the library is loaded somewhere else.
-        command = [_linker(), "-shared", "-o", str(path), str(obj), f"-Wl,--defsym={symbol}={entry}",
+        command = [linker(), "-shared", "-o", str(path), str(obj), f"-Wl,--defsym={symbol}={entry}",
                    "-Wl,--no-undefined", "-lm"]
         for lib in kernel.runtime_libraries:
             command += [lib, f"-Wl,-rpath,{Path(lib).parent}"]

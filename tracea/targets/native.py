@@ -195,9 +195,20 @@ def object_code(module, entries: list[str], optimize: bool = False) -> bytes:
     """Compile an LLVM-dialect module (an ir.Module or its operation) to a host object file with
     a packed entry for each function named in `entries`. optimize=True runs LLVM's -O1 (without
     its vectorizers) instead of the clean-up: loop nests MLIR lowered generically (elementwise
-    chains, reductions) ran 5-10 % faster with it; Tracea's kernels did not."""
-    llvm = _llvm()
+    chains, reductions) ran 5-10 % faster with it; Tracea's kernels did not. A large module is
+    compiled in parts on several cores (parallel_parts)."""
     llvm_ir = translate_to_llvm_ir(getattr(module, "operation", module))
+    parts = parallel_parts(llvm_ir, entries)
+    if parts is not None:
+        code = _compile_parts(parts, entries, optimize)
+        if code is not None:
+            return code
+    return compile_llvm_ir(llvm_ir, entries, optimize)
+
+
+def compile_llvm_ir(llvm_ir: str, entries: list[str], optimize: bool) -> bytes:
+    """object_code's work on LLVM IR text."""
+    llvm = _llvm()
     for entry in entries:
         llvm_ir = packed_entry(llvm_ir, entry)
     if "bfloat" in llvm_ir:
@@ -231,6 +242,126 @@ def object_code(module, entries: list[str], optimize: bool = False) -> bytes:
         coroutines = llvm.create_pass_builder(machine, options)
         coroutines.getModulePassManager().run(parsed, coroutines)
     return machine.emit_object(parsed)
+
+
+# -- compiling a large module on several cores ---------------------------------------------------
+# A model's kernel is a few hundred functions (one per loop nest, tracea-outline-loops); LLVM
+# compiles each on its own, so the module is cut into one part per core, each compiled in a
+# forked child, and the objects are joined into one by a relocatable link (`cc -r`). Each part
+# holds its functions and declares the others'; functions of internal linkage become hidden, so
+# that the parts can call each other and the library still exports nothing new; constants are
+# copied into every part, and a mutable global (the division-by-zero counter) is defined in the
+# first and declared in the others. Anything else unusual, a child's crash, no linker: the module
+# is compiled whole, as before.
+PARALLEL_MIN_BYTES = 256 * 1024  # smaller modules compile in ~0.2 s: a fork and a link cost more
+
+
+def parallel_parts(llvm_ir: str, entries: list[str]) -> list[str] | None:
+    """The module cut into one part per core (the entries and their callers' glue in the first),
+    or None when it is small, the compiler is not isolated (forking the caller's threads is not
+    safe) or it holds a construct the cut does not handle."""
+    from .. import knobs
+    from .host import host_cpu
+    cores = host_cpu().cores
+    if cores < 2 or len(llvm_ir) < PARALLEL_MIN_BYTES or not knobs.isolate_compiler():
+        return None
+    functions, preamble, mutable = [], [], []
+    lines = iter(llvm_ir.split("\n"))
+    for line in lines:
+        if line.startswith("define "):
+            body = [line]
+            for inner in lines:
+                body.append(inner)
+                if inner == "}":
+                    break
+            functions.append(body)
+        elif line.startswith("@") and " = " in line:
+            if not re.search(r" = (private |internal )?(unnamed_addr )?constant ", line):
+                mutable.append(line)
+            preamble.append(line)
+        else:
+            preamble.append(line)
+    if len(functions) < 2 or any(not re.match(r"@[\w.$]+ = (internal )?global (i\d+|\[\d+ x i\d+\]) ", g)
+                                 for g in mutable):
+        return None
+    groups: dict[str, list[list[str]]] = {}
+    for body in functions:
+        name = _defined_name(body[0])
+        groups.setdefault(name.split("..omp_par")[0], []).append(body)  # OpenMP regions with their loop
+    first = {name for name in groups if any(e in name for e in entries) or "_tracea_entry_" in name}
+    loads = [0] * min(cores, 8)
+    assigned: dict[str, int] = {name: 0 for name in first}
+    loads[0] = sum(len(b) for name in first for b in groups[name])
+    for name in sorted(set(groups) - first, key=lambda n: -sum(len(b) for b in groups[n])):
+        part = loads.index(min(loads))
+        assigned[name] = part
+        loads[part] += sum(len(b) for b in groups[name])
+    parts = []
+    for part in range(len(loads)):
+        text = [_exported_global(g, part) if g in mutable else g for g in preamble]
+        for name, bodies in groups.items():
+            for body in bodies:
+                header = body[0].replace("define internal ", "define hidden ", 1)
+                text += [header] + body[1:] if assigned[name] == part else [_declaration(header)]
+        parts.append("\n".join(text))
+    return parts
+
+
+def _defined_name(header: str) -> str:
+    return re.search(r"@([\w.$]+)\(", header).group(1)
+
+
+def _declaration(header: str) -> str:
+    """`declare` for a `define` line: the same return type, name and parameters."""
+    start = header.index("@" + _defined_name(header) + "(")
+    depth, end = 0, start
+    for end in range(header.index("(", start), len(header)):
+        depth += {"(": 1, ")": -1}.get(header[end], 0)
+        if depth == 0:
+            break
+    prefix = header[len("define "):start].split()
+    kept = [w for w in prefix if w not in ("internal", "private", "dso_local", "weak", "linkonce_odr")]
+    return "declare " + " ".join(kept) + " " + header[start:end + 1]
+
+
+def _exported_global(line: str, part: int) -> str:
+    """A mutable global: defined (hidden) in part 0, declared in the others."""
+    name, definition = line.split(" = ", 1)
+    definition = definition.removeprefix("internal ")
+    if part == 0:
+        return f"{name} = hidden {definition}"
+    kind = re.match(r"global (i\d+|\[\d+ x i\d+\]) ", definition).group(1)
+    return f"{name} = external hidden global {kind}"
+
+
+def _compile_parts(parts: list[str], entries: list[str], optimize: bool) -> bytes | None:
+    from ..errors import TraceaError
+    from ..passes.isolation import ChildDied, start_in_fork
+    from ..runtime.aot import linker
+    try:
+        link = linker()
+    except TraceaError:
+        return None
+    waits = [start_in_fork(compile_llvm_ir, (part, [], optimize)) for part in parts[1:]]
+    first = compile_llvm_ir(parts[0], entries, optimize)
+    objects = [first]
+    for wait in waits:
+        try:
+            objects.append(wait()[0])
+        except ChildDied:
+            return None  # compiled whole: a real error then surfaces where it belongs
+    import subprocess
+    import tempfile
+    with tempfile.TemporaryDirectory() as tmp:
+        paths = []
+        for i, code in enumerate(objects):
+            paths.append(Path(tmp) / f"part{i}.o")
+            paths[-1].write_bytes(code)
+        done = subprocess.run([link, "-r", "-nostdlib", "-o", str(Path(tmp) / "kernel.o"), *map(str, paths)],
+                              capture_output=True, text=True)
+        if done.returncode:
+            return None
+        return (Path(tmp) / "kernel.o").read_bytes()
 
 
 class JitLibrary:
