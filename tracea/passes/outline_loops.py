@@ -59,6 +59,7 @@ def _outline(nest: ir.Operation, name: str, module_body: ir.Block):
     with nest.context, ir.Location.unknown():
         function = func.FuncOp(name, ir.FunctionType.get([v.type for v in passed], []), visibility="private",
                                ip=ir.InsertionPoint(module_body))
+        function.attributes["llvm.linkage"] = ir.Attribute.parse("#llvm.linkage<internal>")  # not exported
         body = function.add_entry_block()
         replacement = dict(zip(passed, body.arguments))
         with ir.InsertionPoint(body):

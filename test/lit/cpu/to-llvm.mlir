@@ -12,7 +12,7 @@
 // CHECK: llvm.call @_tracea_loop_0(
 // CHECK: llvm.func @_mlir_ciface__tracea_entry_softmax_rows(%{{.*}}: !llvm.ptr, %{{.*}}: !llvm.ptr)
 // The vectorized softmax: exp as a polynomial on <16 x f32>-style vectors, no libm call.
-// CHECK: llvm.func @_tracea_loop_0(
+// CHECK: llvm.func internal @_tracea_loop_0(
 // CHECK: llvm.intr.floor
 // CHECK: llvm.intr.vector.reduce.fmaximum
 // CHECK-NOT: llvm.call @expf
