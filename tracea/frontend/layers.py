@@ -100,14 +100,6 @@ def _runs(nodes, level: int) -> list[list]:
     return runs
 
 
-def _describe(value) -> str:
-    """A traced value's type: shape and dtype of a tensor."""
-    import torch
-    if isinstance(value, torch.Tensor):
-        return f"{tuple(value.shape)}:{value.dtype}"
-    return f"{type(value).__name__}:{value!r}"
-
-
 def _piece(run, program) -> Piece | None:
     """The piece a run makes, or None when something other than a static tensor crosses its edge."""
     import torch
@@ -134,7 +126,7 @@ def _piece(run, program) -> Piece | None:
         return None
     if any(_has_symbols(n.meta.get("val")) for n in run):
         return None
-    description += [_describe(n.meta["val"]) for n in inputs]
+    description += [f"{tuple(n.meta['val'].shape)}:{n.meta['val'].dtype}" for n in inputs]
     description += [_constant_digest(program, n) or "" for n in inputs]
     description.append(repr([index[n] for n in outputs]))
     key = hashlib.sha256("\n".join(description).encode()).hexdigest()
