@@ -81,6 +81,30 @@ def test_a_loaded_kernel_exports_again(library, tmp_path):
     np.testing.assert_array_equal(load(again)(x, w, b), load(library)(x, w, b))
 
 
+def test_a_library_exported_again_to_the_same_path_loads_as_the_new_code(tmp_path):
+    """dlopen of a path it has loaded returns the old library: load maps a copy named by content."""
+    from tracea.runtime.aot import load
+    path = tmp_path / "k.so"
+    x = np.arange(9, dtype=np.float32).reshape(3, 3)
+    for axis in (0, 1):  # the same signature, other code
+        tracea.compile(td.function(td.tensor((3, 3)), name="k")(lambda a: td.softmax(a, axis=axis))).export(path)
+        e = np.exp(x - x.max(axis=axis, keepdims=True))
+        np.testing.assert_allclose(load(path)(x), e / e.sum(axis=axis, keepdims=True), rtol=1e-6)
+
+
+def test_an_edited_description_is_refused(library, tmp_path):
+    import json
+
+    from tracea.runtime.aot import load
+    for suffix in ("", ".h", ".json"):
+        shutil.copyfile(str(library) + suffix, str(tmp_path / "edited.so") + suffix)
+    meta = json.loads((tmp_path / "edited.so.json").read_text())
+    meta["outputs"][0][0] = [45, 37]
+    (tmp_path / "edited.so.json").write_text(json.dumps(meta))
+    with pytest.raises(tracea.TraceaError, match="changed after it was written"):
+        load(tmp_path / "edited.so")
+
+
 def test_load_reports_a_missing_description(tmp_path):
     from tracea.runtime.aot import load
     with pytest.raises(tracea.TraceaError, match="its description .*json is missing"):

@@ -5,11 +5,19 @@ C ABI: `void tracea_<name>(MemRef *arg0, ..., MemRef *out0, ...)` where each Mem
 ranked descriptor {float *allocated, *aligned; int64_t offset, sizes[rank], strides[rank]}
 (strides in elements). Results are written into the caller's buffers, which must not overlap
 the inputs.
+
+The description carries a checksum of the library and of itself; `load` checks both before it
+maps anything, and maps a private copy of the bytes it checked, named by their digest: a damaged
+or edited file is an error, never a crash, and a library exported again to the same path loads
+as the new code in a process that loaded the old one.
 """
 from __future__ import annotations
 
+import atexit
 import ctypes
+import hashlib
 import json
+import os
 import shutil
 import subprocess
 import tempfile
@@ -19,7 +27,7 @@ from ..dialects.ops import TensorSpec
 from ..errors import TraceaError
 from .kernel import Kernel, Signature, load_runtime_library
 
-FORMAT = "tracea-cpu-kernel-1"
+FORMAT = "tracea-cpu-kernel-2"  # 2: checksums
 _C_TYPES = {"f32": "float", "f64": "double", "f16": "uint16_t /* f16 */", "bf16": "uint16_t /* bf16 */"}
 
 
@@ -44,15 +52,21 @@ def header(signature: Signature, symbol: str) -> str:
     return "\n".join(lines)
 
 
-def export(kernel: Kernel, path: str | Path) -> Path:
-    """Write `path` (a .so), plus `path.h` and `path.json` beside it."""
+def _sealed(meta: dict) -> dict:
+    """`meta` with the checksum of its other fields."""
+    body = {k: v for k, v in meta.items() if k != "checksum"}
+    return {**body, "checksum": hashlib.sha256(json.dumps(body, sort_keys=True).encode()).hexdigest()}
+
+
+def export(kernel: Kernel, path: str | Path, extra: dict | None = None) -> Path:
+    """Write `path` (a .so), plus `path.h` and `path.json` beside it (with the `extra` fields)."""
     path = Path(path)
     if kernel.object_code is None:  # loaded from a library (load, the disk cache): copy it
-        if not isinstance(kernel._keep_alive, ctypes.CDLL):
+        source = getattr(kernel, "library_path", None)
+        if source is None:
             raise TraceaError(f"{kernel.signature.name} kept no object code to export; recompile it")
-        source = kernel._keep_alive._name
         for suffix in ("", ".h", ".json"):
-            shutil.copyfile(source + suffix, str(path) + suffix)
+            shutil.copyfile(str(source) + suffix, str(path) + suffix)
         return path
     entry = kernel.entry_symbol
     symbol = f"tracea_{kernel.signature.name}"
@@ -74,31 +88,76 @@ def export(kernel: Kernel, path: str | Path) -> Path:
             raise TraceaError(f"linking {path} failed ({' '.join(command)}):\n{done.stderr}{hint}")
     sig = kernel.signature
     Path(str(path) + ".h").write_text(header(sig, symbol))
-    Path(str(path) + ".json").write_text(json.dumps({
+    Path(str(path) + ".json").write_text(json.dumps(_sealed({
         "format": FORMAT, "name": sig.name, "symbol": symbol, "packed_symbol": f"_mlir_{entry}",
         "arg_names": sig.arg_names,
         "inputs": [[list(s.shape), s.dtype] for s in sig.inputs],
         "outputs": [[list(s.shape), s.dtype] for s in sig.outputs],
-        "runtime_libraries": kernel.runtime_libraries, "threads": kernel.threads}, indent=1))
+        "runtime_libraries": kernel.runtime_libraries, "threads": kernel.threads,
+        "library_sha256": hashlib.sha256(path.read_bytes()).hexdigest(), **(extra or {})}), indent=1))
     return path
 
 
-def load(path: str | Path) -> Kernel:
-    """Load a kernel exported with `Kernel.export` (ctypes: nothing is compiled)."""
+def load(path: str | Path, expect: dict | None = None) -> Kernel:
+    """Load a kernel exported with `Kernel.export` (ctypes: nothing is compiled). Raises
+    TraceaError naming the problem when the description or the library is missing, damaged or
+    edited, or when a field differs from `expect`."""
     path = Path(path)
     try:
         meta = json.loads(Path(str(path) + ".json").read_text())
     except OSError as e:
         raise TraceaError(f"cannot load {path}: its description {path}.json is missing ({e.strerror})") from None
-    if meta.get("format") != FORMAT:
-        raise TraceaError(f"{path}.json is not a Tracea CPU kernel description (format {meta.get('format')!r})")
+    except (UnicodeDecodeError, ValueError) as e:
+        raise TraceaError(f"cannot load {path}: {path}.json is not JSON ({e})") from None
+    if not isinstance(meta, dict) or meta.get("format") != FORMAT:
+        found = meta.get("format") if isinstance(meta, dict) else type(meta).__name__
+        raise TraceaError(f"{path}.json is not a Tracea CPU kernel description of format {FORMAT} (found "
+                          f"{found!r}); export the kernel again")
+    if meta.get("checksum") != _sealed(meta)["checksum"]:
+        raise TraceaError(f"{path}.json was changed after it was written (its checksum does not match)")
+    for key, value in (expect or {}).items():
+        if meta.get(key) != value:
+            raise TraceaError(f"{path} is not the expected kernel ({key} is {meta.get(key)!r}, not {value!r})")
+    try:
+        code = path.read_bytes()
+    except OSError as e:
+        raise TraceaError(f"cannot read {path}: {e.strerror}") from None
+    if hashlib.sha256(code).hexdigest() != meta["library_sha256"]:
+        raise TraceaError(f"{path} is damaged or was replaced (its checksum does not match {path}.json)")
     for lib in meta["runtime_libraries"]:
         load_runtime_library(lib)
-    library = ctypes.CDLL(str(path.resolve()))
-    address = ctypes.cast(getattr(library, meta["packed_symbol"]), ctypes.c_void_p).value
+    library = ctypes.CDLL(_private_copy(code, meta["library_sha256"]))
+    try:
+        address = ctypes.cast(getattr(library, meta["packed_symbol"]), ctypes.c_void_p).value
+    except AttributeError:
+        raise TraceaError(f"{path} has no symbol {meta['packed_symbol']}") from None
     signature = Signature(meta["name"], [TensorSpec(tuple(s), d) for s, d in meta["inputs"]],
                           [TensorSpec(tuple(s), d) for s, d in meta["outputs"]], meta["arg_names"])
     kernel = Kernel(signature, address, library, "cpu (shared library)", entry_symbol=meta["symbol"],
                     runtime_libraries=meta["runtime_libraries"], threads=meta.get("threads", 1))
     kernel.origin = "shared library"
+    kernel.library_path = path
     return kernel
+
+
+_private_copies: dict[str, str] = {}  # digest -> the path it is mapped from
+
+
+def _private_copy(code: bytes, digest: str) -> str:
+    """The checked bytes in a file of this process's own, named by their digest: what is mapped
+    cannot change under it, and new code at an old path gets a new name (dlopen of a name it has
+    loaded returns the old library). An anonymous memory file where the OS has them (nothing
+    left behind on disk), else a private temporary directory."""
+    if digest not in _private_copies:
+        if hasattr(os, "memfd_create") and os.path.isdir("/proc/self/fd"):
+            fd = os.memfd_create(f"tracea-{digest[:16]}.so")  # kept open: the path lives with it
+            view = memoryview(code)
+            while view:
+                view = view[os.write(fd, view):]
+            _private_copies[digest] = f"/proc/self/fd/{fd}"
+        else:
+            directory = Path(tempfile.mkdtemp(prefix="tracea-library-"))
+            atexit.register(shutil.rmtree, directory, True)
+            (directory / f"{digest}.so").write_bytes(code)
+            _private_copies[digest] = str(directory / f"{digest}.so")
+    return _private_copies[digest]

@@ -4,13 +4,16 @@ so compiling the same program in a later process is a load of about a millisecon
 An entry's key covers the program text and compile options, the host CPU as detected, and a
 digest of Tracea's own sources: a new Tracea or another machine never reuses a stale kernel.
 Entries are written under a temporary name and renamed, so concurrent processes and interrupted
-writes leave either a whole entry or none. A damaged entry is ignored and rewritten.
+writes leave either a whole entry or none. An entry is checked before it is used (aot.load: the
+checksums of its library and its description, and the key it was stored under); a damaged,
+edited or foreign one is moved into `damaged/` with one warning and compiled again.
 """
 from __future__ import annotations
 
 import hashlib
 import os
 import tempfile
+import warnings
 from functools import lru_cache
 from pathlib import Path
 
@@ -42,11 +45,26 @@ def lookup(key: str, target: str) -> Kernel | None:
     if directory is None or not (directory / f"{key}.so.json").exists():
         return None
     try:
-        kernel = load(directory / f"{key}.so")
-    except (TraceaError, OSError, ValueError, KeyError):
-        return None  # damaged: compile again and overwrite
+        kernel = load(directory / f"{key}.so", expect={"cache_key": key})
+    except (TraceaError, OSError, ValueError, KeyError, TypeError) as e:
+        _set_aside(directory, key, e)
+        return None
     kernel.target, kernel.origin = target, "disk cache"
     return kernel
+
+
+def _set_aside(directory: Path, key: str, why: Exception) -> None:
+    """Move a damaged entry's files out of the way (kept for a look), with a warning."""
+    aside = directory / "damaged"
+    try:
+        aside.mkdir(exist_ok=True)
+        for suffix in _SUFFIXES:
+            if (directory / f"{key}{suffix}").exists():
+                os.replace(directory / f"{key}{suffix}", aside / f"{key}{suffix}")
+    except OSError:
+        pass
+    warnings.warn(f"Tracea's kernel cache entry {key[:16]}... in {directory} is unusable ({why}); it was moved "
+                  f"to {aside} and the kernel is compiled again", RuntimeWarning, stacklevel=4)
 
 
 def store(key: str, kernel: Kernel) -> None:
@@ -57,7 +75,7 @@ def store(key: str, kernel: Kernel) -> None:
     try:
         directory.mkdir(parents=True, exist_ok=True)
         with tempfile.TemporaryDirectory(dir=directory) as tmp:
-            export(kernel, Path(tmp) / "kernel.so")
+            export(kernel, Path(tmp) / "kernel.so", extra={"cache_key": key})
             for suffix in _SUFFIXES:
                 os.replace(Path(tmp) / f"kernel{suffix}", directory / f"{key}{suffix}")
     except (TraceaError, OSError):
