@@ -55,3 +55,9 @@ class InternalCompilerError(TraceaError):
 
 class ArgumentError(TraceaError, ValueError):
     """A compiled kernel was called with arrays of the wrong shape, dtype or count."""
+
+
+class IndexOutOfRangeError(TraceaError, IndexError, RuntimeError):
+    """A compiled kernel was given an index outside the dim it indexes. It is an IndexError and a
+    RuntimeError, so that it is caught as eager PyTorch's error is for every op: IndexError from
+    embedding and `x[idx]`, RuntimeError from gather and index_select."""

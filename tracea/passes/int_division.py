@@ -37,11 +37,13 @@ import math
 from dataclasses import dataclass
 
 import mlir.ir as ir
-from mlir.dialects import arith, memref, scf, vector
+from mlir.dialects import arith, vector
 
+from ..runtime.faults import FAULTS
+from .fault_counters import count_fault, declare_counter
 from .registry import TraceaPass, register
 
-FAULT_COUNTER = "__tracea_int_faults"
+FAULT_COUNTER = FAULTS[0][0]  # ZeroDivisionError
 
 _SIGNED = ("arith.divsi", "arith.remsi", "arith.floordivsi", "arith.ceildivsi")
 _UNSIGNED = ("arith.divui", "arith.remui", "arith.ceildivui")
@@ -90,30 +92,6 @@ def _needs_guard(op: ir.Operation) -> bool:
     return any(v in (0, -1, minus_one) for v in values)
 
 
-def _fault_counter(module: ir.Operation) -> None:
-    body = module.regions[0].blocks[0]
-    for op in body.operations:
-        if op.operation.name == "memref.global" and \
-                ir.StringAttr(op.operation.attributes["sym_name"]).value == FAULT_COUNTER:
-            return
-    with ir.Location.unknown(), ir.InsertionPoint.at_block_begin(body):
-        i32 = ir.IntegerType.get_signless(32)
-        counter = ir.MemRefType.get([], i32)
-        memref.global_(FAULT_COUNTER, ir.TypeAttr.get(counter), sym_visibility="private",
-                       initial_value=ir.DenseElementsAttr.get_splat(ir.RankedTensorType.get([], i32),
-                                                                    ir.IntegerAttr.get(i32, 0)))
-
-
-def _count_fault(any_zero: ir.Value) -> None:
-    """scf.if any_zero { atomic add 1 to the module's fault counter } at the insertion point."""
-    i32 = ir.IntegerType.get_signless(32)
-    branch = scf.IfOp(any_zero)
-    with ir.InsertionPoint(branch.then_block):
-        counter = memref.get_global(ir.MemRefType.get([], i32), FAULT_COUNTER)
-        memref.atomic_rmw(arith.AtomicRMWKind.addi, _splat(i32, 1), counter, [])
-        scf.YieldOp([])
-
-
 def _guard(op: ir.Operation) -> None:
     dividend, divisor = op.operands[0], op.operands[1]
     t = divisor.type
@@ -134,7 +112,7 @@ def _guard(op: ir.Operation) -> None:
             if len(shape) != 1:
                 any_zero = vector.shape_cast(ir.VectorType.get([math.prod(shape)], i1), any_zero)
             any_zero = vector.reduction(i1, vector.CombiningKind.OR, any_zero)
-        _count_fault(any_zero)
+        count_fault(any_zero, FAULT_COUNTER)
 
 
 def _producer(value: ir.Value, name: str) -> ir.Operation | None:
@@ -216,4 +194,4 @@ class GuardIntDivisionPass(TraceaPass):
         for op in guarded:
             _guard(op)
         if guarded:
-            _fault_counter(module)
+            declare_counter(module, FAULT_COUNTER)

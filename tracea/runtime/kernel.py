@@ -18,7 +18,7 @@ import numpy as np
 from .. import knobs
 from ..dialects.ops import TensorSpec
 from ..errors import ArgumentError
-from . import placement
+from . import faults, placement
 from .dtypes import to_numpy
 
 _DESCRIPTOR_TYPES: dict[int, type] = {}
@@ -145,7 +145,7 @@ class Kernel:
         self.object_code = object_code  # the compiled code, when kept (what export links)
         self.threads = threads  # the size of its parallel regions' thread teams
         self._keep_alive = keep_alive  # what owns the code: a JIT library, a shared library
-        # returns 1 when the call divided an integer by zero (targets/native.py: packed_entry)
+        # returns the faults of the call, bit by bit (runtime/faults.py, targets/native.py: packed_entry)
         self._entry = ctypes.CFUNCTYPE(ctypes.c_int32, ctypes.c_void_p)(entry_address)
         self._in_dtypes = [to_numpy(s.dtype) for s in signature.inputs]
         self._out_dtypes = [to_numpy(s.dtype) for s in signature.outputs]
@@ -213,7 +213,7 @@ class Kernel:
         team = frame.team
         if team is not None and (cpu := placement.current_cpu()) != team.cpu:
             team.place(cpu)  # keep the OpenMP workers off the caller's CPU (see runtime/placement.py)
-        if self._entry(frame.bind(inputs + outputs)):
-            raise ZeroDivisionError(f"{sig.name}: integer division or remainder by zero (as in PyTorch, "
-                                    "whose integer division raises ZeroDivisionError)")
+        status = self._entry(frame.bind(inputs + outputs))
+        if status:
+            faults.raise_for(status, sig.name)
         return outputs[0] if len(outputs) == 1 else tuple(outputs)

@@ -177,8 +177,9 @@ STRATEGIES = ("tiled", "reference")
 
 # Rewrites of ops torch-mlir emits, on linalg on tensors before anything vectorizes them (after the
 # tracea ops are lowered, whose kernels have neither): integer floor division through f64 made
-# exact (passes/int_division.py), math.fpowi as torch computes pow (passes/fpowi.py)
-TORCH_NUMERICS = "tracea-int-floor-division, tracea-expand-fpowi"
+# exact (passes/int_division.py), math.fpowi as torch computes pow (passes/fpowi.py), indices
+# read from tensors checked and asserts made errors instead of aborts (passes/check_indices.py)
+TORCH_NUMERICS = "tracea-int-floor-division, tracea-expand-fpowi, tracea-check-indices"
 
 
 # Each canonicalize / cse in the CPU pipelines changes the final code of some kernel or model:

@@ -18,6 +18,7 @@ from pathlib import Path
 import mlir.ir as ir
 
 from ..errors import CompileError
+from ..runtime.faults import FAULTS
 
 PACKED_PREFIX = "_mlir_"  # the packed entry of `f` (one void** argument array) is `_mlir_f`
 
@@ -156,15 +157,12 @@ def warm_up() -> None:
         object_code(module, [])
 
 
-# The module global tracea-guard-int-division counts integer divisions by zero in (passes/int_division.py).
-FAULT_COUNTER = "__tracea_int_faults"
-
-
 def packed_entry(llvm_ir: str, function: str) -> str:
     """An `int32_t _mlir_<function>(void **args)` wrapper: args[i] points to the i-th argument,
     which is a pointer (to a memref descriptor). Kernels are called through it with one ctypes
-    array. It returns 1 when the call divided an integer by zero (the module's fault counter
-    moved; the runtime raises ZeroDivisionError, as torch does), else 0."""
+    array. It returns a status, bit i set when fault counter i (runtime/faults.py) moved during
+    the call; the runtime raises the matching error. A counter belongs to the kernel, not to the
+    call: while two threads run the same kernel, one's fault may raise in both."""
     match = re.search(rf"^define void @{re.escape(function)}\(([^)]*)\)", llvm_ir, re.MULTILINE)
     if match is None:
         raise CompileError(f"the translated module has no function @{function} returning void")
@@ -172,22 +170,24 @@ def packed_entry(llvm_ir: str, function: str) -> str:
     if any(not p.startswith("ptr") for p in params):
         raise CompileError(f"@{function} takes non-pointer arguments ({match.group(1)}); its packed entry "
                            "expects memref descriptors passed by pointer")
-    counted = re.search(rf"^@{FAULT_COUNTER} = ", llvm_ir, re.MULTILINE) is not None
+    counters = [(bit, name) for bit, (name, _, _) in enumerate(FAULTS)
+                if re.search(rf"^@{name} = ", llvm_ir, re.MULTILINE)]
     lines = [f"define i32 @{PACKED_PREFIX}{function}(ptr %args) {{"]
     for i in range(len(params)):
         lines += [f"  %slot{i} = getelementptr ptr, ptr %args, i64 {i}",
                   f"  %ref{i} = load ptr, ptr %slot{i}",
                   f"  %arg{i} = load ptr, ptr %ref{i}"]
-    if counted:
-        lines.append(f"  %faults_before = load atomic i32, ptr @{FAULT_COUNTER} monotonic, align 4")
+    for bit, name in counters:
+        lines.append(f"  %before{bit} = load atomic i32, ptr @{name} monotonic, align 4")
     lines.append(f"  call void @{function}({', '.join(f'ptr %arg{i}' for i in range(len(params)))})")
-    if counted:
-        lines += [f"  %faults_after = load atomic i32, ptr @{FAULT_COUNTER} monotonic, align 4",
-                  "  %faulted = icmp ne i32 %faults_after, %faults_before",
-                  "  %status = zext i1 %faulted to i32",
-                  "  ret i32 %status", "}", ""]
-    else:
-        lines += ["  ret i32 0", "}", ""]
+    status = "0"
+    for bit, name in counters:
+        lines += [f"  %after{bit} = load atomic i32, ptr @{name} monotonic, align 4",
+                  f"  %moved{bit} = icmp ne i32 %after{bit}, %before{bit}",
+                  f"  %flag{bit} = select i1 %moved{bit}, i32 {1 << bit}, i32 0",
+                  f"  %status{bit} = or i32 {status}, %flag{bit}"]
+        status = f"%status{bit}"
+    lines += [f"  ret i32 {status}", "}", ""]
     return llvm_ir + "\n" + "\n".join(lines)
 
 
