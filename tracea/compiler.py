@@ -18,6 +18,7 @@ from .passes.pipeline import compile_or_raise
 from .runtime import disk_cache
 from .runtime.kernel import Kernel, Signature
 from .targets import get_target
+from .targets.base import TARGETS
 from .targets.cpu import function_signature, public_functions
 from .targets.host import host_cpu
 
@@ -34,7 +35,12 @@ def _source(program) -> tuple[str, str]:
     if isinstance(program, ir.Operation):
         return program.get_asm(enable_debug_info=True), "<module>"
     if isinstance(program, Path):
-        return program.read_text(), str(program)
+        try:
+            return program.read_text(), str(program)
+        except UnicodeDecodeError as e:
+            raise CompileError(f"{program} is not UTF-8 text (byte {e.start}): is it an MLIR file?") from None
+        except OSError as e:
+            raise CompileError(f"cannot read {program}: {e.strerror}") from None
     if isinstance(program, str):
         return program, "<string>"
     raise TypeError(f"tracea.compile takes IR text, a Path, an mlir Module or a tracea Function; "
@@ -92,10 +98,14 @@ def compile(program, example_inputs=None, *, target: str = "cpu", entry: str | N
         raise TypeError("example_inputs is for torch.nn.Module programs; tracea IR carries its own shapes")
     if target == "cuda":
         return _compile_cuda(program, entry, chip)
+    if target not in TARGETS:
+        raise ValueError(f"unknown target '{target}'; available: {', '.join(sorted(TARGETS) + ['cuda'])} "
+                         "(compile_gpu(..., chip=...) writes NVIDIA kernels for another machine)")
     text, source_name = _source(program)
+    if threads is not None and (not isinstance(threads, int) or threads < 1):
+        raise ValueError(f"threads must be a positive number of threads (or None: $TRACEA_NUM_THREADS or "
+                         f"the host's {host_cpu().cores} cores), got {threads!r}")
     threads = threads or knobs.num_threads() or host_cpu().cores
-    if threads < 1:
-        raise ValueError(f"threads must be >= 1, got {threads}")
     parts = [text, target, str(entry), strategy, str(threads), str(keep_stages), knobs.parallel_runtime()]
     key = hashlib.sha256("\0".join(parts).encode()).hexdigest()
     with _CACHE_LOCK:

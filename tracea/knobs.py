@@ -33,7 +33,11 @@ def dump_dir() -> Path | None:
 def num_threads() -> int | None:
     """TRACEA_NUM_THREADS: threads compiled kernels use by default (default: the host's cores)."""
     value = os.environ.get("TRACEA_NUM_THREADS")
-    return int(value) if value else None
+    if not value:
+        return None
+    if not value.strip().isdigit() or int(value) < 1:
+        raise ValueError(f"TRACEA_NUM_THREADS must be a positive number of threads, got {value!r}")
+    return int(value)
 
 
 def tune_malloc() -> bool:

@@ -55,6 +55,8 @@ def _fallback_reason(x, w, b, dilation, groups) -> str | None:
         return "autograd needs a gradient (Tracea kernels are inference-only)"
     if x.dim() != 4 or w.dim() != 4 or x.shape[1] != w.shape[1]:
         return "shapes are not [N, C, H, W] x [F, C, KH, KW]"  # PyTorch raises its own error for these
+    if any(t.numel() == 0 for t in tensors):
+        return "a tensor is empty (PyTorch returns the empty result)"
     return None
 
 

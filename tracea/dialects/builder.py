@@ -36,7 +36,7 @@ def tensor(shape: Sequence[int] | int, dtype: str = "f32") -> TensorSpec:
     shape = (shape,) if isinstance(shape, int) else tuple(int(s) for s in shape)
     if any(s < 1 for s in shape):
         raise OpError(f"tensor shape {list(shape)} must have positive sizes")
-    return TensorSpec(shape, dtype)
+    return TensorSpec(shape, dtype).check_size("tensor")
 
 
 # --- epilogue steps ---------------------------------------------------------------------------

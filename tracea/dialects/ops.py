@@ -39,6 +39,16 @@ class TensorSpec:
     def to_type(self) -> ir.Type:
         return ir.Type.parse(str(self))
 
+    def check_size(self, what: str) -> "TensorSpec":
+        """self, or an OpError when its byte size does not fit a 64-bit size (the compiler's
+        index arithmetic would overflow: an input error, not an internal one)."""
+        elements = 1
+        for d in self.shape:
+            elements *= d or 1
+        if elements * 8 >= 2 ** 63:
+            raise OpError(f"{what} {self} has {elements:.3g} elements: too large for 64-bit sizes")
+        return self
+
     @staticmethod
     def from_type(t: ir.Type, what: str, dynamic: bool = False) -> "TensorSpec":
         if not isinstance(t, ir.RankedTensorType):
@@ -46,7 +56,7 @@ class TensorSpec:
         if not t.has_static_shape and not dynamic:
             raise OpError(f"{what} has a dynamic shape ({t}); tracea ops need static shapes")
         return TensorSpec(tuple(None if t.is_dynamic_dim(i) else d for i, d in enumerate(t.shape)),
-                          str(t.element_type))
+                          str(t.element_type)).check_size(what)
 
 
 # --- epilogues -----------------------------------------------------------------------

@@ -131,6 +131,9 @@ def main(argv: list[str] | None = None) -> int:
     except OSError as e:
         print(f"tracea-opt: error: cannot read {filename}: {e.strerror}", file=sys.stderr)
         return 1
+    except UnicodeDecodeError as e:
+        print(f"tracea-opt: error: {filename} is not UTF-8 text (byte {e.start}): is it an MLIR file?", file=sys.stderr)
+        return 1
 
     asm = {"print_generic_op_form": args.mlir_print_op_generic, "enable_debug_info": args.mlir_print_debuginfo}
     outputs, failed, problems = [], False, []
@@ -158,8 +161,12 @@ def main(argv: list[str] | None = None) -> int:
     if args.output == "-":
         sys.stdout.write(out_text)
     else:
-        with open(args.output, "w") as f:
-            f.write(out_text)
+        try:
+            with open(args.output, "w") as f:
+                f.write(out_text)
+        except OSError as e:
+            print(f"tracea-opt: error: cannot write {args.output}: {e.strerror}", file=sys.stderr)
+            return 1
     return 1 if problems or failed else 0
 
 

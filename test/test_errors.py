@@ -1,0 +1,68 @@
+"""Bad input of every kind is an error naming the problem (and one line from the command-line
+tools), never a traceback from deep inside or an internal compiler error."""
+import numpy as np
+import pytest
+
+import tracea
+from tracea import dialects as td
+from tracea.errors import CompileError, OpError
+from tracea.tools import opt
+
+
+def _softmax():
+    return td.function(td.tensor((4, 4)), name="s")(td.softmax)
+
+
+def test_a_bad_thread_count_in_the_environment_names_the_variable(monkeypatch):
+    monkeypatch.setenv("TRACEA_NUM_THREADS", "abc")
+    with pytest.raises(ValueError, match="TRACEA_NUM_THREADS must be a positive number"):
+        tracea.compile(_softmax())
+
+
+@pytest.mark.parametrize("threads", [0, -1])
+def test_a_thread_count_below_one_is_refused(threads):
+    with pytest.raises(ValueError, match="threads must be a positive number"):
+        tracea.compile(_softmax(), threads=threads)
+
+
+def test_an_unknown_target_lists_every_target():
+    with pytest.raises(ValueError, match="available: cpu, cuda"):
+        tracea.compile(_softmax(), target="tpu")
+
+
+def test_sizes_that_overflow_are_input_errors():
+    with pytest.raises(OpError, match="too large for 64-bit sizes"):
+        td.tensor((2 ** 40, 2 ** 40))
+    big = ('func.func @g(%a: tensor<1099511627776x1099511627776xf32>, %b: tensor<1099511627776x8xf32>) '
+           '-> tensor<1099511627776x8xf32> {\n  %c = "tracea.gemm"(%a, %b) : (tensor<1099511627776x1099511627776xf32>, '
+           'tensor<1099511627776x8xf32>) -> tensor<1099511627776x8xf32>\n  return %c : tensor<1099511627776x8xf32>\n}')
+    with pytest.raises(CompileError, match="too large for 64-bit sizes"):
+        tracea.compile(big)
+
+
+def test_tracea_opt_reports_unreadable_input_and_unwritable_output_in_one_line(tmp_path, capsys):
+    binary = tmp_path / "binary.mlir"
+    binary.write_bytes(b"\xff\xfe\x00 not text")
+    assert opt.main([str(binary)]) == 1
+    assert capsys.readouterr().err.strip() == f"tracea-opt: error: {binary} is not UTF-8 text (byte 0): is it an MLIR file?"
+    source = tmp_path / "ok.mlir"
+    source.write_text("func.func @f() {\n  return\n}\n")
+    assert opt.main([str(source), "-o", str(tmp_path / "missing" / "out.mlir")]) == 1
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("tracea-opt: error: cannot write") and "\n" not in err
+
+
+def test_a_binary_file_given_to_compile_is_a_compile_error(tmp_path):
+    binary = tmp_path / "binary.mlir"
+    binary.write_bytes(b"\xff\xfe\x00 not text")
+    with pytest.raises(CompileError, match="is not UTF-8 text"):
+        tracea.compile(binary)
+
+
+def test_conv2d_of_an_empty_batch_returns_an_empty_result():
+    torch = pytest.importorskip("torch", reason="torch is not installed (pip install 'tracea[torch]')")
+    from tracea import ops
+    x, w, b = torch.zeros(0, 3, 8, 8), torch.randn(4, 3, 3, 3), torch.randn(4)
+    y = ops.conv2d(x, w, b, padding=(1, 1))
+    assert y.shape == torch.nn.functional.conv2d(x, w, b, padding=1).shape == (0, 4, 8, 8)
+    np.testing.assert_array_equal(y.numpy(), np.zeros((0, 4, 8, 8), np.float32))
