@@ -43,6 +43,6 @@ def _register_torch_backend() -> None:
 
 _register_torch_backend()
 
-__all__ = ["ArgumentError", "CompileError", "InternalCompilerError", "Kernel", "OpError", "TraceaConv2d",
+__all__ = ["ArgumentError", "CompileError", "IndexOutOfRangeError", "InternalCompilerError", "Kernel", "OpError", "TraceaConv2d",
            "TraceaError", "__version__", "clear_cache", "compile", "compile_gpu", "dialects", "ops", "passes", "patch_conv2d",
            "targets", "unpatch_conv2d"]
