@@ -25,7 +25,7 @@ def library(request, tmp_path_factory):
 def test_export_writes_library_header_and_description(library):
     assert library.exists()
     header = library.with_name("dense.so.h").read_text()
-    assert "void tracea_dense(" in header and "TraceaMemRef2D *x  /* tensor<37x29xf32> */" in header
+    assert "int32_t tracea_dense(" in header and "TraceaMemRef2D *x  /* tensor<37x29xf32> */" in header
     assert '"symbol": "tracea_dense"' in library.with_name("dense.so.json").read_text()
 
 
@@ -59,7 +59,7 @@ def test_call_from_c(library, tmp_path):
             TraceaMemRef2D X = {{x, x, 0, {{37, 29}}, {{29, 1}}}}, W = {{w, w, 0, {{29, 45}}, {{45, 1}}}};
             TraceaMemRef1D B = {{b, b, 0, {{45}}, {{1}}}};
             TraceaMemRef2D Y = {{y, y, 0, {{37, 45}}, {{45, 1}}}};
-            tracea_dense(&X, &W, &B, &Y);
+            if (tracea_dense(&X, &W, &B, &Y) != 0) return 1;
             double sum = 0; for (int i = 0; i < 37 * 45; i++) sum += y[i];
             printf("%.3f\\n", sum);
             return 0;
@@ -71,6 +71,40 @@ def test_call_from_c(library, tmp_path):
     x = (np.arange(37 * 29) % 7 - 3.0).reshape(37, 29)
     w = (np.arange(29 * 45) % 5 * 0.25).reshape(29, 45)
     assert float(out) == pytest.approx(np.maximum(x @ w + 1.0, 0).sum(), rel=1e-5)
+
+
+@pytest.mark.skipif(shutil.which("cc") is None, reason="needs a C compiler (cc)")
+def test_the_c_entry_checks_descriptors_and_runs_from_another_directory(library, tmp_path):
+    """Moved elsewhere (with the runtime libraries exported beside it), the library still loads:
+    no path of this machine in it; a descriptor with other sizes, strides or an offset is refused
+    by its position, before anything runs."""
+    moved = tmp_path / "elsewhere"
+    moved.mkdir()
+    for item in library.parent.iterdir():
+        shutil.copy(item, moved / item.name)
+    dynamic = subprocess.run(["readelf", "-d", str(moved / "dense.so")], capture_output=True, text=True).stdout
+    assert "$ORIGIN" in dynamic and ".venv" not in dynamic
+    src = tmp_path / "main.c"
+    src.write_text(textwrap.dedent(f"""
+        #include <stdio.h>
+        #include "{moved}/dense.so.h"
+        int main(void) {{
+            static float x[37 * 29], w[29 * 45], b[45], y[37 * 45];
+            TraceaMemRef2D X = {{x, x, 0, {{37, 29}}, {{29, 1}}}}, W = {{w, w, 0, {{29, 45}}, {{45, 1}}}};
+            TraceaMemRef1D B = {{b, b, 0, {{45}}, {{1}}}};
+            TraceaMemRef2D Y = {{y, y, 0, {{37, 45}}, {{45, 1}}}};
+            TraceaMemRef2D column_major = {{w, w, 0, {{29, 45}}, {{1, 29}}}};
+            TraceaMemRef2D wrong_size = {{x, x, 0, {{29, 37}}, {{37, 1}}}};
+            TraceaMemRef1D offset = {{b, b, 1, {{45}}, {{1}}}};
+            printf("%d %d %d %d\\n", tracea_dense(&X, &W, &B, &Y), tracea_dense(&X, &column_major, &B, &Y),
+                   tracea_dense(&wrong_size, &W, &B, &Y), tracea_dense(&X, &W, &offset, &Y));
+            return 0;
+        }}
+    """))
+    exe = tmp_path / "main"
+    subprocess.run(["cc", "-o", str(exe), str(src), str(moved / "dense.so"), f"-Wl,-rpath,{moved}"], check=True)
+    out = subprocess.run([str(exe)], capture_output=True, text=True, check=True).stdout
+    assert out.split() == ["0", "2", "1", "3"]
 
 
 def test_a_loaded_kernel_exports_again(library, tmp_path):

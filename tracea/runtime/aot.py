@@ -1,10 +1,15 @@
 """Ahead-of-time kernels: a compiled CPU kernel written out as a shared library with a C entry
 point, a C header, and a JSON description; loaded back with ctypes, with no compilation.
 
-C ABI: `void tracea_<name>(MemRef *arg0, ..., MemRef *out0, ...)` where each MemRef is MLIR's
+C ABI: `int32_t tracea_<name>(MemRef *arg0, ..., MemRef *out0, ...)` where each MemRef is MLIR's
 ranked descriptor {float *allocated, *aligned; int64_t offset, sizes[rank], strides[rank]}
 (strides in elements). Results are written into the caller's buffers, which must not overlap
-the inputs.
+the inputs. The entry checks every descriptor before it runs: its sizes must be the kernel's (a
+dynamic size: any), its strides those of a contiguous row-major array, its offset 0; it returns
+0 when the kernel ran, k > 0 when the k-th descriptor (inputs then outputs, from 1) breaks that
+contract (nothing ran), and -f when the kernel faulted (f: runtime/faults.py's bits, e.g. -2 an
+index out of range). The runtime libraries it calls into (OpenMP, MLIR's runner utilities) are
+copied beside it and found there ($ORIGIN): the library runs from any directory.
 
 The description carries a checksum of the library and of itself; `load` checks both before it
 maps anything, and maps a private copy of the bytes it checked, named by their digest: a damaged
@@ -48,7 +53,38 @@ def header(signature: Signature, symbol: str) -> str:
     params = [f"TraceaMemRef{s.rank}D *{n}  /* {s} */" for n, s in
               zip(signature.arg_names or [f"arg{i}" for i in range(len(signature.inputs))], signature.inputs)]
     params += [f"TraceaMemRef{s.rank}D *out{i}  /* {s} */" for i, s in enumerate(signature.outputs)]
-    lines += ["", f"void {symbol}(", "    " + ",\n    ".join(params) + ");", ""]
+    lines += ["", "/* 0: ran; k > 0: descriptor k (from 1) has other sizes, non-contiguous strides or a nonzero",
+              "   offset, and nothing ran; < 0: the kernel faulted (-1 integer division by zero, -2 index out",
+              "   of range, -4 a failed run-time check). */",
+              f"int32_t {symbol}(", "    " + ",\n    ".join(params) + ");", ""]
+    return "\n".join(lines)
+
+
+def checked_entry(signature: Signature, symbol: str, packed_symbol: str) -> str:
+    """C source of the exported entry: each descriptor checked (see the module's docstring),
+    then the kernel's packed entry called."""
+    specs = signature.inputs + signature.outputs
+    lines = [header(signature, symbol).replace(f"int32_t {symbol}(", f"int32_t {symbol}_declared(", 1),
+             f"extern int32_t {packed_symbol}(void **args);", "",
+             "static int tracea_contiguous(int64_t offset, const int64_t *sizes, const int64_t *strides,",
+             "                             const int64_t *expected, int rank) {",
+             "    int64_t stride = 1;",
+             "    if (offset != 0) return 0;",
+             "    for (int d = rank - 1; d >= 0; d--) {",
+             "        if (expected[d] >= 0 && sizes[d] != expected[d]) return 0;",
+             "        if (sizes[d] < 0 || (sizes[d] > 1 && strides[d] != stride)) return 0;",
+             "        stride *= sizes[d];",
+             "    }",
+             "    return 1;",
+             "}", ""]
+    params = [f"TraceaMemRef{s.rank}D *a{i}" for i, s in enumerate(specs)]
+    lines.append(f"int32_t {symbol}({', '.join(params)}) {{")
+    for i, spec in enumerate(specs):
+        expected = ", ".join(str(-1 if d is None else d) for d in spec.shape) or "0"
+        lines.append(f"    {{ static const int64_t e[] = {{{expected}}}; if (!tracea_contiguous(a{i}->offset, "
+                     f"a{i}->sizes, a{i}->strides, e, {spec.rank})) return {i + 1}; }}")
+    lines.append(f"    void *args[] = {{{', '.join(f'&a{i}' for i in range(len(specs)))}}};")
+    lines += [f"    return -{packed_symbol}(args);", "}", ""]
     return "\n".join(lines)
 
 
@@ -70,15 +106,20 @@ def export(kernel: Kernel, path: str | Path, extra: dict | None = None) -> Path:
         return path
     entry = kernel.entry_symbol
     symbol = f"tracea_{kernel.signature.name}"
+    for lib in map(Path, kernel.runtime_libraries):  # beside the library, found through $ORIGIN
+        beside = path.parent / lib.name
+        if not beside.exists() or beside.stat().st_size != lib.stat().st_size:
+            shutil.copyfile(lib, beside)
     with tempfile.TemporaryDirectory() as tmp:
         obj = Path(tmp) / "kernel.o"
         obj.write_bytes(kernel.object_code)
+        source = Path(tmp) / "entry.c"
+        source.write_text(checked_entry(kernel.signature, symbol, f"_mlir_{entry}"))
         # --no-undefined: a symbol the JIT supplied but this toolchain lacks must fail here, not
         # when the library is loaded somewhere else.
-        command = [linker(), "-shared", "-o", str(path), str(obj), f"-Wl,--defsym={symbol}={entry}",
-                   "-Wl,--no-undefined", "-lm"]
-        for lib in kernel.runtime_libraries:
-            command += [lib, f"-Wl,-rpath,{Path(lib).parent}"]
+        command = [linker(), "-shared", "-fPIC", "-O1", "-o", str(path), str(obj), str(source),
+                   "-Wl,--no-undefined", "-lm", "-Wl,-rpath,$ORIGIN"]
+        command += [str(path.parent / Path(lib).name) for lib in kernel.runtime_libraries]
         done = subprocess.run(command, capture_output=True, text=True)
         if done.returncode:
             hint = ""
@@ -124,8 +165,8 @@ def load(path: str | Path, expect: dict | None = None) -> Kernel:
         raise TraceaError(f"cannot read {path}: {e.strerror}") from None
     if hashlib.sha256(code).hexdigest() != meta["library_sha256"]:
         raise TraceaError(f"{path} is damaged or was replaced (its checksum does not match {path}.json)")
-    for lib in meta["runtime_libraries"]:
-        load_runtime_library(lib)
+    for lib in map(Path, meta["runtime_libraries"]):  # this machine's own, else the copy beside
+        load_runtime_library(lib if lib.exists() else path.parent / lib.name)
     library = ctypes.CDLL(_private_copy(code, meta["library_sha256"]))
     try:
         address = ctypes.cast(getattr(library, meta["packed_symbol"]), ctypes.c_void_p).value
