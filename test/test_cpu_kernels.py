@@ -205,6 +205,23 @@ def test_flash_attention_block_shapes(tile, causal):
     ref.assert_close(tracea.compile(fn, threads=2)(q, k, v), ref.attention(q, k, v, None, causal), "f32", 45)
 
 
+@pytest.mark.parametrize("scale", [10.0, 50.0])
+@pytest.mark.parametrize("causal", [False, True])
+def test_flash_attention_at_large_score_scales_with_a_late_dominant_key(scale, causal):
+    """Scores of tens (a sharp softmax, where exp overflows without the running max) and, in
+    each row, a key far larger than the earlier ones that comes in a later key block: the
+    running max and the rescaling of what was summed before are both needed."""
+    rng = np.random.default_rng(11)
+    q, k, v = (rng.standard_normal(s).astype(np.float32) for s in ((2, 37, 2 * LANES), (2, 45, 2 * LANES), (2, 45, LANES)))
+    k[:, 40] = q[:, :, :].mean(axis=1) * 3  # aligned with every query: the late, dominant key
+    schedule = td.Schedule(tile=(3, LANES), lane_map=td.LaneMap("simd", (LANES,)))  # many key blocks
+    fn = td.function(td.tensor(q.shape), td.tensor(k.shape), td.tensor(v.shape))(
+        lambda a, b, c: td.attention(a, b, c, scale=scale, causal=causal, schedule=schedule))
+    out = tracea.compile(fn, threads=2)(q, k, v)
+    assert np.isfinite(out).all()
+    ref.assert_close(out, ref.attention(q, k, v, scale, causal), "f32", 45)
+
+
 @pytest.mark.parametrize("strategy", ["tiled", "reference"])
 def test_attention_rows_of_minus_infinity_give_zero(strategy):
     """A query whose scores are all -inf gets 0, as torch's safe softmax gives (not 0/0)."""

@@ -1,0 +1,91 @@
+"""Plausible one-line bugs, each applied to the sources in turn: does the test suite catch it?
+
+    .venv/bin/python scripts/mutations.py            # every mutation, with the tests that should catch it
+    .venv/bin/python scripts/mutations.py --only attention-running-max
+
+A mutation is an exact text replacement in one file (it must match once) and the tests to run
+against it; the file is restored afterwards, also when interrupted. "caught" means those tests
+failed. A mutation the suite misses is a hole in the tests: the report lists them, and the exit
+status is 1 if there is one.
+"""
+from __future__ import annotations
+
+import argparse
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+
+# name -> (file, original text, mutated text, tests that must fail)
+MUTATIONS = {
+    "attention-running-max": (
+        "tracea/passes/cpu_attention.py",
+        'm_new = t.op(f"arith.maxnumf {m_old}, {row_max} {NNAN} : f32", "r")', "m_new = row_max",
+        ["test/test_cpu_kernels.py", "-k", "attention"]),
+    "gelu-tanh-for-erf": (
+        "tracea/passes/kernel_text.py",
+        'if ep.kind == "gelu" and ep.approximate == "tanh":', 'if ep.kind == "gelu":',
+        ["test/test_cpu_kernels.py", "test/test_numerics.py", "test/test_gpu_mma.py", "-k", "gelu or epilogue"]),
+    "narrowed-swizzle-mask": (
+        "tracea/passes/gpu_mma.py",
+        "mask = ((1 << s.bits) - 1) << (s.base + s.shift)", "mask = ((1 << (s.bits - 1)) - 1) << (s.base + s.shift)",
+        ["test/test_gpu_mma.py", "test/test_bank_conflicts.py", "test/test_ptx_emulator.py"]),
+    "unclamped-gather-index": (
+        "tracea/passes/check_indices.py",
+        "extract.operands[1 + k] = arith.select(ok, index, arith.constant(ir.IndexType.get(), 0))",
+        "arith.select(ok, index, arith.constant(ir.IndexType.get(), 0))",
+        ["test/test_indexing.py"]),
+    "unchecked-cached-library": (
+        "tracea/runtime/aot.py",
+        'if hashlib.sha256(code).hexdigest() != meta["library_sha256"]:', "if False:",
+        ["test/test_disk_cache.py", "-k", "damaged"]),
+    "division-by-zero-not-reported": (
+        "tracea/runtime/faults.py",
+        "if status & (1 << bit):", "if status & (1 << bit) and bit != 0:",
+        ["test/test_compiler_robustness.py", "test/test_torch_coverage.py"]),
+    "layer-key-without-types": (
+        "tracea/frontend/layers.py",
+        "description += [f\"{tuple(n.meta['val'].shape)}:{n.meta['val'].dtype}\" for n in inputs]", "pass",
+        ["test/test_layers.py"]),
+}
+
+
+def run(name: str, timeout: float) -> tuple[bool, float]:
+    path, original, mutated, tests = MUTATIONS[name]
+    source = ROOT / path
+    text = source.read_text()
+    if text.count(original) != 1:
+        raise SystemExit(f"{name}: the text to mutate occurs {text.count(original)} times in {path}; update the list")
+    start = time.perf_counter()
+    try:
+        source.write_text(text.replace(original, mutated))
+        done = subprocess.run([sys.executable, "-m", "pytest", "-x", "-q", "-p", "no:logging", "-p", "no:cacheprovider",
+                               *tests], cwd=ROOT, capture_output=True, text=True, timeout=timeout,
+                              env={"TRACEA_DISK_CACHE": "0", **__import__("os").environ})
+        caught = done.returncode != 0
+    except subprocess.TimeoutExpired:
+        caught = True  # hung: noticed
+    finally:
+        source.write_text(text)
+    return caught, time.perf_counter() - start
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--only", action="append", choices=list(MUTATIONS), help="mutations to try (default: all)")
+    parser.add_argument("--timeout", type=float, default=900, help="seconds per mutation's tests (default 900)")
+    args = parser.parse_args()
+    missed = []
+    for name in args.only or list(MUTATIONS):
+        caught, seconds = run(name, args.timeout)
+        print(f"{'caught' if caught else 'MISSED'}  {name}  ({MUTATIONS[name][0]}, {seconds:.0f} s)", flush=True)
+        if not caught:
+            missed.append(name)
+    print(f"{len(missed)} of {len(args.only or MUTATIONS)} mutation(s) missed" + (f": {', '.join(missed)}" if missed else ""))
+    return 1 if missed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
