@@ -66,3 +66,22 @@ def test_conv2d_of_an_empty_batch_returns_an_empty_result():
     y = ops.conv2d(x, w, b, padding=(1, 1))
     assert y.shape == torch.nn.functional.conv2d(x, w, b, padding=1).shape == (0, 4, 8, 8)
     np.testing.assert_array_equal(y.numpy(), np.zeros((0, 4, 8, 8), np.float32))
+
+
+def test_a_model_in_training_mode_is_compiled_with_a_warning_to_call_eval():
+    torch = pytest.importorskip("torch", reason="torch is not installed (pip install 'tracea[torch]')")
+    pytest.importorskip("torch_mlir.fx", reason="torch-mlir is not installed (pip install 'tracea[torch]')")
+
+    class Trained(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.linear = torch.nn.Linear(4, 4)
+            self.dropout = torch.nn.Dropout(0.0)  # computes as in eval mode: the results compare
+
+        def forward(self, x):
+            return self.dropout(self.linear(x).relu())
+
+    model, x = Trained(), torch.randn(3, 4)
+    with pytest.warns(RuntimeWarning, match=r"training mode.*call model.eval\(\)"):
+        compiled = tracea.compile(model, (x,))
+    torch.testing.assert_close(compiled(x), model(x))

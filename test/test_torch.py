@@ -181,7 +181,7 @@ def test_dynamo_backend_follows_dynamic_shapes():
         for rows in (8, 3, 5, 3):
             x = torch.randn(rows, 64)
             torch.testing.assert_close(compiled(x), model(x), rtol=1e-4, atol=1e-4)
-    assert not dynamo.fallbacks and not [w for w in caught if "tracea:" in str(w.message)]
+    assert not dynamo.fallbacks and not [w for w in caught if "tracea:" in str(w.message)], [str(w.message) for w in caught]
 
 
 def test_dynamo_backend_splits_graphs_and_warns_once_per_op_kind():

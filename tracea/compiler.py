@@ -13,6 +13,7 @@ from . import knobs
 from .dialects.builder import Function
 from .dialects.context import parse_module, shared_context
 from .errors import CompileError, OpError
+from .frontend.torch_import import warn_once
 from .frontend.torch_model import compile_model, is_torch_module
 from .passes.pipeline import compile_or_raise
 from .runtime import disk_cache
@@ -24,6 +25,14 @@ from .targets.host import host_cpu
 
 _CACHE: dict[str, Kernel] = {}
 _CACHE_LOCK = threading.Lock()
+
+
+def _trains_differently(model) -> bool:
+    """Whether `model` is in training mode with modules that then compute otherwise (dropout,
+    batch norm)."""
+    import torch
+    modes = (torch.nn.modules.dropout._DropoutNd, torch.nn.modules.batchnorm._BatchNorm)
+    return any(m.training and isinstance(m, modes) for m in model.modules())
 
 
 def _source(program) -> tuple[str, str]:
@@ -90,6 +99,11 @@ def compile(program, example_inputs=None, *, target: str = "cpu", entry: str | N
     input, and InternalCompilerError (with a saved reproducer) if the compiler itself aborts.
     """
     if is_torch_module(program):
+        if _trains_differently(program):
+            warn_once(f"training mode: {type(program).__qualname__}",
+                      f"{type(program).__name__} is in training mode: its dropout and batch-norm updates run as "
+                      "in training (in PyTorch where Tracea cannot compile them); for inference, call "
+                      "model.eval() before tracea.compile")
         return compile_model(program, example_inputs, target=target, threads=threads, strategy=strategy,
                              dynamic_dims=dynamic_dims)
     if dynamic_dims is not None:
