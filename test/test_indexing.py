@@ -9,6 +9,8 @@ torch = pytest.importorskip("torch", reason="torch is not installed (pip install
 pytest.importorskip("torch_mlir.fx", reason="torch-mlir is not installed (pip install 'tracea[torch]')")
 nn = torch.nn
 
+from model_zoo import Fn  # noqa: E402
+
 
 class Embedding(nn.Module):
     def __init__(self):
@@ -19,22 +21,14 @@ class Embedding(nn.Module):
         return self.table(ids) * 2
 
 
-def _fn(fn):
-    import sys
-    from pathlib import Path
-    sys.path.insert(0, str(Path(__file__).parent))
-    from model_zoo import Fn
-    return Fn(fn)
-
-
 CASES = {  # name -> (model, example inputs, good indices, bad indices), indices being the last input
     "embedding": (Embedding(), (torch.tensor([[1, 2, 3]]),), [[[0, 99, 50]]],
                   [[[100, 1, 2]], [[-1, 0, 0]], [[-101, 0, 0]]]),
-    "x[idx]": (_fn(lambda x, i: x[i] + 1), (torch.randn(10, 4), torch.tensor([1, 2])),
+    "x[idx]": (Fn(lambda x, i: x[i] + 1), (torch.randn(10, 4), torch.tensor([1, 2])),
                [[-1, -10], [9, 0]], [[10, 0], [-11, 0], [100_000_000, 0]]),
-    "index_select": (_fn(lambda x, i: torch.index_select(x, 1, i)), (torch.randn(3, 6), torch.tensor([0, 5, 2])),
+    "index_select": (Fn(lambda x, i: torch.index_select(x, 1, i)), (torch.randn(3, 6), torch.tensor([0, 5, 2])),
                      [[5, 5, 0]], [[6, 0, 0], [0, 0, -7]]),
-    "gather": (_fn(lambda x, i: torch.gather(x, 1, i)), (torch.randn(4, 5), torch.zeros(4, 2, dtype=torch.long)),
+    "gather": (Fn(lambda x, i: torch.gather(x, 1, i)), (torch.randn(4, 5), torch.zeros(4, 2, dtype=torch.long)),
                [[[4, 0], [1, 2], [3, 3], [0, 4]]], [[[0, 5], [1, 2], [3, 3], [0, 4]], [[0, 0], [0, 0], [0, 0], [-1, 0]]]),
 }
 

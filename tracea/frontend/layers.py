@@ -155,9 +155,8 @@ def _constant_digest(program, node) -> str | None:
     value = _constant(program, node)
     if value is None:
         return None
-    import torch
-    data = value.detach().contiguous().reshape(-1).view(torch.uint8).numpy().tobytes()
-    return hashlib.sha256(data).hexdigest()
+    from .torch_import import tensor_bytes
+    return hashlib.sha256(tensor_bytes(value)).hexdigest()
 
 
 def plan(program) -> list[Piece] | None:

@@ -139,6 +139,12 @@ log = logging.getLogger("tracea.torch")
 _warned: set[str] = set()
 
 
+def tensor_bytes(value) -> bytes:
+    """A tensor's contents as bytes (for cache keys and digests)."""
+    import torch
+    return value.detach().contiguous().reshape(-1).view(torch.uint8).numpy().tobytes()
+
+
 def warn_once(key: str, message: str) -> None:
     """One RuntimeWarning per key (an op kind, say) in this process."""
     if key not in _warned:

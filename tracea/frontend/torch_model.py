@@ -14,7 +14,7 @@ from ..runtime import disk_cache
 from . import layers
 from .dynamic import DynamicModel, program_shapes, traceable_example
 from .partition import Placement, op_kind, partition
-from .torch_import import SCALAR_INPUTS, decomposed_program, export_model, to_linalg, warn_once
+from .torch_import import SCALAR_INPUTS, decomposed_program, export_model, tensor_bytes, to_linalg, warn_once
 
 
 def _to_numpy(x, dtype):
@@ -242,7 +242,7 @@ def _import_key(exported) -> str:
     for name, value in sorted(program.constants.items()):
         digest.update(name.encode())
         if isinstance(value, torch.Tensor):
-            digest.update(value.detach().contiguous().reshape(-1).view(torch.uint8).numpy().tobytes())
+            digest.update(tensor_bytes(value))
     versions = f"{torch.__version__} {importlib.metadata.version('torch-mlir')}"
     return disk_cache.entry_key(["torch-import", versions, digest.hexdigest()])
 

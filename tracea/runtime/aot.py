@@ -64,7 +64,7 @@ def checked_entry(signature: Signature, symbol: str, packed_symbol: str) -> str:
     """C source of the exported entry: each descriptor checked (see the module's docstring),
     then the kernel's packed entry called."""
     specs = signature.inputs + signature.outputs
-    lines = [header(signature, symbol).replace(f"int32_t {symbol}(", f"int32_t {symbol}_declared(", 1),
+    lines = [header(signature, symbol),
              f"extern int32_t {packed_symbol}(void **args);", "",
              "static int tracea_contiguous(int64_t offset, const int64_t *sizes, const int64_t *strides,",
              "                             const int64_t *expected, int rank) {",

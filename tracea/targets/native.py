@@ -13,6 +13,8 @@ import ctypes
 import functools
 import os
 import re
+import subprocess
+import tempfile
 from pathlib import Path
 
 import mlir.ir as ir
@@ -350,8 +352,6 @@ def _compile_parts(parts: list[str], entries: list[str], optimize: bool) -> byte
             objects.append(wait()[0])
         except ChildDied:
             return None  # compiled whole: a real error then surfaces where it belongs
-    import subprocess
-    import tempfile
     with tempfile.TemporaryDirectory() as tmp:
         paths = []
         for i, code in enumerate(objects):
