@@ -35,7 +35,7 @@ MUTATIONS = {
     "narrowed-swizzle-mask": (
         "tracea/passes/gpu_mma.py",
         "mask = ((1 << s.bits) - 1) << (s.base + s.shift)", "mask = ((1 << (s.bits - 1)) - 1) << (s.base + s.shift)",
-        ["test/test_gpu_mma.py", "test/test_bank_conflicts.py", "test/test_ptx_emulator.py"]),
+        ["test/test_ptx_emulator.py", "-k", "matches_torch"]),  # bank conflicts measured on the kernels' addresses
     "unclamped-gather-index": (
         "tracea/passes/check_indices.py",
         "extract.operands[1 + k] = arith.select(ok, index, arith.constant(ir.IndexType.get(), 0))",

@@ -40,24 +40,39 @@ class TileLayout:
         return self.swizzle.apply(row * self.cols + col) * self.elem_bytes
 
 
-def wavefronts(addresses: list[int], access_bytes: int) -> int:
-    """Wavefronts one warp instruction takes; `addresses[t]` is thread t's byte address, each
-    thread accessing `access_bytes` (4, 8 or 16)."""
+def wavefronts(addresses, access_bytes: int, lanes=None) -> int:
+    """Wavefronts one warp instruction takes; `addresses[i]` is the byte address of thread
+    `lanes[i]` (default: thread i), each thread accessing `access_bytes` (4, 8 or 16)."""
+    return sum(max(len(words) for words in bank_words.values()) for bank_words in _phases(addresses, access_bytes, lanes))
+
+
+def conflicts(addresses, access_bytes: int, lanes=None) -> int:
+    """Wavefronts beyond the conflict-free one per phase that has an active thread."""
+    phases = _phases(addresses, access_bytes, lanes)
+    return sum(max(len(words) for words in bank_words.values()) for bank_words in phases) - len(phases)
+
+
+def _phases(addresses, access_bytes: int, lanes=None) -> list[dict[int, set[int]]]:
+    """Per phase with an active thread: bank -> the distinct 4-byte words its threads reach."""
     per_phase = BANKS if access_bytes <= BANK_BYTES else PHASE_BYTES // access_bytes
-    total = 0
-    for start in range(0, len(addresses), per_phase):
-        words_in_bank: dict[int, set[int]] = defaultdict(set)
-        for address in addresses[start:start + per_phase]:
-            for word in range(address // BANK_BYTES, (address + access_bytes - 1) // BANK_BYTES + 1):
-                words_in_bank[word % BANKS].add(word)
-        total += max(len(words) for words in words_in_bank.values())
-    return total
+    lanes = range(len(addresses)) if lanes is None else lanes
+    phases: dict[int, dict[int, set[int]]] = defaultdict(lambda: defaultdict(set))
+    for lane, address in zip(lanes, addresses):
+        address = int(address)
+        for word in range(address // BANK_BYTES, (address + access_bytes - 1) // BANK_BYTES + 1):
+            phases[int(lane) // per_phase][word % BANKS].add(word)
+    return list(phases.values())
 
 
-def conflicts(addresses: list[int], access_bytes: int) -> int:
-    """Wavefronts beyond the conflict-free one per phase."""
-    phases = -(-len(addresses) * access_bytes // PHASE_BYTES)
-    return wavefronts(addresses, access_bytes) - phases
+def measured(accesses) -> dict[tuple[int, str], int]:
+    """Worst conflicts of each shared-memory instruction (PTX line, opcode) over the accesses an
+    emulated kernel made (ptx_emulator.emulate(..., shared_accesses=[])): the kernel's real
+    addresses, not this module's model of its layout."""
+    worst: dict[tuple[int, str], int] = {}
+    for a in accesses:
+        key = (a.line, a.opcode)
+        worst[key] = max(worst.get(key, 0), conflicts(a.offsets.tolist(), a.width, a.lanes.tolist()))
+    return worst
 
 
 def store_addresses(layout: TileLayout, warp: int = 0) -> list[int]:

@@ -23,8 +23,10 @@ for (`cp.async.bulk.wait_group.read`), and a block exiting with TMA stores still
 Each warp executes in lock step on numpy arrays of its 32 lanes; when its lanes diverge, those
 earliest in a topological order of the control flow graph run first, so the others wait for them
 where the paths join (a branch around an `if` reconverges before a loop's back edge), as the
-hardware's reconvergence points do. It is slow (about 10 µs an instruction per warp): for small
-shapes in tests. Needs numpy only, like the rest of tracea/runtime.
+hardware's reconvergence points do. It can record every warp instruction's shared-memory
+addresses, so that bank conflicts are measured on what a kernel does (bank_conflicts.measured).
+It is slow (about 10 µs an instruction per warp): for small shapes in tests. Needs numpy only,
+like the rest of tracea/runtime.
 """
 from __future__ import annotations
 
@@ -394,6 +396,18 @@ def swizzled(address: np.ndarray, swizzle: int) -> np.ndarray:
 # -- execution -----------------------------------------------------------------------------
 
 @dataclass
+class SharedAccess:
+    """One warp instruction's access to shared memory, as `emulate(..., shared_accesses=[])`
+    records it: the active lanes and their byte offsets, `width` bytes each (ldmatrix: a
+    16-byte row per lane that gives one)."""
+    line: int
+    opcode: str
+    width: int
+    lanes: np.ndarray
+    offsets: np.ndarray
+
+
+@dataclass
 class _Copy:  # cp.async: per lane destination (shared), source (global), bytes to read
     dst: np.ndarray
     src: np.ndarray
@@ -586,6 +600,7 @@ class Emulator:
         self.tensor_maps: dict[int, TensorMap] = {}
         # shared-memory writes are tracked for the async proxy only where TMA stores read them
         self.tma_stores = any(_is_tma_store(i) for i in kernel.code)
+        self.shared_accesses: list[SharedAccess] | None = None  # a list: record them (bank conflicts)
         self._compiled = [self._compile(i) for i in kernel.code]
         self.order = _topological_order(kernel)
 
@@ -641,6 +656,11 @@ class Emulator:
         if base.kind == "reg" and base.value in self.params:
             raise EmulationError("parameter address used as a value")
         return self.read(warp, base, "u64") + np.uint64(op.offset & 0xFFFF_FFFF_FFFF_FFFF)
+
+    def record_shared(self, inst: Instruction, lanes: np.ndarray, offsets: np.ndarray, width: int) -> None:
+        if self.shared_accesses is not None:
+            self.shared_accesses.append(SharedAccess(inst.line, inst.opcode, width, np.asarray(lanes).copy(),
+                                                     np.asarray(offsets, np.uint64).copy()))
 
     # -- scheduling --------------------------------------------------------------------
     def step_warp(self, block: Block, warp: Warp, budget: int) -> bool:
@@ -1041,6 +1061,8 @@ class Emulator:
 
         def run(w, m, _):
             memory, addrs = self._resolve(space, self.address(w, a)[m])
+            if memory is self.current.shared:
+                self.record_shared(inst, np.flatnonzero(m), addrs, width * len(outs))
             raw = memory.read(addrs, width * len(outs), f"a {'.'.join(inst.parts[:2])}", inst.line)
             for i, o in enumerate(outs):
                 vals = np.zeros(WARP, np.uint64)
@@ -1059,6 +1081,7 @@ class Emulator:
             memory, addrs = self._resolve(space, self.address(w, a)[m])
             raw = np.concatenate([_to_bytes(self.read(w, o, t)[m], width) for o in ins], axis=1)
             if memory is self.current.shared:
+                self.record_shared(inst, np.flatnonzero(m), addrs, raw.shape[1])
                 self._check_shared_store(w, addrs, raw.shape[1], inst.line)
             memory.write(addrs, raw, f"a {'.'.join(inst.parts[:2])}", inst.line)
         return run
@@ -1203,6 +1226,8 @@ class Emulator:
             self._whole_warp(w, m, "ldmatrix")
             memory, addrs = self._resolve(space, self.address(w, a))
             lane = np.arange(WARP)
+            if memory is self.current.shared:
+                self.record_shared(inst, lane[:8 * count], addrs[:8 * count], 16)
             rows = memory.read(addrs[:8 * count], 16, "an ldmatrix row", inst.line).view(np.uint16)  # (8*count, 8)
             for i, o in enumerate(d.items):
                 mat = rows[8 * i:8 * i + 8]
@@ -1276,6 +1301,7 @@ class Emulator:
             n = size.value
             ss = typed(self.read(w, src_size, "u32"), "u32")[m] if src_size is not None else np.full(len(d), n, np.uint64)
             shared = self.current.shared
+            self.record_shared(inst, np.flatnonzero(m), d, n)
             shared.offsets(d, n, "a cp.async destination", inst.line)
             self.current.check_not_mbarrier(d.astype(np.int64), n, "a cp.async", inst.line)
             shared.write(d, np.full((len(d), n), POISON, np.uint8), "a cp.async", inst.line)  # may land early
@@ -1656,10 +1682,12 @@ def _from_bytes(raw: np.ndarray, dtype: str, shape) -> np.ndarray:
     return raw.view(_NUMPY[dtype]).reshape(shape).astype(np.float32)
 
 
-def emulate(artifact, *inputs, seed: int = 0, blocks=None) -> list[np.ndarray]:
+def emulate(artifact, *inputs, seed: int = 0, blocks=None, shared_accesses: list | None = None) -> list[np.ndarray]:
     """Run `artifact` (runtime.gpu_artifact.GpuKernelArtifact) on numpy inputs, one per input
     Param in order (bf16 given as float32); returns its outputs as float32 arrays. `blocks`: the
-    block indices (x, y, z) to run, default all (outputs of blocks not run stay NaN)."""
+    block indices (x, y, z) to run, default all (outputs of blocks not run stay NaN).
+    `shared_accesses`: a list to which every warp instruction's shared-memory access is
+    appended (SharedAccess), for bank_conflicts.measured."""
     kernel = parse(artifact.ptx)
     tensors = [p for p in artifact.params if p.tensor_map is None and p.shape is not None]
     inputs_ = [p for p in tensors if not p.output]
@@ -1677,6 +1705,7 @@ def emulate(artifact, *inputs, seed: int = 0, blocks=None) -> list[np.ndarray]:
         offset += -(-size // 256) * 256 + 4096  # a red zone after each allocation
     em = Emulator(kernel, artifact.grid, artifact.block, artifact.dynamic_shared_bytes)
     em.memory = Memory("global", offset, GLOBAL_BASE, valid=False)
+    em.shared_accesses = shared_accesses
     addresses = {}
     for i, (p, size) in enumerate(zip(tensors, sizes)):
         start = layout[i]
