@@ -155,7 +155,8 @@ def _schedule(td, fields: dict):
 
 def check_function(td, inputs, kind, params):
     """The function a check runs; params["schedule"], if any: td.Schedule's fields (JSON);
-    params["out_dtype"]: the GEMMs' output type (default f32)."""
+    params["out_dtype"]: the GEMMs' output type (default f32); params["scale"]: attention's
+    score scale (default 1/sqrt(head dim))."""
     tensors = [td.tensor(shape, dtype) for shape, dtype in inputs]
     schedule = _schedule(td, params["schedule"]) if "schedule" in params else None
     out_dtype = params.get("out_dtype", "f32")
@@ -173,7 +174,7 @@ def check_function(td, inputs, kind, params):
                              out_dtype="f32")
     else:
         def body(q, k, v):
-            return td.attention(q, k, v, causal=params["causal"], schedule=schedule)
+            return td.attention(q, k, v, scale=params.get("scale"), causal=params["causal"], schedule=schedule)
     return td.function(*tensors, name="kernel")(body)
 
 
@@ -190,7 +191,7 @@ def check_reference(torch, kind, params, xs):
     if kind == "conv":
         return F.conv2d(f[0].permute(0, 3, 1, 2), f[1].permute(3, 2, 0, 1), f[2], stride=params["stride"],
                         padding=params["padding"]).permute(0, 2, 3, 1)
-    return F.scaled_dot_product_attention(f[0], f[1], f[2], is_causal=params["causal"])
+    return F.scaled_dot_product_attention(f[0], f[1], f[2], is_causal=params["causal"], scale=params.get("scale"))
 
 
 def check(directory: str, emulate: bool = False) -> int:

@@ -24,6 +24,9 @@ MUTATIONS = {
         "tracea/passes/cpu_attention.py",
         'm_new = t.op(f"arith.maxnumf {m_old}, {row_max} {NNAN} : f32", "r")', "m_new = row_max",
         ["test/test_cpu_kernels.py", "-k", "attention"]),
+    "gpu-attention-running-max": (  # the same bug in the GPU kernels' online softmax (mma.sync and wgmma)
+        "tracea/passes/gpu_attention.py", "    row_max = list(m)\n", "    row_max = [neg, neg]\n",
+        ["test/test_ptx_emulator.py", "-k", "attention"]),
     "gelu-tanh-for-erf": (
         "tracea/passes/kernel_text.py",
         'if ep.kind == "gelu" and ep.approximate == "tanh":', 'if ep.kind == "gelu":',

@@ -47,6 +47,20 @@ CASES = {
     "wgmma_gemm_long_k_bf16": ("sm_90a", [((16, 576), "bf16"), ((64, 576), "bf16")], "linear", {}),
     "attention_long_causal_f16": ("sm_80", [((1, 1, 200, 64), "f16")] * 3, "attention", {"causal": True}),
     "wgmma_gemm_nn_f16": ("sm_90a", [((130, 72), "f16"), ((72, 136), "f16")], "gemm", {}),
+    # 16-bit outputs: the accumulators rounded in the epilogue, checked at the output's precision
+    "mma_gemm_out_f16": ("sm_80", [((70, 40), "f16"), ((40, 136), "f16")], "gemm", {"out_dtype": "f16"}),
+    "mma_linear_bias_gelu_out_bf16": ("sm_80", [((40, 64), "bf16"), ((72, 64), "bf16"), ((72,), "bf16")], "linear",
+                                      {"out_dtype": "bf16"}),
+    "simt_gemm_out_f16": ("sm_80", [((16, 12), "f16"), ((12, 10), "f16")], "gemm", {"out_dtype": "f16"}),
+    "wgmma_gemm_out_f16": ("sm_90a", [((130, 72), "f16"), ((72, 136), "f16")], "gemm", {"out_dtype": "f16"}),
+    "wgmma_linear_bias_gelu_out_bf16": ("sm_90a", [((64, 64), "bf16"), ((128, 64), "bf16"), ((128,), "bf16")],
+                                        "linear", {"out_dtype": "bf16"}),
+    # every head dim each attention kernel takes (with 64 and 128 above and 192, 256 and 32 on
+    # sm_90a below): the mma.sync kernel 16 to 256, the wgmma kernel 64 to 256
+    "attention_d16_f16": ("sm_80", [((1, 2, 33, 16), "f16")] * 3, "attention", {"causal": True}),
+    "attention_d32_bf16": ("sm_80", [((1, 1, 40, 32), "bf16")] * 3, "attention", {"causal": False}),
+    "attention_d256_f16": ("sm_80", [((1, 1, 40, 256), "f16")] * 3, "attention", {"causal": True}),
+    "wgmma_attention_d128_bf16": ("sm_90a", [((1, 1, 70, 128), "bf16")] * 3, "attention", {"causal": True}),
     "wgmma_linear_bias_gelu_bf16": ("sm_90a", [((64, 64), "bf16"), ((128, 64), "bf16"), ((128,), "bf16")],
                                     "linear", {}),
     # bench/gpu.py's checks of the kernels' other forms (two MMA warpgroups, no producer warp, the
@@ -86,9 +100,13 @@ def _relative_error(out, expected):
 TOLERANCE = {"f32": 1e-5, "f16": 2e-3, "bf16": 1e-2}
 
 
-def _close(out, expected, kind, inputs, params=None) -> bool:
+def _close(out, expected, kind, inputs, params=None, magnitude=1.0) -> bool:
+    """|out - expected| <= tol * max(|expected|, magnitude): `magnitude`, for attention, the
+    attention of |V| (what rounding the probabilities can move an output by: a row of
+    values of 30 whose average is small is still summed from 30s)."""
     dtype = (params or {}).get("out_dtype") or (inputs[0][1] if kind == "attention" else "f32")
-    return bool(np.all(np.abs(out.astype(np.float64) - expected) <= TOLERANCE[dtype] * np.maximum(np.abs(expected), 1.0)))
+    bound = TOLERANCE[dtype] * np.maximum(np.abs(expected), np.maximum(magnitude, 1.0))
+    return bool(np.all(np.abs(out.astype(np.float64) - expected) <= bound))
 
 
 _ARTIFACTS: dict[str, object] = {}
@@ -378,3 +396,28 @@ def test_a_tma_store_epilogue_missing_its_synchronization_fails(ptxas, broken, c
         art = _broken(_TMA_STORE, broken, r"\g<1>" if "(" in broken else "", count)
     with pytest.raises(pe.EmulationError, match=error):
         _run(art, _TMA_STORE)
+
+
+@pytest.mark.parametrize("chip,tile", [("sm_80", [64, 16, 64]), ("sm_90a", [128, 32, 64])], ids=["mma", "wgmma"])
+@pytest.mark.parametrize("case", ["scale10", "scale50-causal", "large-magnitudes-causal"])
+def test_attention_on_adversarial_inputs(ptxas, chip, tile, case):
+    """Sharp softmaxes the online rescaling must get right on the GPU too: scores of tens with,
+    in every row, a dominant key several key tiles after the first (the running max and the
+    rescaling of what was summed before both matter), causal masks over tiles smaller than
+    the sequence, and inputs of magnitude 30 (scores of thousands); against torch in float64."""
+    shape, dtype = (1, 2, 70, 64), "f16"
+    scale = {"scale10": 10.0, "scale50-causal": 50.0, "large-magnitudes-causal": None}[case]
+    params = {"causal": case.endswith("causal"), "scale": scale, "schedule": {"tile": tile, "stages": 2}}
+    q, k, v = _inputs([(shape, dtype)] * 3, seed=5)
+    if scale is None:
+        q, k, v = (np.float32(np.float16(30 * x)) for x in (q, k, v))
+    else:
+        q, k = q / 8, k / 8  # scores of about scale x 1: tens
+        k[:, :, 50] = np.float16(q.mean(axis=2) * 3)  # key 50, in the fourth key tile: aligned with every query
+    art = tracea.compile_gpu(bench_gpu.check_function(td, [(shape, dtype)] * 3, "attention", params), chip=chip)
+    out, = pe.emulate(art, q, k, v)
+    expected, magnitude = (bench_gpu.check_reference(torch, "attention", params,
+                                                     [torch.from_numpy(x).double() for x in (q, k, values)]).numpy()
+                           for values in (v, np.abs(v)))
+    assert np.isfinite(out).all()
+    assert _close(out, expected, "attention", [(shape, dtype)], magnitude=magnitude)

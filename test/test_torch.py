@@ -110,6 +110,29 @@ def test_scaled_dot_product_attention_is_raised_and_exact(scale):
     torch.testing.assert_close(compiled(q, k, v), Attention(scale)(q, k, v), rtol=1e-4, atol=1e-4)
 
 
+class SharpMaskedAttention(nn.Module):
+    """Attention written out as users write it: scores at a large scale, a boolean mask filled
+    with -inf (a row masked whole gives NaN, as in eager), softmax, P V."""
+
+    def forward(self, q, k, v, mask):
+        scores = (q @ k.transpose(-1, -2) * 50.0).masked_fill(~mask, float("-inf"))
+        return torch.softmax(scores, dim=-1) @ v, torch.softmax(q * 40.0, dim=-1)
+
+
+def test_sharp_softmaxes_and_minus_infinity_masks_match_eager():
+    """Softmaxes on the torch path at score scales of 40-50, a dominant key late in each row,
+    -inf masks with a row masked whole, large magnitudes: at f32 precision against eager."""
+    torch.manual_seed(0)
+    q, k, v = torch.randn(2, 9, 16), torch.randn(2, 37, 16), 100 * torch.randn(2, 37, 8)
+    k[:, 33] = q.mean(dim=1) * 3  # a late key aligned with every query
+    mask = torch.rand(2, 9, 37) > 0.3
+    mask[0, 4] = False
+    compiled = tracea.compile(SharpMaskedAttention().eval(), (q, k, v, mask))
+    for got, expected in zip(compiled(q, k, v, mask), SharpMaskedAttention()(q, k, v, mask)):
+        torch.testing.assert_close(got, expected, rtol=1e-5, atol=1e-5 * expected.nan_to_num().abs().max(),
+                                   equal_nan=True)
+
+
 class Unsupported(nn.Module):
     def forward(self, x):
         return torch.sort(x, dim=1).values
