@@ -39,6 +39,9 @@ MUTATIONS = {
         "tracea/passes/gpu_mma.py",
         "mask = ((1 << s.bits) - 1) << (s.base + s.shift)", "mask = ((1 << (s.bits - 1)) - 1) << (s.base + s.shift)",
         ["test/test_ptx_emulator.py", "-k", "matches_torch"]),  # bank conflicts measured on the kernels' addresses
+    "silu-without-its-x": (  # the epilogue every CPU strategy shares: caught only against numpy
+        "tracea/passes/kernel_text.py", "return b.mul(x, _sigmoid(b, x))", "return _sigmoid(b, x)",
+        ["test/test_cpu_kernels.py", "-k", "batched"]),
     "unclamped-gather-index": (
         "tracea/passes/check_indices.py",
         "extract.operands[1 + k] = arith.select(ok, index, arith.constant(ir.IndexType.get(), 0))",
