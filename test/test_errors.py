@@ -85,3 +85,21 @@ def test_a_model_in_training_mode_is_compiled_with_a_warning_to_call_eval():
     with pytest.warns(RuntimeWarning, match=r"training mode.*call model.eval\(\)"):
         compiled = tracea.compile(model, (x,))
     torch.testing.assert_close(compiled(x), model(x))
+
+
+def test_a_pass_failing_without_a_diagnostic_is_named(monkeypatch):
+    """A pass that fails without saying why (a compiler bug) is named in the error, with the
+    stage, instead of a bare "pass pipeline failed"."""
+    from tracea.passes.pipeline import parse_pipeline, run_pipeline
+    from tracea.passes.registry import PassFailed
+    from tracea.passes.widen_i1 import WidenBoolTensorsPass
+
+    def silent(self, op):
+        raise PassFailed()
+    monkeypatch.setattr(WidenBoolTensorsPass, "run", silent)
+    stages = [("first", parse_pipeline("canonicalize")), ("second", parse_pipeline("cse, tracea-widen-i1, cse"))]
+    result = run_pipeline("func.func @f() { return }", stages, isolate=False)
+    assert not result.ok
+    assert [str(d) for d in result.diagnostics] == [
+        "error: pass 'tracea-widen-i1' failed in stage 'second' without saying why: a bug in Tracea; please report "
+        "it with the input"]

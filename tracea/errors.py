@@ -1,6 +1,9 @@
 """The errors Tracea raises: each names the problem and, where one exists, the fix."""
 from __future__ import annotations
 
+import os
+import sys
+import warnings
 from dataclasses import dataclass
 
 
@@ -61,3 +64,17 @@ class IndexOutOfRangeError(TraceaError, IndexError, RuntimeError):
     """A compiled kernel was given an index outside the dim it indexes. It is an IndexError and a
     RuntimeError, so that it is caught as eager PyTorch's error is for every op: IndexError from
     embedding and `x[idx]`, RuntimeError from gather and index_select."""
+
+
+_PACKAGE = os.path.dirname(os.path.abspath(__file__)) + os.sep
+
+
+def warn(message: str, category: type[Warning] = RuntimeWarning) -> None:
+    """warnings.warn, attributed to the user's line that called into Tracea (or into torch.compile
+    / Dynamo, which call Tracea), not to Tracea's or torch's own code."""
+    torch = sys.modules.get("torch")
+    internal = (_PACKAGE,) + ((os.path.dirname(os.path.abspath(torch.__file__)) + os.sep,) if torch else ())
+    level, frame = 2, sys._getframe(1)
+    while frame is not None and os.path.abspath(frame.f_code.co_filename).startswith(internal):
+        frame, level = frame.f_back, level + 1
+    warnings.warn(message, category, stacklevel=level if frame is not None else 2)

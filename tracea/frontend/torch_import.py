@@ -20,7 +20,7 @@ import tempfile
 import warnings
 from dataclasses import dataclass, field
 
-from ..errors import CompileError
+from ..errors import CompileError, warn
 
 
 def require_torch_mlir():
@@ -149,7 +149,7 @@ def warn_once(key: str, message: str) -> None:
     """One RuntimeWarning per key (an op kind, say) in this process."""
     if key not in _warned:
         _warned.add(key)
-        warnings.warn(f"tracea: {message}", RuntimeWarning, stacklevel=4)
+        warn(f"tracea: {message}")
 
 
 @contextlib.contextmanager

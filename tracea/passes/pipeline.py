@@ -140,6 +140,26 @@ def _silent_parse_failure(source: str, source_name: str) -> Diagnostic:
     return Diagnostic("error", "the input could not be parsed (MLIR gave no location)", source_name)
 
 
+def _silent_pass_failure(source: str, stages: list[tuple[str, Pipeline]], failed: str, source_name: str) -> str:
+    """A stage failed without a diagnostic: run it again from the input, one pass at a time, to
+    name the pass (a compiler bug: every failing pass should say why)."""
+    module = parse_module(source, source_name)
+    for stage_name, pipeline in stages:
+        for element in pipeline.elements if stage_name == failed else (pipeline,):
+            try:
+                build_pass_manager(element if isinstance(element, Pipeline) else Pipeline((element,))).run(
+                    module.operation)
+            except (ir.MLIRError, TraceaError):
+                if stage_name != failed:
+                    break
+                name = element if isinstance(element, str) else element.NAME
+                return (f"pass '{name}' failed in stage '{stage_name}' without saying why: a bug in Tracea; "
+                        "please report it with the input")
+        if stage_name == failed:
+            break
+    return f"pass pipeline failed in stage '{failed}' without saying why: a bug in Tracea; please report it with the input"
+
+
 def _run_in_process(source: str, stages: list[tuple[str, Pipeline]], source_name: str,
                     print_ir_after_all: bool, keep_stages: bool, asm: dict, verify_each: bool,
                     finish: Callable[[ir.Operation], bytes] | None) -> PipelineResult:
@@ -165,7 +185,10 @@ def _run_in_process(source: str, stages: list[tuple[str, Pipeline]], source_name
             except ir.MLIRError as e:
                 log.absorb(e)
                 if not log.errors:
-                    log.diagnostics.append(Diagnostic("error", f"pass pipeline failed in stage '{stage_name}'"))
+                    seen = len(log.diagnostics)  # the rerun's warnings are already there
+                    why = _silent_pass_failure(source, stages, stage_name, source_name)
+                    del log.diagnostics[seen:]
+                    log.diagnostics.append(Diagnostic("error", why))
                 return PipelineResult(False, None, log.diagnostics)
             except TraceaError as e:
                 log.diagnostics.append(Diagnostic("error", str(e)))

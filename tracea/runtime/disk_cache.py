@@ -13,12 +13,11 @@ from __future__ import annotations
 import hashlib
 import os
 import tempfile
-import warnings
 from functools import lru_cache
 from pathlib import Path
 
 from .. import __version__, knobs
-from ..errors import TraceaError
+from ..errors import TraceaError, warn
 from .aot import export, load
 from .kernel import Kernel
 
@@ -63,8 +62,8 @@ def _set_aside(directory: Path, key: str, why: Exception) -> None:
                 os.replace(directory / f"{key}{suffix}", aside / f"{key}{suffix}")
     except OSError:
         pass
-    warnings.warn(f"Tracea's kernel cache entry {key[:16]}... in {directory} is unusable ({why}); it was moved "
-                  f"to {aside} and the kernel is compiled again", RuntimeWarning, stacklevel=4)
+    warn(f"Tracea's kernel cache entry {key[:16]}... in {directory} is unusable ({why}); it was moved to {aside} "
+         "and the kernel is compiled again")
 
 
 def store(key: str, kernel: Kernel) -> None:
