@@ -11,7 +11,12 @@ sys.path.insert(0, os.path.dirname(__file__))  # `import reference`
 os.environ["TRACEA_CACHE_DIR"] = tempfile.mkdtemp(prefix="tracea-test-cache-")
 
 # Every example compiles a kernel (~0.3 s); keep property tests to a few dozen shapes each.
-settings.register_profile("tracea", max_examples=12, deadline=None, derandomize=True)
+# Property tests explore: every run draws new examples (12 a test, within the suite's time) and
+# a failure prints the example and the seed that reproduces it (pytest --hypothesis-seed=N).
+# HYPOTHESIS_PROFILE=explore runs 200 a test; =fixed the same 12 every time.
+settings.register_profile("tracea", max_examples=12, deadline=None, print_blob=True, database=None)
+settings.register_profile("explore", max_examples=200, deadline=None, print_blob=True, database=None)
+settings.register_profile("fixed", max_examples=12, deadline=None, derandomize=True, database=None)
 settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "tracea"))
 
 
