@@ -75,8 +75,8 @@ def test_only_generic_loop_nests_get_llvm_optimizations():
 def test_a_large_module_compiles_in_parts_that_link_into_one(monkeypatch):
     """parallel_parts: every function defined in exactly one part, internal ones callable from
     the others, the one mutable global shared (not copied); the joined object runs as the whole."""
-    from tracea.targets.host import host_cpu
-    if host_cpu().cores < 2:
+    from tracea.targets.host import machine_cores
+    if machine_cores() < 2:
         pytest.skip("one core: modules are compiled whole")
     functions = "\n".join(f"""
         llvm.func internal @step{k}(%x: i64) -> i64 {{
@@ -105,7 +105,7 @@ def test_a_large_module_compiles_in_parts_that_link_into_one(monkeypatch):
         llvm_ir = native.translate_to_llvm_ir(ir.Module.parse(source).operation)
     monkeypatch.setattr(native, "PARALLEL_MIN_BYTES", 0)
     parts = native.parallel_parts(llvm_ir, [])
-    assert parts is not None and len(parts) == min(host_cpu().cores, 8)
+    assert parts is not None and len(parts) == min(machine_cores(), 8)
     for k in range(9):
         assert sum(f"@step{k}(" in p and f"define hidden i64 @step{k}(" in p for p in parts) == 1
     assert sum("@counter = hidden global i32 0" in p for p in parts) == 1
@@ -125,14 +125,14 @@ def test_a_kernel_compiled_in_parts_runs_and_exports(tmp_path):
     """Twelve softmax kernels: a module large enough to be compiled on several cores (in the
     compiler process), checked against numpy, then linked into a shared library and loaded."""
     from tracea.runtime import aot
-    from tracea.targets.host import host_cpu
+    from tracea.targets.host import machine_cores
     shapes = [(k, 40 + k) for k in range(1, 13)]
     fn = td.function(*[td.tensor(s) for s in shapes], name="many")(
         lambda *xs: tuple(td.softmax(x, axis=1) for x in xs))
     kernel = tracea.compile(fn, keep_stages=True)
     with shared_context("host"):
         llvm_ir = native.translate_to_llvm_ir(ir.Module.parse(kernel.stages["llvm"]).operation)
-    if host_cpu().cores >= 2:
+    if machine_cores() >= 2:
         assert native.parallel_parts(llvm_ir, []) is not None  # (else this test misses its point)
     rng = np.random.default_rng(0)
     xs = [rng.standard_normal(s).astype(np.float32) * 20 for s in shapes]

@@ -120,7 +120,8 @@ def compile(program, example_inputs=None, *, target: str = "cpu", entry: str | N
         raise ValueError(f"threads must be a positive number of threads (or None: $TRACEA_NUM_THREADS or "
                          f"the host's {host_cpu().cores} cores), got {threads!r}")
     threads = threads or knobs.num_threads() or host_cpu().cores
-    parts = [text, target, str(entry), strategy, str(threads), str(keep_stages), knobs.parallel_runtime()]
+    parts = [text, target, str(entry), strategy, str(threads), str(keep_stages), knobs.parallel_runtime(),
+             host_cpu().describe()]  # what the schedules were planned for (TRACEA_CPU may name another CPU)
     key = hashlib.sha256("\0".join(parts).encode()).hexdigest()
     with _CACHE_LOCK:
         if key in _CACHE:

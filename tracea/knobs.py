@@ -40,6 +40,14 @@ def num_threads() -> int | None:
     return int(value)
 
 
+def cpu_profile() -> str | None:
+    """TRACEA_CPU: plan CPU kernels for a named CPU profile instead of this host (e.g.
+    skylake-avx512; the names are in tracea.targets.host.PROFILES). The kernels still run here:
+    LLVM splits vectors wider than the host's. For tests of other ISAs' code paths, and for
+    inspecting what another machine would get."""
+    return os.environ.get("TRACEA_CPU", "").strip() or None
+
+
 def tune_malloc() -> bool:
     """TRACEA_TUNE_MALLOC=0 leaves glibc's malloc settings alone. By default the first kernel
     loaded raises its mmap and trim thresholds (32 MiB, 128 MiB), so the large buffers a kernel

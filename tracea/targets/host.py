@@ -54,8 +54,32 @@ def _cache_sizes() -> dict[int, int]:
     return sizes
 
 
-@lru_cache(maxsize=1)
+KiB, MiB = 1024, 1024 * 1024
+# CPUs that are not here, by name (TRACEA_CPU): default schedules follow their ISA, registers
+# and caches (per core L1d / L2, shared L3; public specifications).
+PROFILES = {
+    "zen3-avx2": HostCPU("x86_64", "avx2", 8, 16, 32 * KiB, 512 * KiB, 32 * MiB, 8),
+    "skylake-avx512": HostCPU("x86_64", "avx512", 16, 32, 32 * KiB, 1 * MiB, 22 * MiB, 16),
+    "sapphire-rapids-avx512": HostCPU("x86_64", "avx512", 16, 32, 48 * KiB, 2 * MiB, 105 * MiB, 56),
+    "x86-64-sse": HostCPU("x86_64", "sse", 4, 16, 32 * KiB, 256 * KiB, 8 * MiB, 4),
+    "graviton3-neon": HostCPU("aarch64", "neon", 4, 32, 64 * KiB, 1 * MiB, 32 * MiB, 64),
+    "apple-m2-neon": HostCPU("aarch64", "neon", 4, 32, 128 * KiB, 4 * MiB, 8 * MiB, 8),
+}
+
+
 def host_cpu() -> HostCPU:
+    """This machine's CPU, or the named profile TRACEA_CPU asks for."""
+    from .. import knobs
+    name = knobs.cpu_profile()
+    if name is None:
+        return _probe()
+    if name not in PROFILES:
+        raise ValueError(f"TRACEA_CPU={name!r} is not a known CPU profile; known: {', '.join(PROFILES)}")
+    return PROFILES[name]
+
+
+@lru_cache(maxsize=1)
+def _probe() -> HostCPU:
     arch = platform.machine().lower()
     flags = _cpu_flags()
     if arch in ("x86_64", "amd64"):
@@ -71,5 +95,9 @@ def host_cpu() -> HostCPU:
         isa, lanes, regs = "scalar", 4, 16  # LLVM legalizes 4-lane vectors on any target
     caches = _cache_sizes()
     return HostCPU(arch, isa, lanes, regs, caches.get(1, 32 * 1024), caches.get(2, 1024 * 1024),
-                   caches.get(3, 8 * 1024 * 1024), len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity")
-                   else (os.cpu_count() or 1))
+                   caches.get(3, 8 * 1024 * 1024), machine_cores())
+
+
+def machine_cores() -> int:
+    """Cores this process may run on (whatever profile kernels are planned for)."""
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
