@@ -14,7 +14,7 @@ from tracea import dialects as td
 from tracea.passes.cpu_gemm import column_chunk
 from tracea.passes.cpu_kernels import default_gemm_schedule
 from tracea.targets.cpu import openmp_library
-from tracea.targets.host import host_cpu
+from tracea.doctor.capabilities import host_cpu
 
 LANES = host_cpu().f32_lanes
 # The CPU kernels compute in buffers they allocate from the start; at the linalg stage, the

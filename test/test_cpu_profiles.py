@@ -8,7 +8,7 @@ import pytest
 
 import tracea
 from tracea import dialects as td
-from tracea.targets.host import PROFILES, host_cpu
+from tracea.doctor.capabilities import CPU_PROFILES as PROFILES, host_cpu
 import reference as ref
 
 

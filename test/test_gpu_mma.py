@@ -155,7 +155,7 @@ def test_nhwc_conv2d_is_an_implicit_gemm_on_tensor_cores(sass):
 
 
 @pytest.mark.parametrize("build,message", [
-    (lambda x, w: td.conv2d(x, w, layout="nchw"), "takes layout='nhwc'"),
+    (lambda x, w: td.conv2d(x, w, layout="nchw"), r"layout nchw.*needs layout='nhwc' \(filter HWCF; transpose"),
     (lambda x, w: td.conv2d(x, w, layout="nhwc", groups=2), "groups=1"),
 ])
 def test_conv2d_the_gpu_cannot_take_is_named(build, message):

@@ -75,7 +75,7 @@ def test_only_generic_loop_nests_get_llvm_optimizations():
 def test_a_large_module_compiles_in_parts_that_link_into_one(monkeypatch):
     """parallel_parts: every function defined in exactly one part, internal ones callable from
     the others, the one mutable global shared (not copied); the joined object runs as the whole."""
-    from tracea.targets.host import machine_cores
+    from tracea.doctor.capabilities import machine_cores
     if machine_cores() < 2:
         pytest.skip("one core: modules are compiled whole")
     functions = "\n".join(f"""
@@ -125,7 +125,7 @@ def test_a_kernel_compiled_in_parts_runs_and_exports(tmp_path):
     """Twelve softmax kernels: a module large enough to be compiled on several cores (in the
     compiler process), checked against numpy, then linked into a shared library and loaded."""
     from tracea.runtime import aot
-    from tracea.targets.host import machine_cores
+    from tracea.doctor.capabilities import machine_cores
     shapes = [(k, 40 + k) for k in range(1, 13)]
     fn = td.function(*[td.tensor(s) for s in shapes], name="many")(
         lambda *xs: tuple(td.softmax(x, axis=1) for x in xs))

@@ -27,7 +27,7 @@ def test_named_pipelines_expand():
     p = parse_pipeline("tracea-cpu")
     names = [e if isinstance(e, str) else e.NAME for e in p.elements]
     assert names[:7] == ["tracea-verify", "tracea-widen-i1", "tracea-raise-linalg", "canonicalize",
-                         "tracea-cpu-conv", "tracea-cpu-schedule", "tracea-cpu-kernels"]
+                         "tracea-select-variant", "tracea-cpu-conv", "tracea-cpu-kernels"]
     assert names.count("tracea-cpu-tile-linalg") == 2  # on tensors, then the copies bufferization made
     assert "tracea-cpu-abi" in names and "reconcile-unrealized-casts" in names
 

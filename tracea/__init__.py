@@ -17,6 +17,7 @@ from . import dialects, ops, passes, targets  # noqa: E402,F401  (registers the 
 if _importlib_util.find_spec("torch_mlir") is not None:
     import torch_mlir._mlir_libs._mlir  # noqa: E402,F401
 from .compiler import clear_cache, compile, compile_gpu  # noqa: E402
+from .doctor import Context  # noqa: E402
 from .errors import (ArgumentError, CompileError, IndexOutOfRangeError, InternalCompilerError, OpError,  # noqa: E402
                      TraceaError)
 from .ops import patch_conv2d, unpatch_conv2d  # noqa: E402
@@ -43,6 +44,6 @@ def _register_torch_backend() -> None:
 
 _register_torch_backend()
 
-__all__ = ["ArgumentError", "CompileError", "IndexOutOfRangeError", "InternalCompilerError", "Kernel", "OpError", "TraceaConv2d",
+__all__ = ["ArgumentError", "CompileError", "Context", "IndexOutOfRangeError", "InternalCompilerError", "Kernel", "OpError", "TraceaConv2d",
            "TraceaError", "__version__", "clear_cache", "compile", "compile_gpu", "dialects", "ops", "passes", "patch_conv2d",
            "targets", "unpatch_conv2d"]

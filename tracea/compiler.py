@@ -21,7 +21,7 @@ from .runtime.kernel import Kernel, Signature
 from .targets import get_target
 from .targets.base import TARGETS
 from .targets.cpu import function_signature, public_functions
-from .targets.host import host_cpu
+from .doctor.capabilities import host_cpu
 
 _CACHE: dict[str, Kernel] = {}
 _CACHE_LOCK = threading.Lock()

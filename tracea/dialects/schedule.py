@@ -141,6 +141,18 @@ class Schedule:
         if self.lane_map is not None:
             self.lane_map.validate()
 
+    def as_dict(self) -> dict:
+        """The fields that differ from the defaults, as plain values (the attribute's keys)."""
+        out = {}
+        for name in self.__dataclass_fields__:
+            value, default = getattr(self, name), getattr(Schedule(), name)
+            if value != default:
+                out[name] = list(value) if isinstance(value, tuple) else \
+                    {"kind": value.kind, "shape": list(value.shape)} if isinstance(value, LaneMap) else \
+                    {k: getattr(value, k) for k in ("kind", "bits", "base", "shift")} if isinstance(value, Swizzle) \
+                    else value
+        return out
+
     # --- attribute form -------------------------------------------------------------
     def to_attr(self) -> ir.Attribute:
         self.validate()

@@ -26,11 +26,6 @@ MAX_ACCUMULATORS = 16  # vector registers a register tile keeps accumulating in 
 NNAN = "fastmath<nnan>"  # max without NaN handling: a single vmaxps
 
 
-def supports(v: OpView, lanes: int) -> bool:
-    q, val = v.operands["query"], v.operands["value"]
-    return q.shape[-1] % lanes == 0 and val.shape[-1] % lanes == 0
-
-
 def qk_tile(rows: int, keys: int, lanes: int) -> tuple[int, int]:
     """(query rows, key vectors) of the QK^T register tile for a block of `rows` x `keys`."""
     vectors = 2 if keys % (2 * lanes) == 0 else 1

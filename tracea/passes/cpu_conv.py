@@ -28,13 +28,6 @@ from .cpu_gemm import _memref, _Text
 UNROLLED_TAPS = 3  # filter columns written out in the kernel; wider filters loop over them
 
 
-def supports(v: OpView) -> bool:
-    specs = [v.operands["input"], v.operands["filter"], v.result]
-    if v.operands.get("bias") is not None:
-        specs.append(v.operands["bias"])
-    return v.attrs["layout"] == "nchw" and v.attrs["groups"] == 1 and all(s.dtype == "f32" for s in specs)
-
-
 def register_tile(filters: int, accumulators: int) -> tuple[int, int]:
     """(MR filters, NV position vectors) for at most `accumulators` accumulator registers: few
     padded filter rows, and few loads per FMA: NV / (MR NV) vector loads, unaligned (often split

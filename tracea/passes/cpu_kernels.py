@@ -1,9 +1,9 @@
-"""CPU schedules and kernels.
+"""The CPU's kernels and their variants.
 
-tracea-cpu-schedule gives each op that has a fast CPU kernel a schedule sized from the host
-(cache blocks from the cache sizes, register tile and SIMD width from the vector registers),
-unless the op already carries one. tracea-cpu-kernels then replaces each op whose schedule maps
-onto SIMD lanes by its kernel; ops it does not handle are left for tracea-lower-to-linalg.
+Each CPU kernel variant is declared here (the Doctor's registry: constraints, priority, default
+schedule sized from the CPU's SIMD width, registers and caches). tracea-select-variant writes the
+chosen one onto each op; tracea-cpu-conv and tracea-cpu-kernels then replace each op by its
+variant's kernel, leaving the reference variant's ops for tracea-lower-to-linalg.
 """
 from __future__ import annotations
 
@@ -17,16 +17,17 @@ from ..dialects.ops import OP_DEFS, Conv2dDef, Epilogue, OpView, TensorSpec, vie
 from ..dialects.schedule import LaneMap, Schedule
 from ..dialects.verify import tracea_ops
 from ..errors import OpError
-from ..targets.host import HostCPU, host_cpu
+from ..doctor.capabilities import CPU, Capabilities, host, host_cpu
+from ..doctor.variants import (OPS, BackendIs, Problem, Rule, SimdWidthAtLeast, Variant, known, register_variant,
+                               variant)
 from .cpu_attention import attention_kernel_text
-from .cpu_attention import supports as supports_attention
 from .cpu_conv import conv_nchw_kernel_text
-from .cpu_conv import supports as supports_direct_conv
 from .cpu_gemm import ConvGather, conv_k_block, gemm_dot_kernel_text, gemm_kernel_text
 from .cpu_softmax import softmax_kernel_text
 from .kernel_text import KernelWriter
 from .lower_to_linalg import inline_kernel
 from .registry import PassFailed, TraceaPass, option, register
+from .select_variant import select
 
 GEMM_OPS = ("tracea.gemm", "tracea.fused_gemm")
 
@@ -39,7 +40,7 @@ def _round_up(x: int, multiple: int) -> int:
     return -(-x // multiple) * multiple
 
 
-def default_gemm_schedule(m: int, n: int, k: int, host: HostCPU, threads: int) -> Schedule:
+def default_gemm_schedule(m: int, n: int, k: int, host: CPU, threads: int) -> Schedule:
     """BLIS-style blocking: the B micro-panel (KC x NR) in about L1, the A block (MC x KC) in half of
     L2, the B panel (KC x NC) in a quarter of L3. Threads share the M blocks when there are
     enough (~4 each, in equal numbers); with fewer the kernel also splits the B panel among
@@ -69,7 +70,7 @@ def use_dot_kernel(m: int, k: int, transpose_a: bool, transpose_b: bool) -> bool
     return transpose_b and not transpose_a and m <= 64 and k >= 512
 
 
-def dot_gemm_schedule(m: int, n: int, k: int, host: HostCPU, threads: int) -> Schedule:
+def dot_gemm_schedule(m: int, n: int, k: int, host: CPU, threads: int) -> Schedule:
     """The inner-product kernel's blocking: MR x NR accumulators (+ MR rows of A and one of B in
     registers); K blocks long enough to amortize reducing the accumulators; A blocks in half of L2."""
     lanes = host.f32_lanes
@@ -80,20 +81,19 @@ def dot_gemm_schedule(m: int, n: int, k: int, host: HostCPU, threads: int) -> Sc
     return Schedule(tile=(mc, _round_up(n, nr), kc), warp_tile=(mr, nr, lanes), lane_map=LaneMap("simd", (lanes,)))
 
 
-def check_gemm_schedule(v: OpView) -> None:
-    s = v.attrs["schedule"]
+def check_gemm_schedule(problem: Problem, caps: Capabilities, s: Schedule) -> None:
     if s.tile is None or s.warp_tile is None or len(s.tile) != 3:
         raise OpError("a CPU gemm schedule needs tile = [MC, NC, KC] and warp_tile = [MR, NR, 1] "
                       "(or [MR, NR, lanes] for the inner-product kernel)")
     mr, nr, kr = s.warp_tile
     lanes = s.lane_map.shape[-1]
-    available = host_cpu().vector_registers
+    available = caps.cpu.vector_registers
     if kr == lanes:  # inner products along K
-        if v.attrs["transpose_a"] or not v.attrs["transpose_b"]:
+        if problem.transpose_a or not problem.transpose_b:
             raise OpError(f"CPU gemm warp_tile [MR, NR, {lanes}] (inner products along K) needs transpose_b "
                           "and not transpose_a; use [MR, NR, 1]")
         registers = mr * nr + mr + 1
-        if lanes == host_cpu().f32_lanes and registers > available:
+        if lanes == caps.cpu.f32_lanes and registers > available:
             raise OpError(f"inner-product tile {mr}x{nr} needs {registers} vector registers; this CPU has "
                           f"{available} (reduce MR or NR)")
         return
@@ -101,9 +101,32 @@ def check_gemm_schedule(v: OpView) -> None:
         raise OpError(f"CPU gemm warp_tile [MR, NR, 1] needs NR a multiple of the {lanes} SIMD lanes; "
                       f"got {list(s.warp_tile)}")
     registers = mr * nr // lanes + nr // lanes + 1
-    if lanes == host_cpu().f32_lanes and registers > available:
+    if lanes == caps.cpu.f32_lanes and registers > available:
         raise OpError(f"register tile {mr}x{nr} needs {registers} vector registers; this CPU has {available} "
                       f"(reduce MR or NR)")
+
+
+def _conv_gemm(v: OpView) -> tuple[int, int, int, ConvGather]:
+    """The implicit GEMM of a conv2d: (M, N, K) and the gather packing A from the NHWC image."""
+    x, f = v.operands["input"], v.operands["filter"]
+    top, _, left, _ = Conv2dDef.pads(v.attrs)
+    if v.attrs["layout"] == "nchw":
+        (n, c, h, wd), (nf, _, kh, kw), (_, _, oh, ow) = x.shape, f.shape, v.result.shape
+    else:
+        (n, h, wd, c), (kh, kw, _, nf), (_, oh, ow, _) = x.shape, f.shape, v.result.shape
+    gather = ConvGather(TensorSpec((n, h, wd, c), x.dtype), (kh, kw), (oh, ow), tuple(v.attrs["stride"]),
+                        tuple(v.attrs["dilation"]), (top, left))
+    return n * oh * ow, nf, kh * kw * c, gather
+
+
+def conv_gemm_schedule(v: OpView, host: CPU, threads: int) -> Schedule:
+    """The GEMM's blocking, with K blocks whose B micro-panel fits L1: measured on the 3x3 C64
+    conv, blocks of 256-320 ran ~10 % faster than 512-576 (the GEMM's), whose panels spill to L2."""
+    m, nf, k, gather = _conv_gemm(v)
+    schedule = default_gemm_schedule(m, nf, k, host, threads)
+    mc, nc, _ = schedule.tile
+    kc = host.l1d_bytes // (schedule.warp_tile[1] * 4)
+    return replace(schedule, tile=(mc, nc, conv_k_block(gather.unit(schedule.lane_map.shape[-1]), k, kc)))
 
 
 def conv_as_gemm(w: KernelWriter, v: OpView, name: str, threads: int) -> tuple[str, str]:
@@ -113,29 +136,15 @@ def conv_as_gemm(w: KernelWriter, v: OpView, name: str, threads: int) -> tuple[s
     Returns the GEMM kernel's function text and the SSA name of the result."""
     x, f = v.operands["input"], v.operands["filter"]
     nchw = v.attrs["layout"] == "nchw"
-    top, _, left, _ = Conv2dDef.pads(v.attrs)
+    m, nf, k, gather = _conv_gemm(v)
+    n, (oh, ow) = gather.image.shape[0], gather.out_hw
     if nchw:
-        n, c, h, wd = x.shape
-        nf, _, kh, kw = f.shape
-        _, _, oh, ow = v.result.shape
         image = w.transpose(w.arg["input"], [0, 2, 3, 1])
         filt = w.transpose(w.arg["filter"], [2, 3, 1, 0])  # FCHW -> HWCF
     else:
-        n, h, wd, c = x.shape
-        kh, kw, _, nf = f.shape
-        _, oh, ow, _ = v.result.shape
         image, filt = w.arg["input"], w.arg["filter"]
-    m, k = n * oh * ow, kh * kw * c
     filt = w.reshape(filt, [[0, 1, 2], [3]], (k, nf))
-    gather = ConvGather(TensorSpec((n, h, wd, c), x.dtype), (kh, kw), (oh, ow), tuple(v.attrs["stride"]),
-                        tuple(v.attrs["dilation"]), (top, left))
-    host = host_cpu()
-    schedule = default_gemm_schedule(m, nf, k, host, threads)
-    mc, nc, _ = schedule.tile
-    # K blocks whose B micro-panel fits L1: measured on the 3x3 C64 conv, blocks of 256-320 ran
-    # ~10 % faster than 512-576 (the GEMM's), whose panels spill to L2
-    kc = host.l1d_bytes // (schedule.warp_tile[1] * 4)
-    schedule = replace(schedule, tile=(mc, nc, conv_k_block(gather.unit(schedule.lane_map.shape[-1]), k, kc)))
+    schedule = v.attrs.get("schedule") or conv_gemm_schedule(v, host_cpu(), threads)
     operands = {"a": TensorSpec((m, k), x.dtype), "b": TensorSpec((k, nf), f.dtype)}
     if "bias" in w.arg:
         operands["bias"] = v.operands["bias"]
@@ -153,6 +162,159 @@ def conv_as_gemm(w: KernelWriter, v: OpView, name: str, threads: int) -> tuple[s
     return text, result
 
 
+# -- the CPU's kernel variants ---------------------------------------------------------------
+
+def _simd_schedule(p: Problem) -> bool | None:
+    """Whether the op's own schedule maps onto SIMD lanes (None: it has none)."""
+    s = p.schedule
+    return None if s is None else s.lane_map is not None and s.lane_map.kind == "simd"
+
+
+def _wants_inner_products(p: Problem, caps: Capabilities) -> bool | None:
+    if _simd_schedule(p) is not None:
+        return _simd_schedule(p) and p.schedule.warp_tile is not None and p.schedule.warp_tile[-1] > 1
+    if not known(p.m, p.k, p.transpose_a, p.transpose_b):
+        return None
+    return use_dot_kernel(p.m, p.k, p.transpose_a, p.transpose_b)
+
+
+def _packed(p: Problem, caps: Capabilities) -> bool | None:
+    simd = _simd_schedule(p)
+    return simd is None or simd and (p.schedule.warp_tile is None or p.schedule.warp_tile[-1] == 1)
+
+
+def _gemm_default(schedule_fn):
+    def default(p: Problem, caps: Capabilities, threads: int | None) -> Schedule | None:
+        if p.schedule is not None or not known(p.m, p.n, p.k):
+            return p.schedule
+        return schedule_fn(p.m, p.n, p.k, caps.cpu, threads or caps.cpu.cores)
+    return default
+
+
+def _gemm_space(p: Problem, caps: Capabilities) -> dict:
+    lanes = caps.cpu.f32_lanes
+    return {"warp_tile": [(mr, nr, 1) for mr in (4, 6, 8, 12, 14) for nr in (lanes, 2 * lanes, 3 * lanes)
+                          if mr * nr // lanes + nr // lanes + 1 <= caps.cpu.vector_registers],
+            "kc": [128, 192, 256, 384, 512], "mc": [48, 96, 144, 192, 288]}
+
+
+def _gemm_check(p: Problem, caps: Capabilities, s: Schedule) -> None:
+    check_gemm_schedule(p, caps, s)
+
+
+def _conv_default(p: Problem, caps: Capabilities, threads: int | None) -> Schedule | None:
+    if p.schedule is not None or p.view is None:
+        return p.schedule
+    return conv_gemm_schedule(p.view, caps.cpu, threads or caps.cpu.cores)
+
+
+def _attention_fits(p: Problem, caps: Capabilities) -> bool | None:
+    if _simd_schedule(p) is not None:
+        return _simd_schedule(p)  # a SIMD schedule asks for the kernel (its check names a bad head dim)
+    if not known(p.head_dim, p.value_head_dim):
+        return None
+    return p.head_dim % caps.cpu.f32_lanes == 0 and p.value_head_dim % caps.cpu.f32_lanes == 0
+
+
+def _attention_default(p: Problem, caps: Capabilities, threads: int | None) -> Schedule:
+    lanes = caps.cpu.f32_lanes  # blocks of 16 queries x 4 vectors of keys (AVX-512: 64 keys)
+    return p.schedule or Schedule(tile=(16, 4 * lanes), lane_map=LaneMap("simd", (lanes,)))
+
+
+def _attention_check(p: Problem, caps: Capabilities, s: Schedule) -> None:
+    lanes = s.lane_map.shape[-1]
+    if s.tile is None or len(s.tile) != 2 or s.tile[1] % lanes:
+        raise OpError(f"a CPU attention schedule needs tile = [query rows, keys] with keys a multiple of "
+                      f"the {lanes} SIMD lanes; got {s.tile}")
+    if p.head_dim % lanes or p.value_head_dim % lanes:
+        raise OpError(f"the CPU attention kernel needs head dims that are multiples of {lanes}; "
+                      "drop the schedule to use the reference lowering")
+
+
+def _softmax_fits(p: Problem, caps: Capabilities) -> bool | None:
+    return _simd_schedule(p) is not False and p.last_axis
+
+
+ON_CPU, SIMD = BackendIs("cpu"), SimdWidthAtLeast(128)  # vectors of 4 f32 lanes at least (LLVM splits wider)
+GEMMS = ("gemm", "fused_gemm")
+for _variant in (
+    Variant("cpu.gemm.inner_product", "cpu", GEMMS, (ON_CPU, SIMD, Rule(
+        "x @ W^T with at most 64 rows and K >= 512, or a schedule whose warp_tile is [MR, NR, lanes]",
+        _wants_inner_products, preference=True)), 30,
+        "inner products along K, nothing packed (nn.Linear with few rows)", frozenset({"simd"}),
+        _gemm_default(dot_gemm_schedule), _gemm_space, _gemm_check),
+    Variant("cpu.gemm.packed", "cpu", GEMMS, (ON_CPU, SIMD, Rule("no schedule, or one on SIMD lanes with warp_tile "
+                                                        "[MR, NR, 1]", _packed)), 20,
+            "BLIS-style cache blocks, packed panels, an MR x NR register tile of FMAs", frozenset({"simd"}),
+            _gemm_default(default_gemm_schedule), _gemm_space, _gemm_check),
+    Variant("cpu.conv2d.direct_nchw", "cpu", ("conv2d",), (ON_CPU, SIMD, Rule(
+        "NCHW, groups = 1, f32 throughout", lambda p, caps: False if p.dtype != "f32" else None if p.layout is None
+        else p.layout == "nchw" and p.groups == 1 and all(d == "f32" for d in (p.dtypes or (p.dtype,))))), 30,
+        "direct convolution over phase planes (no transposes, no im2col)", frozenset({"simd"})),
+    Variant("cpu.conv2d.implicit_gemm", "cpu", ("conv2d",), (ON_CPU, SIMD, Rule(
+        "groups = 1", lambda p, caps: None if p.groups is None else p.groups == 1)), 20,
+        "the packed GEMM over im2col rows gathered from the NHWC image", frozenset({"simd"}),
+        _conv_default, _gemm_space, _gemm_check),
+    Variant("cpu.attention.flash", "cpu", ("attention",), (ON_CPU, SIMD, Rule(
+        "head dims multiples of the SIMD lanes", _attention_fits)), 20,
+        "flash attention: blocks of queries against blocks of keys, online softmax, S never stored",
+        frozenset({"simd"}), _attention_default, None, _attention_check),
+    Variant("cpu.softmax.online", "cpu", ("softmax",), (ON_CPU, SIMD, Rule(
+        "along the last axis", lambda p, caps: None if p.last_axis is None else _softmax_fits(p, caps))), 20,
+        "rows in parallel, one pass for the running max and sum", frozenset({"simd"}),
+        lambda p, caps, threads: p.schedule or Schedule(lane_map=LaneMap("simd", (caps.cpu.f32_lanes,)))),
+    Variant("cpu.reference", "cpu", OPS, (ON_CPU,), 0,
+            "linalg loops (tracea-lower-to-linalg), split among the threads and vectorized: any shape and dtype"),
+):
+    register_variant(_variant)
+
+
+def _emit(module: ir.Operation, op: ir.Operation, v: OpView, variant_id: str, index: int, threads: int) -> None:
+    """Replace `op` by the kernel of `variant_id`, its schedule checked first."""
+    schedule = v.attrs.get("schedule")
+    chosen = variant(variant_id)
+    if chosen.check_schedule is not None and schedule is not None:
+        chosen.check_schedule(Problem.from_view(v), host(), schedule)
+    if variant_id == "cpu.softmax.online":
+        inline_kernel(op, softmax_kernel_text(f"__tracea_cpu_softmax_{index}", v, schedule.lane_map.shape[-1],
+                                              str(op.location)))
+    elif variant_id == "cpu.attention.flash":
+        inline_kernel(op, attention_kernel_text(f"__tracea_cpu_attention_{index}", v, str(op.location)))
+    elif variant_id in ("cpu.gemm.packed", "cpu.gemm.inner_product"):
+        kernel = gemm_dot_kernel_text if variant_id == "cpu.gemm.inner_product" else gemm_kernel_text
+        inline_kernel(op, kernel(f"__tracea_cpu_gemm_{index}", v, str(op.location), threads=threads))
+    elif variant_id == "cpu.conv2d.direct_nchw":
+        cpu = host_cpu()
+        inline_kernel(op, conv_nchw_kernel_text(f"__tracea_conv_{index}", v, str(op.location), cpu.f32_lanes,
+                                                cpu.vector_registers - 8, threads))
+    elif variant_id == "cpu.conv2d.implicit_gemm":
+        writer = KernelWriter(f"__tracea_conv_{index}", v.operands, v.result)
+        gemm, result = conv_as_gemm(writer, v, f"__tracea_conv_gemm_{index}", threads)
+        # The GEMM kernel stays a function of the module; the inliner dissolves it later.
+        kernel_module = ir.Module.parse(gemm, op.context)
+        kernel_module.body.operations[0].operation.move_before(module.regions[0].blocks[0].operations[0])
+        declaration = re.sub(r"%arg\d+: ", "", gemm[gemm.index("func.func private"):gemm.index(" {\n")])
+        inline_kernel(op, writer.text(result, str(op.location)) + declaration + "\n")
+
+
+def _emit_kernels(module: ir.Operation, kinds: tuple[str, ...], threads: int) -> None:
+    """Each op of `kinds` replaced by its variant's kernel (the reference's are left for
+    tracea-lower-to-linalg); a bad schedule is an error at its op."""
+    failed = False
+    for index, op in enumerate(tracea_ops(module)):
+        if op.name not in kinds:
+            continue
+        try:
+            variant_id = select(op, host(), threads)
+            if variant_id != "cpu.reference":
+                _emit(module, op, view(op), variant_id, index, threads)
+        except OpError as e:
+            op.location.emit_error(f"'{op.name}' op {e}")
+            failed = True
+    if failed:
+        raise PassFailed()
+
+
 @register
 @dataclass(frozen=True)
 class ConvKernelsPass(TraceaPass):
@@ -162,113 +324,17 @@ class ConvKernelsPass(TraceaPass):
     threads: int = option(0, "threads the kernels will run on (0: the host's cores)")
 
     def run(self, module: ir.Operation) -> None:
-        threads = self.threads or host_cpu().cores
-        for index, op in enumerate(tracea_ops(module)):
-            if op.name != "tracea.conv2d":
-                continue
-            v = view(op)
-            if v.attrs["groups"] != 1:
-                continue  # grouped and depthwise convolutions stay on the reference lowering
-            if supports_direct_conv(v):
-                host = host_cpu()
-                inline_kernel(op, conv_nchw_kernel_text(f"__tracea_conv_{index}", v, str(op.location),
-                                                        host.f32_lanes, host.vector_registers - 8, threads))
-                continue
-            writer = KernelWriter(f"__tracea_conv_{index}", v.operands, v.result)
-            gemm, result = conv_as_gemm(writer, v, f"__tracea_conv_gemm_{index}", threads)
-            # The GEMM kernel stays a function of the module; the inliner dissolves it later.
-            kernel_module = ir.Module.parse(gemm, module.context)
-            kernel_module.body.operations[0].operation.move_before(module.regions[0].blocks[0].operations[0])
-            declaration = gemm[gemm.index("func.func private"):gemm.index(" {\n")]
-            declaration = re.sub(r"%arg\d+: ", "", declaration)
-            inline_kernel(op, writer.text(result, str(op.location)) + declaration + "\n")
-
-
-def check_attention_schedule(v: OpView) -> None:
-    s = v.attrs["schedule"]
-    lanes = s.lane_map.shape[-1]
-    if s.tile is None or len(s.tile) != 2 or s.tile[1] % lanes:
-        raise OpError(f"a CPU attention schedule needs tile = [query rows, keys] with keys a multiple of "
-                      f"the {lanes} SIMD lanes; got {s.tile}")
-    if not supports_attention(v, lanes):
-        raise OpError(f"the CPU attention kernel needs head dims that are multiples of {lanes}; "
-                      "drop the schedule to use the reference lowering")
-
-
-@register
-@dataclass(frozen=True)
-class CpuSchedulePass(TraceaPass):
-    NAME = "tracea-cpu-schedule"
-    SUMMARY = "attach a host-sized CPU schedule to every gemm / fused_gemm / attention / softmax that has none"
-    threads: int = option(0, "threads the kernels will run on (0: the host's cores)")
-
-    def run(self, module: ir.Operation) -> None:
-        host = host_cpu()
-        threads = self.threads or host.cores
-        for op in tracea_ops(module):
-            if op.name not in GEMM_OPS + ("tracea.attention", "tracea.softmax") or "schedule" in op.attributes:
-                continue
-            v = view(op)
-            if op.name == "tracea.softmax":
-                if v.attrs["axis"] % v.result.rank == v.result.rank - 1:  # rows are contiguous
-                    with op.context:
-                        op.attributes["schedule"] = Schedule(lane_map=LaneMap("simd", (host.f32_lanes,))).to_attr()
-                continue
-            if op.name == "tracea.attention":
-                if supports_attention(v, host.f32_lanes):
-                    with op.context:  # blocks of 16 queries x 4 vectors of keys (AVX-512: 64 keys)
-                        op.attributes["schedule"] = Schedule(tile=(16, 4 * host.f32_lanes),
-                                                             lane_map=LaneMap("simd", (host.f32_lanes,))).to_attr()
-                continue
-            m, n = v.result.shape[-2:]
-            a = v.operands["a"]
-            k = a.shape[-2] if v.attrs["transpose_a"] else a.shape[-1]
-            dot = use_dot_kernel(m, k, v.attrs["transpose_a"], v.attrs["transpose_b"])
-            with op.context:
-                op.attributes["schedule"] = (dot_gemm_schedule if dot else default_gemm_schedule)(
-                    m, n, k, host, threads).to_attr()
+        _emit_kernels(module, ("tracea.conv2d",), self.threads or host_cpu().cores)
 
 
 @register
 @dataclass(frozen=True)
 class CpuKernelsPass(TraceaPass):
     NAME = "tracea-cpu-kernels"
-    SUMMARY = ("replace gemm / fused_gemm / attention / softmax ops whose schedule has a simd lane_map by "
-               "vectorized CPU kernels (scf.parallel over blocks): packed cache-blocked GEMM, flash-style "
-               "attention, online softmax")
+    SUMMARY = ("replace gemm / fused_gemm / attention / softmax ops by the vectorized CPU kernel of their variant "
+               "(tracea.variant, or the one tracea-select-variant would choose): packed cache-blocked or "
+               "inner-product GEMM, flash-style attention, online softmax")
     threads: int = option(0, "threads the kernels will run on (0: the host's cores)")
 
     def run(self, module: ir.Operation) -> None:
-        threads = self.threads or host_cpu().cores
-        failed = False
-        for index, op in enumerate(tracea_ops(module)):
-            if op.name not in GEMM_OPS + ("tracea.attention", "tracea.softmax"):
-                continue
-            v = view(op)
-            schedule = v.attrs["schedule"]
-            if schedule is None or schedule.lane_map is None or schedule.lane_map.kind != "simd":
-                continue
-            if op.name == "tracea.softmax":
-                if v.attrs["axis"] % v.result.rank == v.result.rank - 1:  # other axes: the reference
-                    inline_kernel(op, softmax_kernel_text(f"__tracea_cpu_softmax_{index}", v,
-                                                          schedule.lane_map.shape[-1], str(op.location)))
-                continue
-            if op.name == "tracea.attention":
-                try:
-                    check_attention_schedule(v)
-                except OpError as e:
-                    op.location.emit_error(f"'{op.name}' op {e}")
-                    failed = True
-                    continue
-                inline_kernel(op, attention_kernel_text(f"__tracea_cpu_attention_{index}", v, str(op.location)))
-                continue
-            try:
-                check_gemm_schedule(v)
-            except OpError as e:
-                op.location.emit_error(f"'{op.name}' op {e}")
-                failed = True
-                continue
-            kernel = gemm_dot_kernel_text if schedule.warp_tile[2] > 1 else gemm_kernel_text
-            inline_kernel(op, kernel(f"__tracea_cpu_gemm_{index}", v, str(op.location), threads=threads))
-        if failed:
-            raise PassFailed()
+        _emit_kernels(module, GEMM_OPS + ("tracea.attention", "tracea.softmax"), self.threads or host_cpu().cores)

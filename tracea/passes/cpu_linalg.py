@@ -22,7 +22,7 @@ import mlir.ir as ir
 from mlir.dialects import linalg  # loaded at import anyway (tracea.dialects.context)
 from mlir.dialects.transform import interpreter
 
-from ..targets.host import host_cpu
+from ..doctor.capabilities import host_cpu
 from .cpu_transpose import transpose_kernel_text, transposed_dims
 from .int_division import INTEGER_DIVISIONS
 from .lower_to_linalg import inline_kernel

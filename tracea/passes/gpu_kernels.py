@@ -25,10 +25,15 @@ from dataclasses import dataclass, replace
 import mlir.ir as ir
 
 from ..dialects.ops import Conv2dDef, Epilogue, OpView, TensorSpec, view
+from ..dialects.schedule import Schedule
+from ..doctor.capabilities import Capabilities, named
+from ..doctor.engine import PlanError
+from ..doctor.variants import (ArchIs, BackendIs, DtypeIn, Problem, Rule, SharedMemoryAtLeast, SmAtLeast, Variant,
+                               WarpSizeIs, register_variant)
 from ..dialects.verify import tracea_ops
 from ..errors import OpError
 from .cpu_gemm import ConvGather
-from .gpu_attention import AttentionTiles, MmaAttention, attention_module_text
+from .gpu_attention import HEAD_DIMS, AttentionTiles, MmaAttention, attention_module_text
 from .gpu_attention import grid as attention_grid
 from .gpu_gemm import SimtTiles, simt_gemm_module_text
 from .gpu_gemm import grid as simt_grid
@@ -40,6 +45,7 @@ from .gpu_wgmma import grid as wgmma_grid
 from . import gpu_wgmma_attention as wgmma_attention
 from .gpu_wgmma_attention import WgmmaAttentionTiles
 from .registry import PassFailed, TraceaPass, option, register
+from .select_variant import select
 
 CHIPS = ("sm_80", "sm_90a")
 
@@ -79,95 +85,89 @@ def _refuse_pingpong(v: OpView, kernel: str) -> None:
                       f"kernel; {kernel} takes 'none' or 'producer_consumer'")
 
 
-def _schedule_tile(v: OpView):
+def _schedule(v: OpView) -> Schedule:
+    """The op's schedule, which tracea-select-variant completed: the emitters read their tiles
+    from it and choose nothing."""
     s = v.attrs.get("schedule")
     if s is None or s.tile is None:
-        return None
-    if len(s.tile) != 3:
-        raise OpError(f"an NVIDIA GEMM schedule needs tile = [BM, BN, BK], got {list(s.tile)}")
+        raise OpError("the kernel's schedule has no tile: run tracea-select-variant first")
     return s
 
 
 def mma_tiles(v: OpView) -> MmaTiles:
     _refuse_pingpong(v, "the GEMM")
-    s = v.attrs.get("schedule")
-    hopper_only = [key for key, asked in (("cluster", s is not None and s.cluster > 1),
-                                          ("persistent", s is not None and s.persistent > 0),
-                                          ("store 'tma'", s is not None and s.store == "tma")) if asked]
+    s = _schedule(v)
+    hopper_only = [key for key, asked in (("cluster", s.cluster > 1), ("persistent", s.persistent > 0),
+                                          ("store 'tma'", s.store == "tma")) if asked]
     if hopper_only:
         raise OpError(f"schedule {' and '.join(hopper_only)}: only the sm_90a GEMM of plain matrices (TMA, wgmma) "
                       "takes it; this op runs the mma.sync kernel (sm_80, convs, a batched B or a transposed A), "
                       "which launches a block per output tile and stores from registers")
-    group_m = s.group_m if s is not None and s.group_m else GROUP_M
-    if _schedule_tile(v) is None:
-        return MmaTiles(group_m=group_m)
+    if len(s.tile) != 3:
+        raise OpError(f"an NVIDIA GEMM schedule needs tile = [BM, BN, BK], got {list(s.tile)}")
     bm, bn, bk = s.tile
     wm, wn = (s.warp_tile[:2] if s.warp_tile else (min(bm, 64), min(bn, 64)))
-    return MmaTiles(bm, bn, bk, wm, wn, s.stages, group_m)
+    return MmaTiles(bm, bn, bk, wm, wn, s.stages, s.group_m or GROUP_M)
 
 
-def wgmma_tiles(v: OpView, g: MmaGemm) -> WgmmaTiles:
+def wgmma_tiles(v: OpView) -> WgmmaTiles:
     """On sm_90a warp_tile is a warpgroup's share of the block tile ([BM / warpgroups, BN, BK]);
     barrier = "producer_consumer" (implied by several warpgroups, persistent or a cluster) gives the
     copies to a producer warp; persistent = n: n blocks loop over the output tiles; cluster = 2:
     pairs of blocks share their B tiles; store = "tma": the epilogue goes out through shared memory
-    and TMA stores (all over the default tiles too when no tile is given)."""
+    and TMA stores."""
     _refuse_pingpong(v, "the GEMM")
-    s = v.attrs.get("schedule")
-    if s is None:
-        return default_wgmma_tiles(g)
-    shared = dict(persistent=s.persistent, group_m=s.group_m or GROUP_M, cluster=max(s.cluster, 1),
-                  tma_store=s.store == "tma")
-    producer = s.persistent > 0 or s.cluster > 1
-    if _schedule_tile(v) is None:
-        default = default_wgmma_tiles(g)
-        return replace(default, specialized=default.specialized or producer, **shared)
+    s = _schedule(v)
+    if len(s.tile) != 3:
+        raise OpError(f"an NVIDIA GEMM schedule needs tile = [BM, BN, BK], got {list(s.tile)}")
     bm, bn, bk = s.tile
     warpgroups = bm // s.warp_tile[0] if s.warp_tile else 1
-    return WgmmaTiles(bm, bn, s.stages, bk, warpgroups,
-                      s.barrier == "producer_consumer" or warpgroups > 1 or producer, **shared)
+    producer = s.persistent > 0 or s.cluster > 1
+    return WgmmaTiles(bm, bn, s.stages, bk, warpgroups, s.barrier == "producer_consumer" or warpgroups > 1 or producer,
+                      persistent=s.persistent, group_m=s.group_m or GROUP_M, cluster=max(s.cluster, 1),
+                      tma_store=s.store == "tma")
 
 
-def gemm_kernel(v: OpView, name: str, chip: str = "sm_80") -> tuple[str, Launch]:
-    """The gpu.module text of the kernel for a gemm / fused_gemm on `chip`, and its launch."""
+def mma_gemm(v: OpView) -> MmaGemm:
+    """The matrix product a gemm / fused_gemm computes: a batched A times a shared B is one GEMM
+    over all its rows; with a batched B or a batched A^T block z does matrix z."""
     a, b = v.operands["a"], v.operands["b"]
     transpose_a = v.attrs["transpose_a"]
     lead, (rows, k) = a.shape[:-2], a.shape[-2:]
     if transpose_a:
         k, rows = rows, k
     batched_b = b.rank > 2
-    # a batched A times a shared B is one GEMM over all its rows; with a batched B or a batched A^T
-    # block z does matrix z
     m = rows if batched_b or transpose_a else math.prod(lead) * rows
     n = b.shape[-2] if v.attrs["transpose_b"] else b.shape[-1]
-    g = MmaGemm(m, n, k, a.dtype, v.result.dtype, v.attrs["transpose_b"], tuple(v.attrs.get("epilogue", ())),
-                v.operands["bias"].dtype if "bias" in v.operands else None,
-                v.operands["residual"].dtype if "residual" in v.operands else None, lead=lead, batched_b=batched_b,
-                transpose_a=transpose_a)
-    if a.dtype in MMA_DTYPES and k % 8 == 0 and n % 8 == 0 and (m % 8 == 0 or not transpose_a):
-        # rows in 16-byte chunks: Tensor Cores
-        if chip == "sm_90a" and not (batched_b or transpose_a):
-            tiles = wgmma_tiles(v, g)
-            return wgmma_gemm_module_text(g, tiles, name), Launch(
-                wgmma_grid(g, tiles), (tiles.threads, 1, 1), tiles.shared_bytes(), tensor_maps(g, tiles))
-        tiles = mma_tiles(v)
-        return mma_gemm_module_text(g, tiles, name), Launch(mma_grid(g, tiles), (tiles.threads, 1, 1),
-                                                            tiles.shared_bytes())
-    tiles = SimtTiles()  # f32, or rows the matrix instructions' copies cannot take
+    return MmaGemm(m, n, k, a.dtype, v.result.dtype, v.attrs["transpose_b"], tuple(v.attrs.get("epilogue", ())),
+                   v.operands["bias"].dtype if "bias" in v.operands else None,
+                   v.operands["residual"].dtype if "residual" in v.operands else None, lead=lead,
+                   batched_b=batched_b, transpose_a=transpose_a)
+
+
+def emit_wgmma_gemm(v: OpView, name: str) -> tuple[str, Launch]:
+    g, tiles = mma_gemm(v), wgmma_tiles(v)
+    return wgmma_gemm_module_text(g, tiles, name), Launch(
+        wgmma_grid(g, tiles), (tiles.threads, 1, 1), tiles.shared_bytes(), tensor_maps(g, tiles))
+
+
+def emit_mma_gemm(v: OpView, name: str) -> tuple[str, Launch]:
+    g, tiles = mma_gemm(v), mma_tiles(v)
+    return mma_gemm_module_text(g, tiles, name), Launch(mma_grid(g, tiles), (tiles.threads, 1, 1),
+                                                        tiles.shared_bytes())
+
+
+def emit_simt_gemm(v: OpView, name: str) -> tuple[str, Launch]:
+    g, tiles = mma_gemm(v), SimtTiles()  # fixed tiles: the fallback is not tuned
     x, y = tiles.threads
     return simt_gemm_module_text(g, tiles, name), Launch(
-        simt_grid(m, n, tiles, math.prod(lead) if g.batch_grid else 1), (x, y, 1), 0)
+        simt_grid(g.m, g.n, tiles, math.prod(g.lead) if g.batch_grid else 1), (x, y, 1), 0)
 
 
-def conv_kernel(v: OpView, name: str) -> tuple[str, Launch]:
+def emit_conv(v: OpView, name: str) -> tuple[str, Launch]:
     """An NHWC conv2d as an implicit GEMM on the mma.sync kernel (on sm_90a too: its A tiles are
     gathers, which TMA's tiled mode does not do)."""
     x, f = v.operands["input"], v.operands["filter"]
-    if v.attrs["layout"] != "nhwc" or v.attrs["groups"] != 1:
-        raise OpError("the NVIDIA conv2d takes layout='nhwc' (filter HWCF) with groups=1; transpose an NCHW "
-                      "input to NHWC first")
-    if x.dtype not in MMA_DTYPES:
-        raise OpError(f"the NVIDIA conv2d runs on Tensor Cores: f16 or bf16 inputs, got {x.dtype}")
     n, h, w, c = x.shape
     kh, kw, _, nf = f.shape
     _, oh, ow, _ = v.result.shape
@@ -181,34 +181,151 @@ def conv_kernel(v: OpView, name: str) -> tuple[str, Launch]:
     return mma_gemm_module_text(g, tiles, name), Launch(mma_grid(g, tiles), (tiles.threads, 1, 1), tiles.shared_bytes())
 
 
-def attention_kernel(v: OpView, name: str, chip: str = "sm_80") -> tuple[str, Launch]:
-    """Flash attention: on sm_90a with head dim 64, 128, 192 or 256 the wgmma kernel (producer
-    warp, TMA, wgmma for both products; its MMA warpgroups take turns at the Tensor Cores unless
-    the schedule's barrier is "producer_consumer"), else mma.sync. A schedule's tile = [queries
-    per block, keys per step, ...] and stages replace the kernel's defaults."""
-    q, k, val = v.operands["query"], v.operands["key"], v.operands["value"]
-    if val.shape[-1] != q.shape[-1]:
-        raise OpError(f"the NVIDIA attention kernel needs value's head dim ({val.shape[-1]}) equal to the "
-                      f"query's ({q.shape[-1]})")
+def mma_attention(v: OpView) -> MmaAttention:
+    q, k = v.operands["query"], v.operands["key"]
     scale = v.attrs.get("scale")
-    a = MmaAttention(q.shape[:-2], q.shape[-2], k.shape[-2], q.shape[-1], q.dtype, v.result.dtype,
-                     q.shape[-1] ** -0.5 if scale is None else scale, v.attrs["causal"])
-    s = v.attrs.get("schedule")
-    if s is not None and (s.persistent or s.group_m or s.cluster > 1 or s.store != "registers"):
+    return MmaAttention(q.shape[:-2], q.shape[-2], k.shape[-2], q.shape[-1], q.dtype, v.result.dtype,
+                        q.shape[-1] ** -0.5 if scale is None else scale, v.attrs["causal"])
+
+
+def _attention_schedule(v: OpView) -> Schedule:
+    s = _schedule(v)
+    if s.persistent or s.group_m or s.cluster > 1 or s.store != "registers":
         raise OpError("schedule persistent, group_m, cluster and store are for the NVIDIA GEMMs; attention launches "
                       "a block per query tile of each batch-head and stores from registers")
-    chosen = s is not None and s.tile is not None
-    if chip == "sm_90a" and wgmma_attention.supports(a):
-        wt = WgmmaAttentionTiles(*s.tile[:2], s.stages) if chosen else wgmma_attention.default_tiles(a)
-        # the MMA warpgroups take turns unless the schedule asks for producer / consumer barriers only
-        wt = replace(wt, pingpong=s is None or s.barrier != "producer_consumer")
-        return wgmma_attention.wgmma_attention_module_text(a, wt, name), Launch(
-            attention_grid(a, wt), (wt.threads, 1, 1), wt.shared_bytes(a.head_dim),
-            wgmma_attention.tensor_maps(a, wt))
+    return s
+
+
+def emit_wgmma_attention(v: OpView, name: str) -> tuple[str, Launch]:
+    """The MMA warpgroups take turns at the Tensor Cores unless the schedule's barrier is
+    "producer_consumer"."""
+    a, s = mma_attention(v), _attention_schedule(v)
+    tiles = WgmmaAttentionTiles(*s.tile[:2], s.stages, pingpong=s.barrier != "producer_consumer")
+    return wgmma_attention.wgmma_attention_module_text(a, tiles, name), Launch(
+        attention_grid(a, tiles), (tiles.threads, 1, 1), tiles.shared_bytes(a.head_dim),
+        wgmma_attention.tensor_maps(a, tiles))
+
+
+def emit_mma_attention(v: OpView, name: str) -> tuple[str, Launch]:
+    a, s = mma_attention(v), _attention_schedule(v)
     _refuse_pingpong(v, "the mma.sync attention kernel")
-    tiles = AttentionTiles(*s.tile[:2], s.stages) if chosen else AttentionTiles()
+    tiles = AttentionTiles(*s.tile[:2], s.stages)
     return attention_module_text(a, tiles, name), Launch(attention_grid(a, tiles), (tiles.threads, 1, 1),
                                                          tiles.shared_bytes(a.head_dim))
+
+
+# -- NVIDIA's kernel variants -----------------------------------------------------------------
+
+def _complete(p: Problem, fields: dict) -> Schedule:
+    """The default tiles, or the op's own schedule given them where it has no tile (its other
+    fields kept)."""
+    s = p.schedule
+    if s is None:
+        return Schedule(**fields)
+    if s.tile is not None:
+        return s
+    if s.barrier != "none":  # the op's own barrier is kept (and checked)
+        fields = {k: value for k, value in fields.items() if k != "barrier"}
+    return replace(s, **fields)
+
+
+def _mma_default(p: Problem, caps: Capabilities, threads: int | None) -> Schedule:
+    t = MmaTiles()
+    return _complete(p, dict(tile=(t.block_m, t.block_n, t.block_k), warp_tile=(t.warp_m, t.warp_n, t.block_k),
+                             stages=t.stages))
+
+
+def _wgmma_default(p: Problem, caps: Capabilities, threads: int | None) -> Schedule | None:
+    if p.schedule is not None and p.schedule.tile is not None:
+        return p.schedule
+    if p.view is None:
+        return None  # the tiles follow the shapes (a full wave of blocks): chosen when compiling
+    t = default_wgmma_tiles(mma_gemm(p.view))
+    return _complete(p, dict(tile=(t.block_m, t.block_n, t.block_k), stages=t.stages,
+                             warp_tile=(t.block_m // t.warpgroups, t.block_n, t.block_k),
+                             barrier="producer_consumer" if t.specialized else "none"))
+
+
+def _attention_default(p: Problem, caps: Capabilities, threads: int | None) -> Schedule:
+    t = AttentionTiles()
+    return _complete(p, dict(tile=(t.block_m, t.block_n), stages=t.stages))
+
+
+def _wgmma_attention_default(p: Problem, caps: Capabilities, threads: int | None) -> Schedule | None:
+    if p.head_dim is None:
+        return None
+    t = wgmma_attention.default_tiles(MmaAttention((), 1, 1, p.head_dim, p.dtype, p.dtype, 1.0, False))
+    return _complete(p, dict(tile=(t.block_m, t.block_n), stages=t.stages, barrier="pingpong"))
+
+
+def _gemm_space(p: Problem, caps: Capabilities) -> dict:
+    """Schedules bench/gpu.py times beside the defaults."""
+    if caps.gpu.arch == "sm_90a":
+        return {"tile": [(128, 256, 64), (256, 128, 64), (128, 128, 64), (64, 128, 64)], "stages": [2, 3, 4, 6],
+                "barrier": ["none", "producer_consumer"], "persistent": [0, caps.gpu.multiprocessors],
+                "cluster": [0, 2], "group_m": [1, 8, 16], "store": ["registers", "tma"]}
+    return {"tile": [(128, 256, 32), (256, 128, 32), (128, 128, 32), (128, 128, 64), (64, 64, 32)],
+            "warp_tile": [(64, 64)], "stages": [2, 3, 4], "group_m": [1, 8, 16]}
+
+
+def _attention_space(p: Problem, caps: Capabilities) -> dict:
+    if caps.gpu.arch == "sm_90a":
+        return {"tile": [(128, 128), (192, 64), (128, 64)], "stages": [2, 3, 4],
+                "barrier": ["pingpong", "producer_consumer"]}
+    return {"tile": [(64, 64), (128, 64)], "stages": [2, 3]}
+
+
+def _holds(*facts):
+    """A rule's check: None while any fact is unknown, else the predicate's answer."""
+    def wrap(predicate):
+        return lambda p, caps: None if any(getattr(p, f) is None for f in facts) else predicate(p)
+    return wrap
+
+
+ON_CUDA, TENSOR_CORE_DTYPES = BackendIs("cuda"), DtypeIn(MMA_DTYPES)
+WARPS = WarpSizeIs(32)  # lane mappings of 32-thread warps throughout
+ROWS_IN_CHUNKS = Rule("K and N multiples of 8 (rows of whole 16-byte chunks for the Tensor Cores' copies)",
+                      _holds("k", "n")(lambda p: p.k % 8 == 0 and p.n % 8 == 0))
+TRANSPOSED_ROWS = Rule("M a multiple of 8 when A is transposed",
+                       _holds("transpose_a", "m")(lambda p: not p.transpose_a or p.m % 8 == 0))
+VALUE_HEAD_DIM = Rule("value's head dim equal to the query's",
+                      _holds("head_dim", "value_head_dim")(lambda p: p.head_dim == p.value_head_dim))
+GEMMS = ("gemm", "fused_gemm")
+TENSOR_CORES = frozenset({"matrix_units", "async_copy", "pipelined"})
+EMITTERS = {}
+for _variant, _emitter in (
+    (Variant("cuda.gemm.wgmma", "cuda", GEMMS, (ON_CUDA, WARPS, ArchIs("sm_90a"), SharedMemoryAtLeast(
+        192 * 1024), TENSOR_CORE_DTYPES, ROWS_IN_CHUNKS, Rule(
+        "a plain A (not transposed) times one B (not batched)",
+        lambda p, caps: False if p.transpose_a or p.batched_b else None if None in (p.transpose_a, p.batched_b)
+        else True)), 30,
+        "Hopper: TMA copies paced by mbarriers, wgmma from swizzled shared memory, a producer warp, fused epilogue",
+        TENSOR_CORES, _wgmma_default, _gemm_space), emit_wgmma_gemm),
+    (Variant("cuda.gemm.mma_sync", "cuda", GEMMS, (ON_CUDA, WARPS, SmAtLeast(80), SharedMemoryAtLeast(48 * 1024),
+                                                  TENSOR_CORE_DTYPES, ROWS_IN_CHUNKS, TRANSPOSED_ROWS), 20,
+             "cp.async pipeline, XOR-swizzled shared memory, ldmatrix + mma.sync m16n8k16, fused epilogue",
+             TENSOR_CORES, _mma_default, _gemm_space), emit_mma_gemm),
+    (Variant("cuda.gemm.simt", "cuda", GEMMS, (ON_CUDA, WARPS), 10,
+             "CUDA cores, fixed tiles: f32, and 16-bit matrices whose rows are not whole 16-byte chunks",
+             frozenset({"simd"})), emit_simt_gemm),
+    (Variant("cuda.conv2d.implicit_gemm", "cuda", ("conv2d",), (ON_CUDA, WARPS, SmAtLeast(80), TENSOR_CORE_DTYPES, Rule(
+        "layout='nhwc' (filter HWCF; transpose an NCHW input to NHWC first)",
+        _holds("layout")(lambda p: p.layout == "nhwc")), Rule("groups=1", _holds("groups")(lambda p: p.groups == 1))),
+        20, "the mma.sync GEMM with its A tiles gathered from the NHWC image", TENSOR_CORES, _mma_default,
+        _gemm_space), emit_conv),
+    (Variant("cuda.attention.wgmma", "cuda", ("attention",), (ON_CUDA, WARPS, ArchIs("sm_90a"), TENSOR_CORE_DTYPES, Rule(
+        "a head dim of 64, 128, 192 or 256", _holds("head_dim")(lambda p: p.head_dim % 64 == 0 and p.head_dim <= 256)),
+        VALUE_HEAD_DIM), 30,
+        "flash attention: a producer warp, TMA, wgmma for Q K^T and (P from registers) P V, MMA warpgroups "
+        "taking turns", TENSOR_CORES, _wgmma_attention_default, _attention_space), emit_wgmma_attention),
+    (Variant("cuda.attention.mma_sync", "cuda", ("attention",), (ON_CUDA, WARPS, SmAtLeast(80), TENSOR_CORE_DTYPES, Rule(
+        f"a head dim of {', '.join(map(str, HEAD_DIMS))} (pad Q, K and V's last dim with zeros to the next one)",
+        _holds("head_dim")(lambda p: p.head_dim in HEAD_DIMS)), VALUE_HEAD_DIM), 20,
+        "flash attention: cp.async K/V pipeline, ldmatrix + mma.sync, online softmax in registers",
+        TENSOR_CORES, _attention_default, _attention_space), emit_mma_attention),
+):
+    register_variant(_variant)
+    EMITTERS[_variant.id] = _emitter
 
 
 KERNEL_OPS = ("tracea.gemm", "tracea.fused_gemm", "tracea.conv2d", "tracea.attention")
@@ -249,14 +366,10 @@ class GpuKernelsPass(TraceaPass):
         for func in funcs:
             name = ir.StringAttr(func.attributes["sym_name"]).value
             try:
-                op = view(_single_kernel_op(func))
-                if op.op.name == "tracea.conv2d":
-                    text, launch = conv_kernel(op, name)
-                elif op.op.name == "tracea.attention":
-                    text, launch = attention_kernel(op, name, self.chip)
-                else:
-                    text, launch = gemm_kernel(op, name, self.chip)
-            except OpError as e:
+                op = _single_kernel_op(func)
+                variant_id = select(op, named(self.chip))
+                text, launch = EMITTERS[variant_id](view(op), name)
+            except (OpError, PlanError) as e:
                 func.location.emit_error(f"{self.NAME}: {e}")
                 failed = True
                 continue

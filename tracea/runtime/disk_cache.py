@@ -35,7 +35,7 @@ def _source_digest() -> str:
 
 
 def entry_key(parts: list[str]) -> str:
-    from ..targets.host import host_cpu
+    from ..doctor.capabilities import host_cpu
     return hashlib.sha256("\0".join([_source_digest(), host_cpu().describe(), *parts]).encode()).hexdigest()
 
 

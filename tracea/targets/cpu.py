@@ -189,8 +189,8 @@ def tiled_lowering(threads: int = 0) -> str:
     """Tracea ops to linalg on tensors: raised patterns, CPU kernels where one exists, the rest
     split among the threads and vectorized (0 threads: the host's cores)."""
     t = f"{{threads={threads}}}" if threads else ""
-    return (f"tracea-verify, tracea-widen-i1, tracea-raise-linalg, canonicalize, tracea-cpu-conv{t}, "
-            f"tracea-cpu-schedule{t}, tracea-cpu-kernels{t}, tracea-lower-to-linalg, {TORCH_NUMERICS}, "
+    return (f"tracea-verify, tracea-widen-i1, tracea-raise-linalg, canonicalize, tracea-select-variant{t}, "
+            f"tracea-cpu-conv{t}, tracea-cpu-kernels{t}, tracea-lower-to-linalg, {TORCH_NUMERICS}, "
             # unit dims dropped and elementwise producers fused into their consumers: torch's
             # decomposed layer norm becomes a few loop nests instead of ten (encoder 2.11 -> 1.90 ms)
             f"linalg-generalize-named-ops, linalg-fold-unit-extent-dims, linalg-fuse-elementwise-ops, canonicalize, "

@@ -263,7 +263,7 @@ def parallel_parts(llvm_ir: str, entries: list[str]) -> list[str] | None:
     or None when it is small, the compiler is not isolated (forking the caller's threads is not
     safe) or it holds a construct the cut does not handle."""
     from .. import knobs
-    from .host import machine_cores
+    from ..doctor.capabilities import machine_cores
     cores = machine_cores()
     if cores < 2 or len(llvm_ir) < PARALLEL_MIN_BYTES or not knobs.isolate_compiler():
         return None

@@ -21,6 +21,7 @@ from pathlib import Path
 
 import mlir.ir as ir
 
+from ..doctor.capabilities import GPU_PROFILES
 from ..errors import CompileError
 from ..passes.pipeline import compile_or_raise, parse_pipeline
 from ..runtime.gpu_artifact import GpuKernelArtifact, Param
@@ -35,10 +36,8 @@ class DeviceLimits:
     threads_per_block: int
 
 
-LIMITS = {
-    "sm_80": DeviceLimits("sm_80", "+ptx80", 163 * 1024, 255, 1024),
-    "sm_90a": DeviceLimits("sm_90a", "+ptx80", 227 * 1024, 255, 1024),
-}
+LIMITS = {chip: DeviceLimits(chip, "+ptx80", gpu.shared_bytes_per_block, gpu.registers_per_thread, gpu.threads_per_block)
+          for chip, gpu in GPU_PROFILES.items()}
 
 
 def device_limits(chip: str) -> DeviceLimits:

@@ -30,6 +30,17 @@ def main(argv: list[str] | None = None) -> int:
                      help="sm_80: Ampere and later (mma.sync, cp.async); sm_90a: Hopper (TMA, wgmma)")
     gpu.add_argument("--entry", help="the function to compile (default: the only public one)")
     gpu.add_argument("-o", "--output", required=True, help="artifact path without extension")
+    doctor = sub.add_parser("doctor", help="profile this machine (CPU, NVIDIA GPUs, toolchains) and show which "
+                            "kernel variant each op would run on each device, and why",
+                            description="Prints the devices found, the tools each backend needs (with the fix for a "
+                                        "missing one) and, per op and precision, the kernel variant the Doctor "
+                                        "chooses, the others that fit, and the conditions on shapes it assumes. "
+                                        "Example: tracea doctor --target sm_90a")
+    doctor.add_argument("--target", action="append", metavar="DEVICE",
+                        help="plan for a named profile instead of this machine's devices (repeatable): sm_80, "
+                             "sm_90a, zen3-avx2, skylake-avx512, sapphire-rapids-avx512, x86-64-sse, graviton3-neon, "
+                             "apple-m2-neon; or cpu")
+    doctor.add_argument("--json", action="store_true", help="print the report as JSON")
     args = parser.parse_args(argv)
     if args.command is None:
         parser.print_help()
@@ -39,6 +50,20 @@ def main(argv: list[str] | None = None) -> int:
             from .demo import run
             ok = run(args.batch, args.seq, args.dim, args.hidden, args.vocab, args.repeat)
             return 0 if ok else 1
+        if args.command == "doctor":
+            import json
+
+            from ..doctor.capabilities import host, named
+            from ..doctor.report import format_report, report
+            try:
+                targets = None if not args.target else [host() if t in ("cpu", "host") else named(t)
+                                                        for t in args.target]
+            except ValueError as e:
+                print(f"tracea doctor: error: {e}", file=sys.stderr)
+                return 2
+            data = report(targets)
+            print(json.dumps(data, indent=1) if args.json else format_report(data))
+            return 0
         if args.command == "compile-gpu":
             from pathlib import Path
 

@@ -1,13 +1,14 @@
-// tracea-cpu-schedule sizes a schedule from the host; tracea-cpu-kernels turns a gemm with a
-// simd schedule into packed, blocked loops whose inner step is a register tile of vector FMAs.
-// RUN: tracea-opt %s --pass-pipeline='builtin.module(tracea-cpu-schedule{threads=2})' | FileCheck %s --check-prefix=SCHED
+// tracea-select-variant picks each op's kernel variant and sizes a schedule for the device;
+// tracea-cpu-kernels turns a gemm of the packed variant into blocked loops whose inner step is a
+// register tile of vector FMAs.
+// RUN: tracea-opt %s --pass-pipeline='builtin.module(tracea-select-variant{threads=2})' | FileCheck %s --check-prefix=SCHED
 // RUN: tracea-opt %s --pass-pipeline='builtin.module(tracea-cpu-kernels)' | FileCheck %s
 
-// An op's own schedule is kept; one without gets the host's.
+// An op's own schedule is kept; one without gets the device's.
 // SCHED-LABEL: func.func @gemm
-// SCHED: schedule = {lane_map = {kind = "simd", shape = array<i64: 4>}, tile = array<i64: 4, 16, 8>, warp_tile = array<i64: 2, 8, 1>}
+// SCHED: schedule = {lane_map = {kind = "simd", shape = array<i64: 4>}, tile = array<i64: 4, 16, 8>, warp_tile = array<i64: 2, 8, 1>}, tracea.variant = "cpu.gemm.packed"
 // SCHED-LABEL: func.func @plain
-// SCHED: "tracea.gemm"(%arg0, %arg1) {schedule = {lane_map = {kind = "simd", shape = array<i64: {{[0-9]+}}>}, tile = array<i64: {{[0-9]+}}, {{[0-9]+}}, {{[0-9]+}}>, warp_tile = array<i64: {{[0-9]+}}, {{[0-9]+}}, 1>}}
+// SCHED: "tracea.gemm"(%arg0, %arg1) {schedule = {lane_map = {kind = "simd", shape = array<i64: {{[0-9]+}}>}, tile = array<i64: {{[0-9]+}}, {{[0-9]+}}, {{[0-9]+}}>, warp_tile = array<i64: {{[0-9]+}}, {{[0-9]+}}, 1>}, tracea.variant = "cpu.gemm.packed"}
 
 // A 2x8 register tile of 4-lane vectors: 2 x 2 accumulators, B packed in 8-wide strips.
 // CHECK-LABEL: func.func @gemm

@@ -1,0 +1,64 @@
+"""tracea-select-variant: the Doctor's choice, written into the IR. Each kernel op (gemm,
+fused_gemm, conv2d, attention, softmax) gets the variant the decision engine picks for the
+target device as `tracea.variant`, and, unless it has one, that variant's default schedule. The
+kernel passes after it only emit what the attributes say."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import mlir.ir as ir
+
+from ..doctor.capabilities import Capabilities, host, named
+from ..doctor.engine import PlanError, plan
+from ..doctor.variants import Problem
+from ..dialects.ops import view
+from ..dialects.verify import tracea_ops
+from .registry import PassFailed, TraceaPass, option, register
+
+KERNEL_OPS = ("tracea.gemm", "tracea.fused_gemm", "tracea.conv2d", "tracea.attention", "tracea.softmax")
+
+
+def device(arch: str) -> Capabilities:
+    """`host` (this CPU, or the profile TRACEA_CPU names) or a named profile."""
+    return host() if arch == "host" else named(arch)
+
+
+def select(op: ir.Operation, caps: Capabilities, threads: int | None = None) -> str:
+    """The op's variant: the one written on it, else the decision engine's, written now with its
+    schedule (the default, or the op's own with what it leaves out filled in). Raises PlanError if
+    none fits."""
+    if "tracea.variant" not in op.attributes:
+        problem = Problem.from_view(view(op))
+        decision = plan(problem, caps, threads)
+        with op.context:
+            op.attributes["tracea.variant"] = ir.StringAttr.get(decision.variant_id)
+            if decision.schedule is not None and decision.schedule != problem.schedule:  # a default, or completed
+                op.attributes["schedule"] = decision.schedule.to_attr()
+    return ir.StringAttr(op.attributes["tracea.variant"]).value
+
+
+@register
+@dataclass(frozen=True)
+class SelectVariantPass(TraceaPass):
+    NAME = "tracea-select-variant"
+    SUMMARY = ("choose each gemm / fused_gemm / conv2d / attention / softmax op's kernel variant for a device "
+               "(tracea.variant) and give it that variant's default schedule unless it has one")
+    arch: str = option("host", "the device: host (this CPU), a CPU profile (skylake-avx512, ...), sm_80 or sm_90a")
+    threads: int = option(0, "threads CPU kernels will run on (0: the device's cores)")
+
+    def run(self, module: ir.Operation) -> None:
+        try:
+            caps = device(self.arch)
+        except ValueError as e:
+            raise PassFailed(str(e)) from None
+        failed = False
+        for op in tracea_ops(module):
+            if op.name not in KERNEL_OPS:
+                continue
+            try:
+                select(op, caps, self.threads or None)
+            except PlanError as e:
+                op.location.emit_error(f"'{op.name}' op {e}")
+                failed = True
+        if failed:
+            raise PassFailed()
