@@ -168,3 +168,23 @@ def test_the_support_matrix_in_the_docs_is_the_registrys():
     from tracea.doctor.report import support_matrix
     page = Path(__file__).parent.parent / "docs" / "BACKENDS.md"
     assert page.read_text() == support_matrix(), "regenerate docs/BACKENDS.md (see its first lines)"
+
+
+def test_a_variant_checks_a_schedule_without_emitting_it():
+    """The tuner's legality check: each variant names what is wrong with a schedule."""
+    from tracea.doctor.variants import variant
+    from tracea.errors import OpError
+    gemm, attention = Problem("gemm", "f16", transpose_b=False), Problem("attention", "f16", head_dim=64)
+    good, sm80, sm90 = td.Schedule(tile=(128, 128, 32), warp_tile=(64, 64, 32), stages=3), named("sm_80"), named("sm_90a")
+    variant("cuda.gemm.mma_sync").check_schedule(gemm, sm80, good)
+    with pytest.raises(OpError, match="warp tile 48x64 must divide the block tile"):
+        variant("cuda.gemm.mma_sync").check_schedule(gemm, sm80, td.Schedule(tile=(128, 128, 32), warp_tile=(48, 64, 32)))
+    with pytest.raises(OpError, match="only the sm_90a GEMM of plain matrices"):
+        variant("cuda.gemm.mma_sync").check_schedule(gemm, sm80, td.Schedule(tile=(128, 128, 32), cluster=2))
+    with pytest.raises(OpError, match="block_k must be 64"):
+        variant("cuda.gemm.wgmma").check_schedule(gemm, sm90, good)
+    with pytest.raises(OpError, match="block_m 96 must be 64, 128, 192 or 256"):
+        variant("cuda.attention.wgmma").check_schedule(attention, sm90, td.Schedule(tile=(96, 64), stages=2))
+    with pytest.raises(OpError, match="needs NR a multiple of the 8 SIMD lanes"):
+        variant("cpu.gemm.packed").check_schedule(gemm, named("zen3-avx2"), td.Schedule(
+            tile=(64, 60, 64), warp_tile=(4, 12, 1), lane_map=td.LaneMap("simd", (8,))))

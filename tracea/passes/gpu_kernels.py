@@ -78,9 +78,8 @@ class Launch:
                       ir.IntegerAttr(d["dynamic_shared_bytes"]).value, maps)
 
 
-def _refuse_pingpong(v: OpView, kernel: str) -> None:
-    s = v.attrs.get("schedule")
-    if s is not None and s.barrier == "pingpong":
+def _refuse_pingpong(s: Schedule, kernel: str) -> None:
+    if s.barrier == "pingpong":
         raise OpError(f"schedule barrier 'pingpong' (MMA warpgroups taking turns) is for the sm_90a attention "
                       f"kernel; {kernel} takes 'none' or 'producer_consumer'")
 
@@ -94,38 +93,56 @@ def _schedule(v: OpView) -> Schedule:
     return s
 
 
-def mma_tiles(v: OpView) -> MmaTiles:
-    _refuse_pingpong(v, "the GEMM")
-    s = _schedule(v)
+def _gemm_tile(s: Schedule) -> tuple[int, int, int]:
+    if len(s.tile) != 3:
+        raise OpError(f"an NVIDIA GEMM schedule needs tile = [BM, BN, BK], got {list(s.tile)}")
+    return s.tile
+
+
+def mma_tiles(s: Schedule) -> MmaTiles:
+    _refuse_pingpong(s, "the GEMM")
     hopper_only = [key for key, asked in (("cluster", s.cluster > 1), ("persistent", s.persistent > 0),
                                           ("store 'tma'", s.store == "tma")) if asked]
     if hopper_only:
         raise OpError(f"schedule {' and '.join(hopper_only)}: only the sm_90a GEMM of plain matrices (TMA, wgmma) "
                       "takes it; this op runs the mma.sync kernel (sm_80, convs, a batched B or a transposed A), "
                       "which launches a block per output tile and stores from registers")
-    if len(s.tile) != 3:
-        raise OpError(f"an NVIDIA GEMM schedule needs tile = [BM, BN, BK], got {list(s.tile)}")
-    bm, bn, bk = s.tile
+    bm, bn, bk = _gemm_tile(s)
     wm, wn = (s.warp_tile[:2] if s.warp_tile else (min(bm, 64), min(bn, 64)))
     return MmaTiles(bm, bn, bk, wm, wn, s.stages, s.group_m or GROUP_M)
 
 
-def wgmma_tiles(v: OpView) -> WgmmaTiles:
+def wgmma_tiles(s: Schedule) -> WgmmaTiles:
     """On sm_90a warp_tile is a warpgroup's share of the block tile ([BM / warpgroups, BN, BK]);
     barrier = "producer_consumer" (implied by several warpgroups, persistent or a cluster) gives the
     copies to a producer warp; persistent = n: n blocks loop over the output tiles; cluster = 2:
     pairs of blocks share their B tiles; store = "tma": the epilogue goes out through shared memory
     and TMA stores."""
-    _refuse_pingpong(v, "the GEMM")
-    s = _schedule(v)
-    if len(s.tile) != 3:
-        raise OpError(f"an NVIDIA GEMM schedule needs tile = [BM, BN, BK], got {list(s.tile)}")
-    bm, bn, bk = s.tile
+    _refuse_pingpong(s, "the GEMM")
+    bm, bn, bk = _gemm_tile(s)
     warpgroups = bm // s.warp_tile[0] if s.warp_tile else 1
     producer = s.persistent > 0 or s.cluster > 1
     return WgmmaTiles(bm, bn, s.stages, bk, warpgroups, s.barrier == "producer_consumer" or warpgroups > 1 or producer,
                       persistent=s.persistent, group_m=s.group_m or GROUP_M, cluster=max(s.cluster, 1),
                       tma_store=s.store == "tma")
+
+
+def _attention_schedule(s: Schedule) -> Schedule:
+    if s.persistent or s.group_m or s.cluster > 1 or s.store != "registers":
+        raise OpError("schedule persistent, group_m, cluster and store are for the NVIDIA GEMMs; attention launches "
+                      "a block per query tile of each batch-head and stores from registers")
+    return s
+
+
+def wgmma_attention_tiles(s: Schedule) -> WgmmaAttentionTiles:
+    """The MMA warpgroups take turns at the Tensor Cores unless the barrier is "producer_consumer"."""
+    s = _attention_schedule(s)
+    return WgmmaAttentionTiles(*s.tile[:2], s.stages, pingpong=s.barrier != "producer_consumer")
+
+
+def attention_tiles(s: Schedule) -> AttentionTiles:
+    _refuse_pingpong(_attention_schedule(s), "the mma.sync attention kernel")
+    return AttentionTiles(*s.tile[:2], s.stages)
 
 
 def mma_gemm(v: OpView) -> MmaGemm:
@@ -146,13 +163,13 @@ def mma_gemm(v: OpView) -> MmaGemm:
 
 
 def emit_wgmma_gemm(v: OpView, name: str) -> tuple[str, Launch]:
-    g, tiles = mma_gemm(v), wgmma_tiles(v)
+    g, tiles = mma_gemm(v), wgmma_tiles(_schedule(v))
     return wgmma_gemm_module_text(g, tiles, name), Launch(
         wgmma_grid(g, tiles), (tiles.threads, 1, 1), tiles.shared_bytes(), tensor_maps(g, tiles))
 
 
 def emit_mma_gemm(v: OpView, name: str) -> tuple[str, Launch]:
-    g, tiles = mma_gemm(v), mma_tiles(v)
+    g, tiles = mma_gemm(v), mma_tiles(_schedule(v))
     return mma_gemm_module_text(g, tiles, name), Launch(mma_grid(g, tiles), (tiles.threads, 1, 1),
                                                         tiles.shared_bytes())
 
@@ -177,7 +194,7 @@ def emit_conv(v: OpView, name: str) -> tuple[str, Launch]:
     bias = v.operands.get("bias")
     g = MmaGemm(n * oh * ow, nf, kh * kw * c, x.dtype, v.result.dtype, False,
                 (Epilogue("bias_add"),) if bias else (), bias.dtype if bias else None, None, gather)
-    tiles = mma_tiles(v)
+    tiles = mma_tiles(_schedule(v))
     return mma_gemm_module_text(g, tiles, name), Launch(mma_grid(g, tiles), (tiles.threads, 1, 1), tiles.shared_bytes())
 
 
@@ -188,28 +205,15 @@ def mma_attention(v: OpView) -> MmaAttention:
                         q.shape[-1] ** -0.5 if scale is None else scale, v.attrs["causal"])
 
 
-def _attention_schedule(v: OpView) -> Schedule:
-    s = _schedule(v)
-    if s.persistent or s.group_m or s.cluster > 1 or s.store != "registers":
-        raise OpError("schedule persistent, group_m, cluster and store are for the NVIDIA GEMMs; attention launches "
-                      "a block per query tile of each batch-head and stores from registers")
-    return s
-
-
 def emit_wgmma_attention(v: OpView, name: str) -> tuple[str, Launch]:
-    """The MMA warpgroups take turns at the Tensor Cores unless the schedule's barrier is
-    "producer_consumer"."""
-    a, s = mma_attention(v), _attention_schedule(v)
-    tiles = WgmmaAttentionTiles(*s.tile[:2], s.stages, pingpong=s.barrier != "producer_consumer")
+    a, tiles = mma_attention(v), wgmma_attention_tiles(_schedule(v))
     return wgmma_attention.wgmma_attention_module_text(a, tiles, name), Launch(
         attention_grid(a, tiles), (tiles.threads, 1, 1), tiles.shared_bytes(a.head_dim),
         wgmma_attention.tensor_maps(a, tiles))
 
 
 def emit_mma_attention(v: OpView, name: str) -> tuple[str, Launch]:
-    a, s = mma_attention(v), _attention_schedule(v)
-    _refuse_pingpong(v, "the mma.sync attention kernel")
-    tiles = AttentionTiles(*s.tile[:2], s.stages)
+    a, tiles = mma_attention(v), attention_tiles(_schedule(v))
     return attention_module_text(a, tiles, name), Launch(attention_grid(a, tiles), (tiles.threads, 1, 1),
                                                          tiles.shared_bytes(a.head_dim))
 
@@ -275,6 +279,22 @@ def _attention_space(p: Problem, caps: Capabilities) -> dict:
     return {"tile": [(64, 64), (128, 64)], "stages": [2, 3]}
 
 
+def _check_mma(p: Problem, caps: Capabilities, s: Schedule) -> None:
+    mma_tiles(s).validate()
+
+
+def _check_wgmma(p: Problem, caps: Capabilities, s: Schedule) -> None:
+    wgmma_tiles(s).validate(bool(p.transpose_b))
+
+
+def _check_attention(p: Problem, caps: Capabilities, s: Schedule) -> None:
+    attention_tiles(s).validate(p.head_dim)
+
+
+def _check_wgmma_attention(p: Problem, caps: Capabilities, s: Schedule) -> None:
+    wgmma_attention_tiles(s).validate(p.head_dim)
+
+
 def _holds(*facts):
     """A rule's check: None while any fact is unknown, else the predicate's answer."""
     def wrap(predicate):
@@ -300,11 +320,11 @@ for _variant, _emitter in (
         lambda p, caps: False if p.transpose_a or p.batched_b else None if None in (p.transpose_a, p.batched_b)
         else True)), 30,
         "Hopper: TMA copies paced by mbarriers, wgmma from swizzled shared memory, a producer warp, fused epilogue",
-        TENSOR_CORES, _wgmma_default, _gemm_space), emit_wgmma_gemm),
+        TENSOR_CORES, _wgmma_default, _gemm_space, _check_wgmma), emit_wgmma_gemm),
     (Variant("cuda.gemm.mma_sync", "cuda", GEMMS, (ON_CUDA, WARPS, SmAtLeast(80), SharedMemoryAtLeast(48 * 1024),
                                                   TENSOR_CORE_DTYPES, ROWS_IN_CHUNKS, TRANSPOSED_ROWS), 20,
              "cp.async pipeline, XOR-swizzled shared memory, ldmatrix + mma.sync m16n8k16, fused epilogue",
-             TENSOR_CORES, _mma_default, _gemm_space), emit_mma_gemm),
+             TENSOR_CORES, _mma_default, _gemm_space, _check_mma), emit_mma_gemm),
     (Variant("cuda.gemm.simt", "cuda", GEMMS, (ON_CUDA, WARPS), 10,
              "CUDA cores, fixed tiles: f32, and 16-bit matrices whose rows are not whole 16-byte chunks",
              frozenset({"simd"})), emit_simt_gemm),
@@ -312,17 +332,18 @@ for _variant, _emitter in (
         "layout='nhwc' (filter HWCF; transpose an NCHW input to NHWC first)",
         _holds("layout")(lambda p: p.layout == "nhwc")), Rule("groups=1", _holds("groups")(lambda p: p.groups == 1))),
         20, "the mma.sync GEMM with its A tiles gathered from the NHWC image", TENSOR_CORES, _mma_default,
-        _gemm_space), emit_conv),
+        _gemm_space, _check_mma), emit_conv),
     (Variant("cuda.attention.wgmma", "cuda", ("attention",), (ON_CUDA, WARPS, ArchIs("sm_90a"), TENSOR_CORE_DTYPES, Rule(
         "a head dim of 64, 128, 192 or 256", _holds("head_dim")(lambda p: p.head_dim % 64 == 0 and p.head_dim <= 256)),
         VALUE_HEAD_DIM), 30,
         "flash attention: a producer warp, TMA, wgmma for Q K^T and (P from registers) P V, MMA warpgroups "
-        "taking turns", TENSOR_CORES, _wgmma_attention_default, _attention_space), emit_wgmma_attention),
+        "taking turns", TENSOR_CORES, _wgmma_attention_default, _attention_space, _check_wgmma_attention),
+     emit_wgmma_attention),
     (Variant("cuda.attention.mma_sync", "cuda", ("attention",), (ON_CUDA, WARPS, SmAtLeast(80), TENSOR_CORE_DTYPES, Rule(
         f"a head dim of {', '.join(map(str, HEAD_DIMS))} (pad Q, K and V's last dim with zeros to the next one)",
         _holds("head_dim")(lambda p: p.head_dim in HEAD_DIMS)), VALUE_HEAD_DIM), 20,
         "flash attention: cp.async K/V pipeline, ldmatrix + mma.sync, online softmax in registers",
-        TENSOR_CORES, _attention_default, _attention_space), emit_mma_attention),
+        TENSOR_CORES, _attention_default, _attention_space, _check_attention), emit_mma_attention),
 ):
     register_variant(_variant)
     EMITTERS[_variant.id] = _emitter
