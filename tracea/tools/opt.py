@@ -6,6 +6,7 @@ build is reported as an internal compiler error (exit status 2) with the input s
 from __future__ import annotations
 
 import argparse
+import io
 import re
 import sys
 from dataclasses import dataclass
@@ -127,7 +128,11 @@ def main(argv: list[str] | None = None) -> int:
         return 1
     filename = "<stdin>" if args.input == "-" else args.input
     try:
-        text = sys.stdin.read() if args.input == "-" else open(args.input).read()
+        if args.input == "-":  # decoded strictly: sys.stdin passes other bytes on as lone surrogates
+            text = io.TextIOWrapper(io.BytesIO(sys.stdin.buffer.read()), encoding="utf-8").read()
+        else:
+            with open(args.input, encoding="utf-8") as f:
+                text = f.read()
     except OSError as e:
         print(f"tracea-opt: error: cannot read {filename}: {e.strerror}", file=sys.stderr)
         return 1
