@@ -31,8 +31,7 @@ error naming the problem. The classification is scripts/fuzz_ir.py's (`run_comma
   seed, and a few seeds drawn per run: a failure names its seed); the long run over the lit
   corpus and PyTorch models' IR is the script itself.
 
-Defects found and not fixed yet are strict xfails naming them: fixing one turns its probe into
-an XPASS failure, a reminder to drop the mark.
+A defect a probe finds is fixed, not marked: every probe passes.
 """
 from __future__ import annotations
 
@@ -372,8 +371,6 @@ def test_the_c_entry_refuses_hostile_descriptors(libraries, case):
 
 
 @needs_cc
-@pytest.mark.xfail(strict=True, reason="defect: the exported C entry dereferences a NULL descriptor pointer "
-                   "(SIGSEGV) instead of refusing it by its position (tracea/runtime/aot.py checked_entry)")
 def test_the_c_entry_refuses_a_null_descriptor(libraries):
     probe(CTYPES + textwrap.dedent('''
     x, w, b = np.ones((37, 29), np.float32), np.ones((29, 45), np.float32), np.ones(45, np.float32)
@@ -474,13 +471,9 @@ CLI = {  # name -> (tool, arguments with {tmp}, stdin, files to write first, std
                                         {"ok.mlir": VALID.encode(), "a-file": b""}, r"error:"),
 }
 MULTI_LINE = {"opt-unknown-pass", "opt-bad-pass-option"}  # MLIR's pipeline parser points at the text
-CLI_DEFECTS = {"compile-gpu-output-under-a-file": "defect: `tracea compile-gpu -o DIR/OUT` where DIR is a file: "
-               "FileExistsError traceback from the mkdir in tracea/tools/cli.py (the input is not even compiled "
-               "first: any input)"}
 
 
-@pytest.mark.parametrize("case", [pytest.param(c, marks=pytest.mark.xfail(strict=True, reason=CLI_DEFECTS[c]))
-                                  if c in CLI_DEFECTS else c for c in CLI])
+@pytest.mark.parametrize("case", list(CLI))
 def test_the_command_line_tools_report_bad_files_in_one_line(case, tmp_path):
     tool, arguments, stdin, files, pattern = CLI[case]
     for name, data in files.items():
@@ -562,21 +555,9 @@ else:
     "size-not-a-number": "raises(tracea.OpError, 'size', td.tensor, ('a', 4))",
     "unknown-dtype": "raises(tracea.OpError, 'f8', lambda: td.function(td.tensor((4, 4), 'f8'), name='s')(td.softmax))",
 }
-SIZE_DEFECTS = {
-    "text-elementwise-zero-rows": "defect: a linalg op over a zero-size outer dim aborts tracea-cpu-tile-linalg (MLIR "
-                                  "assertion in linalg::computeAllSliceParameters): InternalCompilerError (a PyTorch "
-                                  "model compiled on an empty batch runs its mm / add / relu in eager after three); "
-                                  "plan_for in tracea/passes/cpu_linalg.py could return None when a loop range is 0",
-    "non-integral-size": "defect: td.tensor((2.5, 4)) is silently tensor<2x4xf32> (int() truncates; "
-                         "tracea/dialects/builder.py)",
-    "size-not-a-number": "defect: td.tensor(('a', 4)) raises int()'s bare ValueError, not an OpError naming the size",
-    "unknown-dtype": "defect: td.tensor(shape, 'f8') is accepted; building the function then raises MLIRError "
-                     "'Unable to parse type', not an OpError naming the dtype",
-}
 
 
-@pytest.mark.parametrize("case", [pytest.param(c, marks=pytest.mark.xfail(strict=True, reason=SIZE_DEFECTS[c]))
-                                  if c in SIZE_DEFECTS else c for c in SIZES])
+@pytest.mark.parametrize("case", list(SIZES))
 def test_absurd_sizes_are_refused_by_name(case):
     probe("import numpy as np, tracea\nfrom tracea import dialects as td\n" + SIZES[case] + "\ndone()\n")
 
@@ -589,9 +570,6 @@ func.func @gemm(%a: tensor<128x1099511627776xf16>, %b: tensor<1099511627776x256x
 '''
 
 
-@pytest.mark.xfail(strict=True, reason="defect: tracea-gpu-kernels on an f16 GEMM with K = 2^40 (or an NHWC conv2d "
-                   "with 2^40 channels) never returns: phase_cycle.verify unrolls the cp.async / TMA pipeline over "
-                   "all K / KC iterations (tracea/passes/phase_cycle.py unroll, from gpu_mma / gpu_wgmma)")
 def test_a_gpu_gemm_with_a_huge_k_is_no_hang(tmp_path):
     """A clean error or a kernel within seconds (a normal compile of this pass takes one)."""
     (tmp_path / "k.mlir").write_text(HUGE_K)
@@ -638,12 +616,9 @@ CACHE = {  # name -> (damage, after CACHE_PROBE; warnings expected at the next c
     "library-empty": ("entry('.so').write_bytes(b'')", 1),
     "damaged-is-a-file": ("(cache / 'damaged').write_text('not a directory'); entry('.so').write_bytes(b'x')", 1),
 }
-CACHE_DEFECTS = {"description-nested-too-deep": "defect: a description nested past the recursion limit raises "
-                 "RecursionError out of tracea.compile (aot.load catches ValueError, not RecursionError)"}
 
 
-@pytest.mark.parametrize("case", [pytest.param(c, marks=pytest.mark.xfail(strict=True, reason=CACHE_DEFECTS[c]))
-                                  if c in CACHE_DEFECTS else c for c in CACHE])
+@pytest.mark.parametrize("case", list(CACHE))
 def test_a_damaged_cache_entry_is_compiled_again(case, tmp_path):
     """One warning, the right result, and the entry usable again by the compile after."""
     damage, warnings_expected = CACHE[case]
@@ -657,8 +632,6 @@ done()
 ''', env=probe_env(TRACEA_DISK_CACHE="1", TRACEA_CACHE_DIR=str(tmp_path / "cache")))
 
 
-@pytest.mark.xfail(strict=True, reason="defect: Kernel.export of a kernel loaded from a cache entry (or an "
-                   "AOT library) whose .so.h is gone: FileNotFoundError traceback from tracea/runtime/aot.py export")
 def test_a_cached_kernel_whose_header_is_gone_still_exports(tmp_path):
     """The header is not checked on load (nothing reads it); exporting such a kernel copies the
     entry: a missing header must be written again or refused by name, not a FileNotFoundError."""

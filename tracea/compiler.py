@@ -51,6 +51,11 @@ def _source(program) -> tuple[str, str]:
         except OSError as e:
             raise CompileError(f"cannot read {program}: {e.strerror}") from None
     if isinstance(program, str):
+        try:
+            program.encode()
+        except UnicodeEncodeError as e:
+            raise CompileError(f"the IR text is not valid Unicode (character {e.start} is a lone surrogate, as from "
+                               "bytes decoded with errors='surrogateescape'): decode it as UTF-8") from None
         return program, "<string>"
     raise TypeError(f"tracea.compile takes IR text, a Path, an mlir Module or a tracea Function; "
                     f"got {type(program).__name__}")

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import contextlib
 import inspect
+import numbers
 import os
 import re
 import threading
@@ -26,6 +27,7 @@ import mlir.ir as ir
 from mlir.dialects import func
 
 from ..errors import OpError
+from ..runtime.dtypes import ELEMENT_TYPES
 from .context import make_context
 from .ops import OP_DEFS, SEGMENTS, Epilogue, TensorSpec
 from .schedule import Schedule
@@ -33,9 +35,14 @@ from .schedule import Schedule
 
 def tensor(shape: Sequence[int] | int, dtype: str = "f32") -> TensorSpec:
     """A tensor type for function inputs: `tensor((M, K))`, `tensor((M, K), "bf16")`."""
-    shape = (shape,) if isinstance(shape, int) else tuple(int(s) for s in shape)
+    shape = (shape,) if isinstance(shape, int) else tuple(shape)
+    if not all(isinstance(s, numbers.Integral) and not isinstance(s, bool) for s in shape):
+        raise OpError(f"tensor shape {list(shape)}: sizes must be whole numbers of elements")
+    shape = tuple(int(s) for s in shape)
     if any(s < 1 for s in shape):
         raise OpError(f"tensor shape {list(shape)} must have positive sizes")
+    if dtype not in ELEMENT_TYPES:
+        raise OpError(f"tensor element type {dtype!r} is not one Tracea compiles; use one of {', '.join(ELEMENT_TYPES)}")
     return TensorSpec(shape, dtype).check_size("tensor")
 
 

@@ -54,6 +54,7 @@ class GPU:
     threads_per_block: int
     matrix_units: str  # the Tensor Core instructions the kernels use: "mma.sync", "wgmma"
     async_copy: str  # "cp.async", "tma"
+    memory_bytes: int  # device memory
     driver_version: str | None = None  # None: a named profile, not a device here
     toolkit_version: str | None = None
 
@@ -88,8 +89,10 @@ CPU_PROFILES = {
 }
 
 GPU_PROFILES = {
-    "sm_80": GPU("sm_80", "NVIDIA A100", 80, 108, 32, 163 * KiB, 164 * KiB, 65536, 255, 1024, "mma.sync", "cp.async"),
-    "sm_90a": GPU("sm_90a", "NVIDIA H100 SXM", 90, 132, 32, 227 * KiB, 228 * KiB, 65536, 255, 1024, "wgmma", "tma"),
+    "sm_80": GPU("sm_80", "NVIDIA A100", 80, 108, 32, 163 * KiB, 164 * KiB, 65536, 255, 1024, "mma.sync", "cp.async",
+                 80 * 1024 * MiB),
+    "sm_90a": GPU("sm_90a", "NVIDIA H100 SXM", 90, 132, 32, 227 * KiB, 228 * KiB, 65536, 255, 1024, "wgmma", "tma",
+                  80 * 1024 * MiB),
 }
 
 PROFILES = {**{name: Capabilities("cpu", name, cpu=cpu) for name, cpu in CPU_PROFILES.items()},
@@ -205,10 +208,16 @@ def probe_nvidia() -> list[Capabilities] | str:
                     attr.CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_MULTIPROCESSOR),
                 registers_per_multiprocessor=device._attribute(attr.CU_DEVICE_ATTRIBUTE_MAX_REGISTERS_PER_MULTIPROCESSOR),
                 warp_size=device._attribute(attr.CU_DEVICE_ATTRIBUTE_WARP_SIZE),
+                memory_bytes=_check_memory(driver, device),
                 driver_version=f"{version // 1000}.{version % 1000 // 10}")))
         return found or f"no NVIDIA GPU of sm_80 or newer among the {count} device(s)"
     except Exception as e:  # a probe names its failure, never crashes the doctor
         return f"the NVIDIA probe failed: {type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"
+
+
+def _check_memory(driver, device) -> int:
+    err, total = driver.cuDeviceTotalMem(device.handle)
+    return int(total) if err == driver.CUresult.CUDA_SUCCESS else 0
 
 
 def host() -> Capabilities:

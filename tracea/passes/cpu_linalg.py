@@ -98,7 +98,7 @@ def plan_for(op: ir.Operation, threads: int, lanes: int, min_work: int) -> Linal
     maps = [ir.AffineMapAttr(a).value for a in ir.ArrayAttr(op.attributes["indexing_maps"])]
     iterators = ["parallel" in str(a) for a in ir.ArrayAttr(op.attributes["iterator_types"])]
     ranges = _loop_ranges(op, maps)
-    if ranges is None:
+    if ranges is None or 0 in ranges:  # no work (tiling an empty range trips an MLIR assertion)
         return None
     split_dim = None
     if threads > 1 and math.prod(ranges) >= min_work:

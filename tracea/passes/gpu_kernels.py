@@ -349,6 +349,17 @@ for _variant, _emitter in (
     EMITTERS[_variant.id] = _emitter
 
 
+def _fits_in_memory(v: OpView, caps: Capabilities) -> None:
+    """Operands a GPU cannot hold are an input error (their tile loops would also be absurdly
+    long to plan)."""
+    for name, spec in [*v.operands.items(), ("result", v.result)]:
+        size = math.prod(spec.shape) * {"f16": 2, "bf16": 2}.get(spec.dtype, 4)
+        if size > caps.gpu.memory_bytes:
+            raise OpError(f"{'the result' if name == 'result' else f'operand {name!r}'} ({spec}) takes "
+                          f"{size / 2 ** 30:,.0f} GiB; the {caps.gpu.name} ({caps.gpu.arch}) has "
+                          f"{caps.gpu.memory_bytes / 2 ** 30:,.0f} GiB: split the problem")
+
+
 KERNEL_OPS = ("tracea.gemm", "tracea.fused_gemm", "tracea.conv2d", "tracea.attention")
 
 
@@ -388,6 +399,7 @@ class GpuKernelsPass(TraceaPass):
             name = ir.StringAttr(func.attributes["sym_name"]).value
             try:
                 op = _single_kernel_op(func)
+                _fits_in_memory(view(op), named(self.chip))
                 variant_id = select(op, named(self.chip))
                 text, launch = EMITTERS[variant_id](view(op), name)
             except (OpError, PlanError) as e:

@@ -53,9 +53,9 @@ def header(signature: Signature, symbol: str) -> str:
     params = [f"TraceaMemRef{s.rank}D *{n}  /* {s} */" for n, s in
               zip(signature.arg_names or [f"arg{i}" for i in range(len(signature.inputs))], signature.inputs)]
     params += [f"TraceaMemRef{s.rank}D *out{i}  /* {s} */" for i, s in enumerate(signature.outputs)]
-    lines += ["", "/* 0: ran; k > 0: descriptor k (from 1) has other sizes, non-contiguous strides or a nonzero",
-              "   offset, and nothing ran; < 0: the kernel faulted (-1 integer division by zero, -2 index out",
-              "   of range, -4 a failed run-time check). */",
+    lines += ["", "/* 0: ran; k > 0: descriptor k (from 1) is NULL, has other sizes, non-contiguous strides, a",
+              "   nonzero offset or no data, and nothing ran; < 0: the kernel faulted (-1 integer division by",
+              "   zero, -2 index out of range, -4 a failed run-time check). */",
               f"int32_t {symbol}(", "    " + ",\n    ".join(params) + ");", ""]
     return "\n".join(lines)
 
@@ -66,8 +66,8 @@ def checked_entry(signature: Signature, symbol: str, packed_symbol: str) -> str:
     specs = signature.inputs + signature.outputs
     lines = [header(signature, symbol),
              f"extern int32_t {packed_symbol}(void **args);", "",
-             "static int tracea_contiguous(int64_t offset, const int64_t *sizes, const int64_t *strides,",
-             "                             const int64_t *expected, int rank) {",
+             "static int tracea_contiguous(const void *data, int64_t offset, const int64_t *sizes,",
+             "                             const int64_t *strides, const int64_t *expected, int rank) {",
              "    int64_t stride = 1;",
              "    if (offset != 0) return 0;",
              "    for (int d = rank - 1; d >= 0; d--) {",
@@ -75,14 +75,14 @@ def checked_entry(signature: Signature, symbol: str, packed_symbol: str) -> str:
              "        if (sizes[d] < 0 || (sizes[d] > 1 && strides[d] != stride)) return 0;",
              "        stride *= sizes[d];",
              "    }",
-             "    return 1;",
+             "    return data != 0 || stride == 0;  /* no data only for no elements */",
              "}", ""]
     params = [f"TraceaMemRef{s.rank}D *a{i}" for i, s in enumerate(specs)]
     lines.append(f"int32_t {symbol}({', '.join(params)}) {{")
     for i, spec in enumerate(specs):
         expected = ", ".join(str(-1 if d is None else d) for d in spec.shape) or "0"
-        lines.append(f"    {{ static const int64_t e[] = {{{expected}}}; if (!tracea_contiguous(a{i}->offset, "
-                     f"a{i}->sizes, a{i}->strides, e, {spec.rank})) return {i + 1}; }}")
+        lines.append(f"    {{ static const int64_t e[] = {{{expected}}}; if (!a{i} || !tracea_contiguous(a{i}->aligned, "
+                     f"a{i}->offset, a{i}->sizes, a{i}->strides, e, {spec.rank})) return {i + 1}; }}")
     lines.append(f"    void *args[] = {{{', '.join(f'&a{i}' for i in range(len(specs)))}}};")
     lines += [f"    return -{packed_symbol}(args);", "}", ""]
     return "\n".join(lines)
@@ -101,8 +101,10 @@ def export(kernel: Kernel, path: str | Path, extra: dict | None = None) -> Path:
         source = getattr(kernel, "library_path", None)
         if source is None:
             raise TraceaError(f"{kernel.signature.name} kept no object code to export; recompile it")
-        for suffix in ("", ".h", ".json"):
+        for suffix in ("", ".json"):
             shutil.copyfile(str(source) + suffix, str(path) + suffix)
+        # the header follows from the signature (the source's may be gone)
+        Path(str(path) + ".h").write_text(header(kernel.signature, f"tracea_{kernel.signature.name}"))
         return path
     entry = kernel.entry_symbol
     symbol = f"tracea_{kernel.signature.name}"
@@ -148,8 +150,8 @@ def load(path: str | Path, expect: dict | None = None) -> Kernel:
         meta = json.loads(Path(str(path) + ".json").read_text())
     except OSError as e:
         raise TraceaError(f"cannot load {path}: its description {path}.json is missing ({e.strerror})") from None
-    except (UnicodeDecodeError, ValueError) as e:
-        raise TraceaError(f"cannot load {path}: {path}.json is not JSON ({e})") from None
+    except (UnicodeDecodeError, ValueError, RecursionError) as e:
+        raise TraceaError(f"cannot load {path}: {path}.json is not a description Tracea wrote ({e})") from None
     if not isinstance(meta, dict) or meta.get("format") != FORMAT:
         found = meta.get("format") if isinstance(meta, dict) else type(meta).__name__
         raise TraceaError(f"{path}.json is not a Tracea CPU kernel description of format {FORMAT} (found "

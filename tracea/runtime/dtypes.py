@@ -10,6 +10,7 @@ _NUMPY = {
     "i16": np.dtype(np.int16), "i8": np.dtype(np.int8), "i1": np.dtype(np.bool_),
 }
 _MLIR = {v: k for k, v in _NUMPY.items()}
+ELEMENT_TYPES = tuple(_NUMPY)  # what compiled kernels take and give
 
 
 def to_numpy(dtype: str) -> np.dtype:

@@ -72,9 +72,14 @@ def main(argv: list[str] | None = None) -> int:
             if not source.is_file():
                 print(f"tracea: error: no such file: {source}", file=sys.stderr)
                 return 1
-            artifact = compile_gpu(source, chip=args.chip, entry=args.entry)
-            Path(args.output).parent.mkdir(parents=True, exist_ok=True)
-            artifact.save(args.output)
+            try:  # the output's place first: a compile is not wasted on a path that cannot be written
+                Path(args.output).parent.mkdir(parents=True, exist_ok=True)
+                artifact = compile_gpu(source, chip=args.chip, entry=args.entry)
+                artifact.save(args.output)
+            except OSError as e:
+                print(f"tracea: error: cannot write {args.output}.cubin / .json: {e.strerror}: {e.filename}",
+                      file=sys.stderr)
+                return 1
             print(f"{artifact.name} for {artifact.chip}: grid {artifact.grid}, block {artifact.block}, "
                   f"{artifact.dynamic_shared_bytes} bytes dynamic shared memory, {artifact.registers} registers; "
                   f"wrote {args.output}.cubin and {args.output}.json")
