@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from hypothesis import given
+from hypothesis import example, given
 from hypothesis import strategies as st
 
 import reference as ref
@@ -109,6 +109,21 @@ def test_softmax_is_stable_for_large_inputs():
        stride=st.tuples(st.integers(1, 3), st.integers(1, 3)), dilation=st.tuples(st.integers(1, 2), st.integers(1, 2)),
        padding=st.tuples(*[st.integers(0, 2)] * 4), layout=st.sampled_from(["nchw", "nhwc"]),
        use_bias=st.booleans(), dtype=dtypes)
+# Padding or a stride that leaves input rows no window reads, with an output or filter extent of 1:
+# linalg-fold-unit-extent-dims made the reference lowering's generic invalid (a compile error, or
+# wrong results when tiled before the stage's verifier ran); the padded input is now cut to what
+# the windows read. A 1x1 output from a 1x1 input padded to 3 rows:
+@example(n=1, c_per_group=1, f_per_group=1, groups=2, h=1, w=1, kh=2, kw=1, stride=(2, 1), dilation=(1, 1),
+         padding=(0, 2, 0, 0), layout="nchw", use_bias=False, dtype="f32")
+# the same along the width, NHWC, with bias
+@example(n=1, c_per_group=1, f_per_group=1, groups=2, h=1, w=1, kh=1, kw=2, stride=(1, 2), dilation=(1, 1),
+         padding=(0, 0, 0, 2), layout="nhwc", use_bias=True, dtype="f16")
+# the last input row is read by no window (the input itself is cut)
+@example(n=1, c_per_group=2, f_per_group=1, groups=2, h=3, w=3, kh=2, kw=3, stride=(2, 1), dilation=(1, 1),
+         padding=(0, 0, 0, 0), layout="nchw", use_bias=True, dtype="bf16")
+# every window lies in the top and left padding: zeros (+ bias)
+@example(n=2, c_per_group=1, f_per_group=2, groups=3, h=1, w=1, kh=1, kw=1, stride=(3, 3), dilation=(1, 1),
+         padding=(2, 0, 2, 0), layout="nhwc", use_bias=True, dtype="f32")
 def test_conv2d(n, c_per_group, f_per_group, groups, h, w, kh, kw, stride, dilation, padding, layout, use_bias, dtype):
     c, f = c_per_group * groups, f_per_group * groups
     top, bottom, left, right = padding

@@ -153,18 +153,48 @@ def _window(out_dim: str, k_dim: str, stride: int, dilation: int) -> str:
     return f"{out_dim}{f' * {stride}' if stride != 1 else ''} + {k_dim}{f' * {dilation}' if dilation != 1 else ''}"
 
 
+def _windowed_input(w: KernelWriter, x: str, spatial: tuple[int, int], pads: tuple[int, int, int, int],
+                    needed: tuple[int, int]) -> str:
+    """The input zero-padded (or cut) to exactly `needed` rows and columns, what the windows read.
+
+    The padding asked for can leave rows and columns no window reaches (a stride that steps
+    over the end, more padding than the filter needs). Read through `o * s + k * d`, such an
+    operand is valid linalg, but when the output or filter extent is 1, linalg-fold-unit-extent-dims
+    simplifies that expression to a plain loop index and the op becomes invalid (the operand's
+    extent no longer equals the loop's): a verifier error, or, when later passes of the stage
+    tile it before the stage is verified, loops over the padded extent that read past the
+    filter (wrong results). So the windows cover the operand exactly."""
+    src = w.types[x]
+    low, high, used = [0] * src.rank, [0] * src.rank, list(src.shape)
+    for axis, before, extent in zip(spatial, pads[0::2], needed):
+        low[axis] = min(before, extent)
+        used[axis] = min(src.shape[axis], extent - low[axis])
+        high[axis] = extent - low[axis] - used[axis]
+    if 0 in used:  # every window lies in the padding
+        return w.filled([lo + u + hi for lo, u, hi in zip(low, used, high)], 0.0, src.dtype)
+    if tuple(used) != src.shape:
+        spec = TensorSpec(tuple(used), src.dtype)
+        ones = ", ".join(["1"] * src.rank)
+        x = w.emit(spec, f"tensor.extract_slice {x}[{', '.join(['0'] * src.rank)}] [{', '.join(map(str, used))}] "
+                         f"[{ones}] : {src} to {spec}")
+    return w.pad(x, low, high)
+
+
 @lowering("tracea.conv2d")
 def conv2d_reference(w: KernelWriter, v: OpView) -> str:
     x, f = v.operands["input"], v.operands["filter"]
     groups = v.attrs["groups"]
     (sh, sw), (dh, dw) = v.attrs["stride"], v.attrs["dilation"]
-    top, bottom, left, right = Conv2dDef.pads(v.attrs)
-    if v.attrs["layout"] == "nchw":
+    pads = Conv2dDef.pads(v.attrs)
+    nchw = v.attrs["layout"] == "nchw"
+    oh, ow = v.result.shape[2:] if nchw else v.result.shape[1:3]
+    kh, kw = f.shape[2:] if nchw else f.shape[:2]
+    needed = ((oh - 1) * sh + (kh - 1) * dh + 1, (ow - 1) * sw + (kw - 1) * dw + 1)
+    padded = _windowed_input(w, w.arg["input"], (2, 3) if nchw else (1, 2), pads, needed)
+    hp, wp = needed
+    if nchw:
         n, c, _, _ = x.shape
-        nf, cg, kh, kw = f.shape
-        _, _, oh, ow = v.result.shape
-        padded = w.pad(w.arg["input"], [0, 0, top, left], [0, 0, bottom, right])
-        hp, wp = w.types[padded].shape[2:]
+        nf, cg = f.shape[:2]
         xin = w.reshape(padded, [[0], [1, 2], [3], [4]], (n, groups, cg, hp, wp))
         flt = w.reshape(w.arg["filter"], [[0, 1], [2], [3], [4]], (groups, nf // groups, cg, kh, kw))
         # loops: d0 n, d1 g, d2 f, d3 oh, d4 ow | d5 c, d6 kh, d7 kw
@@ -176,10 +206,7 @@ def conv2d_reference(w: KernelWriter, v: OpView) -> str:
         channel = "d1"
     else:
         n, _, _, c = x.shape
-        kh, kw, cg, nf = f.shape
-        _, oh, ow, _ = v.result.shape
-        padded = w.pad(w.arg["input"], [0, top, left, 0], [0, bottom, right, 0])
-        hp, wp = w.types[padded].shape[1:3]
+        cg, nf = f.shape[2:]
         xin = w.reshape(padded, [[0], [1], [2], [3, 4]], (n, hp, wp, groups, cg))
         flt = w.reshape(w.arg["filter"], [[0], [1], [2], [3, 4]], (kh, kw, cg, groups, nf // groups))
         # loops: d0 n, d1 oh, d2 ow, d3 g, d4 f | d5 kh, d6 kw, d7 c
