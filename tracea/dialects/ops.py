@@ -8,6 +8,7 @@ pass (reporting at the op's location), and the IRDL definition is generated from
 from __future__ import annotations
 
 import math
+import re
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
 from typing import Any, Callable
@@ -18,6 +19,7 @@ from ..errors import OpError
 from .schedule import Schedule, decode_bool, decode_float, decode_ints, decode_int, decode_str
 
 FLOAT_DTYPES = ("f32", "f16", "bf16")
+_SIGNED_ARRAY = re.compile(r"array<[su]i\d+")
 SEGMENTS = "operandSegmentSizes"
 ACCUMULATOR_DTYPE = "f32"
 
@@ -442,6 +444,11 @@ def view(op: ir.Operation) -> OpView:
     opdef = OP_DEFS.get(op.name)
     if opdef is None:
         raise OpError(f"'{op.name}' is not an op of the tracea dialect; known: {', '.join(OP_DEFS)}")
+    # MLIR's Python bindings abort the process on reading an array of signed or unsigned ints
+    # (array<ui8: ...>): refuse them from the op's text before any attribute is read
+    odd = _SIGNED_ARRAY.search(op.get_asm(print_generic_op_form=True))
+    if odd:
+        raise OpError(f"attribute arrays must be of signless integers (array<i64: ...>), got {odd.group(0)}")
     segments = list(ir.DenseI32ArrayAttr(op.attributes[SEGMENTS])) if SEGMENTS in op.attributes else None
     names = opdef.operand_names(len(op.operands), segments)
     specs = {name: TensorSpec.from_type(v.type, f"operand '{name}'") for v, name in zip(op.operands, names)}

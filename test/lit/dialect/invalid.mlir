@@ -209,3 +209,12 @@ func.func @wrong_operand_count(%a: tensor<4x8xf32>) -> tensor<4x8xf32> {
   %y = "tracea.softmax"(%a, %a) : (tensor<4x8xf32>, tensor<4x8xf32>) -> tensor<4x8xf32>
   return %y : tensor<4x8xf32>
 }
+
+// -----
+
+// An array of unsigned ints aborts MLIR's Python bindings when read: refused from the op's text.
+func.func @unsigned_tile(%a: tensor<4x8xf32>, %b: tensor<8x4xf32>) -> tensor<4x4xf32> {
+  // expected-error @+1 {{attribute arrays must be of signless integers (array<i64: ...>), got array<ui8}}
+  %0 = "tracea.gemm"(%a, %b) {schedule = {tile = array<ui8: 4, 4, 4>}} : (tensor<4x8xf32>, tensor<8x4xf32>) -> tensor<4x4xf32>
+  return %0 : tensor<4x4xf32>
+}
