@@ -4,6 +4,12 @@ in registers, written as vectors along the output's. Element-wise, each element 
 scalar access (LLVM turns the inner loop into gathers or scatters, no faster); in blocks, two
 vector accesses per L elements. Edge blocks use masked loads and stores, so every block takes
 the vector path.
+
+Unit dims do not count: linalg-fold-unit-extent-dims drops them, but the reshapes it leaves are
+then propagated back through the copy by linalg-fuse-elementwise-ops, which expands it again,
+with unit dims in new places (a [4, 1, 4] transposed to [4, 1, 4] arrives as a 4x1x4x1 copy whose
+innermost dims are units). The block kernel works on views of both buffers with their unit dims
+collapsed away, so that its vectors run along each buffer's innermost dim.
 """
 from __future__ import annotations
 
@@ -17,9 +23,26 @@ from .cpu_gemm import _memref, _Text, transpose_in_registers
 ELEMENT_TYPES = ("f32", "i32")  # 32-bit elements: as many per vector as the host has f32 lanes
 
 
+def _without_units(shape) -> tuple[list[int], list[list[int]]]:
+    """The dims of `shape` that are not 1, and the reassociation that collapses the others away
+    (each unit dim joins the group of the dim before it, leading ones that of the first)."""
+    kept, groups, leading = [], [], []
+    for d, n in enumerate(shape):
+        if n != 1:
+            kept.append(d)
+            groups.append(leading + [d])
+            leading = []
+        elif groups:
+            groups[-1].append(d)
+        else:
+            leading.append(d)
+    return kept, groups
+
+
 def transposed_dims(op: ir.Operation) -> tuple[list[int], int] | None:
-    """For a transposing copy: (the input map's dims, the output dim that is the input's innermost);
-    None for any other op."""
+    """For a transposing copy, counting only the dims that are not 1: (the input map's dims, the
+    output dim that is the input's innermost), both numbered among those dims; None for any other
+    op, and for copies that move no dim across the innermost one once the unit dims are dropped."""
     if op.name != "linalg.generic" or len(op.operands) != 2 or len(op.results) != 1:
         return None
     maps = [ir.AffineMapAttr(a).value for a in ir.ArrayAttr(op.attributes["indexing_maps"])]
@@ -35,8 +58,12 @@ def transposed_dims(op: ir.Operation) -> tuple[list[int], int] | None:
     in_dims, out_dims = ([e.position for e in m.results] for m in maps)
     if out_dims != list(range(len(out_dims))) or str(types[0].element_type) not in ELEMENT_TYPES:
         return None
+    kept, _ = _without_units(types[1].shape)  # the output's map is the identity: its dims are the loops'
+    in_dims = [kept.index(d) for d in in_dims if d in kept]
+    shape = [types[1].shape[d] for d in kept]
+    if len(shape) < 2:
+        return None
     inner = in_dims[-1]
-    shape = types[1].shape
     if inner == len(shape) - 1 or shape[inner] < 4 or shape[-1] < 4:
         return None  # no transpose, or too thin for blocks
     return in_dims, inner
@@ -49,15 +76,21 @@ def transpose_kernel_text(name: str, op: ir.Operation, dims: tuple[list[int], in
     in_dims, inner = dims
     src, dst = (TensorSpec.from_type(v.type, "transpose operand") for v in op.operands)
     dtype, L = dst.dtype, lanes
-    shape = dst.shape
+    (_, src_groups), (kept, dst_groups) = _without_units(src.shape), _without_units(dst.shape)
+    shape = [dst.shape[d] for d in kept]
     last = len(shape) - 1
     others = [d for d in range(len(shape)) if d not in (inner, last)]
     n_blocks = -(-shape[inner] // L)
     vt = f"vector<{L}x{dtype}>"
     t = _Text()
-    src_t, dst_t = _memref(src.shape, dtype), _memref(shape, dtype)
+    src_t, dst_t = _memref([n for n in src.shape if n != 1], dtype), _memref(shape, dtype)
     source = t.to_buffer("%arg0", src)
-    out = t.op(f"memref.alloc() {{alignment = 64 : i64}} : {dst_t}", "m")
+    result = out = t.op(f"memref.alloc() {{alignment = 64 : i64}} : {_memref(dst.shape, dtype)}", "m")
+    # the blocks move between views without the unit dims, whose innermost dims are contiguous
+    if len(src_groups) < src.rank:
+        source = t.op(f"memref.collapse_shape {source} {src_groups} : {_memref(src.shape, dtype)} into {src_t}", "m")
+    if len(dst_groups) < dst.rank:
+        out = t.op(f"memref.collapse_shape {out} {dst_groups} : {_memref(dst.shape, dtype)} into {dst_t}", "m")
     zero = t.op(f"arith.constant dense<0{'.0' if dtype.startswith('f') else ''}> : {vt}", "z")
     # one parallel loop over (the other dims, blocks of the input's innermost dim)
     (t.parallel if parallel else t.for_)("%task", t.c(0), t.c(math.prod(shape[d] for d in others) * n_blocks), t.c(1))
@@ -101,4 +134,4 @@ def transpose_kernel_text(name: str, op: ir.Operation, dims: tuple[list[int], in
                if mask else f"vector.store {value}, {at} : {dst_t}, {vt}")
     t.close()
     t.close_parallel() if parallel else t.close()
-    return t.function_text(name, f"%arg0: {src}", out, dst, location)
+    return t.function_text(name, f"%arg0: {src}", result, dst, location)
