@@ -174,9 +174,10 @@ def probe_cpu() -> CPU:
                machine_cores(), os_support)
 
 
+@lru_cache(maxsize=1)
 def probe_nvidia() -> list[Capabilities] | str:
     """This machine's NVIDIA GPUs that Tracea's kernels run on, or why there are none (no
-    cuda-bindings, no driver, no device, only older GPUs). Never raises."""
+    cuda-bindings, no driver, no device, only older GPUs). Probed once a process; never raises."""
     try:
         from cuda.bindings import driver
     except ImportError:
@@ -208,14 +209,14 @@ def probe_nvidia() -> list[Capabilities] | str:
                     attr.CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_MULTIPROCESSOR),
                 registers_per_multiprocessor=device._attribute(attr.CU_DEVICE_ATTRIBUTE_MAX_REGISTERS_PER_MULTIPROCESSOR),
                 warp_size=device._attribute(attr.CU_DEVICE_ATTRIBUTE_WARP_SIZE),
-                memory_bytes=_check_memory(driver, device),
+                memory_bytes=_total_memory(driver, device),
                 driver_version=f"{version // 1000}.{version % 1000 // 10}")))
         return found or f"no NVIDIA GPU of sm_80 or newer among the {count} device(s)"
     except Exception as e:  # a probe names its failure, never crashes the doctor
         return f"the NVIDIA probe failed: {type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"
 
 
-def _check_memory(driver, device) -> int:
+def _total_memory(driver, device) -> int:
     err, total = driver.cuDeviceTotalMem(device.handle)
     return int(total) if err == driver.CUresult.CUDA_SUCCESS else 0
 

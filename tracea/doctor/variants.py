@@ -10,6 +10,7 @@ the highest priority.
 from __future__ import annotations
 
 import importlib
+import math
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
@@ -64,7 +65,7 @@ class Problem:
             ta, tb = v.attrs["transpose_a"], v.attrs["transpose_b"]
             m, n = v.result.shape[-2:]
             return Problem(**base, m=m, n=n, k=a.shape[-2] if ta else a.shape[-1], transpose_a=ta, transpose_b=tb,
-                           batched_b=b.rank > 2, batch=_prod(v.result.shape[:-2]))
+                           batched_b=b.rank > 2, batch=math.prod(v.result.shape[:-2]))
         if kind == "attention":
             return Problem(**base, head_dim=v.operands["query"].shape[-1], value_head_dim=v.operands["value"].shape[-1])
         if kind == "conv2d":
@@ -72,13 +73,6 @@ class Problem:
         if kind == "softmax":
             return Problem(**base, last_axis=v.attrs["axis"] % v.result.rank == v.result.rank - 1)
         raise ValueError(f"no kernel variants for {v.op.name}")
-
-
-def _prod(xs) -> int:
-    out = 1
-    for x in xs:
-        out *= x
-    return out
 
 
 # -- constraints ---------------------------------------------------------------------------

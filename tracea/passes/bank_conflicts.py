@@ -43,13 +43,17 @@ class TileLayout:
 def wavefronts(addresses, access_bytes: int, lanes=None) -> int:
     """Wavefronts one warp instruction takes; `addresses[i]` is the byte address of thread
     `lanes[i]` (default: thread i), each thread accessing `access_bytes` (4, 8 or 16)."""
-    return sum(max(len(words) for words in bank_words.values()) for bank_words in _phases(addresses, access_bytes, lanes))
+    return sum(_worst_bank(phase) for phase in _phases(addresses, access_bytes, lanes))
 
 
 def conflicts(addresses, access_bytes: int, lanes=None) -> int:
     """Wavefronts beyond the conflict-free one per phase that has an active thread."""
-    phases = _phases(addresses, access_bytes, lanes)
-    return sum(max(len(words) for words in bank_words.values()) for bank_words in phases) - len(phases)
+    return sum(_worst_bank(phase) - 1 for phase in _phases(addresses, access_bytes, lanes))
+
+
+def _worst_bank(phase: dict[int, set[int]]) -> int:
+    """A phase's wavefronts: the most distinct words any one bank serves."""
+    return max(len(words) for words in phase.values())
 
 
 def _phases(addresses, access_bytes: int, lanes=None) -> list[dict[int, set[int]]]:

@@ -21,7 +21,7 @@ import math
 
 from dataclasses import dataclass
 
-from ..dialects.ops import ACCUMULATOR_DTYPE, Epilogue, OpView, TensorSpec
+from ..dialects.ops import ACCUMULATOR_DTYPE, Conv2dDef, Epilogue, OpView, TensorSpec
 from .kernel_text import fused_epilogue
 
 
@@ -51,6 +51,20 @@ class ConvGather:
     def run(self, kc: int, lanes: int) -> int:
         unit = self.unit(lanes)
         return unit if kc % unit == 0 else kc  # kc divides the unit otherwise (see conv_k_block)
+
+
+def implicit_gemm(v: OpView) -> tuple[int, int, int, ConvGather]:
+    """The implicit GEMM of a conv2d (NCHW or NHWC): (M, N, K) and the gather packing A from the
+    NHWC image."""
+    x, f = v.operands["input"], v.operands["filter"]
+    top, _, left, _ = Conv2dDef.pads(v.attrs)
+    if v.attrs["layout"] == "nchw":
+        (n, c, h, wd), (nf, _, kh, kw), (_, _, oh, ow) = x.shape, f.shape, v.result.shape
+    else:
+        (n, h, wd, c), (kh, kw, _, nf), (_, oh, ow, _) = x.shape, f.shape, v.result.shape
+    gather = ConvGather(TensorSpec((n, h, wd, c), x.dtype), (kh, kw), (oh, ow), tuple(v.attrs["stride"]),
+                        tuple(v.attrs["dilation"]), (top, left))
+    return n * oh * ow, nf, kh * kw * c, gather
 
 
 def conv_k_block(c: int, k: int, kc: int) -> int:

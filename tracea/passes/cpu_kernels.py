@@ -13,7 +13,7 @@ from dataclasses import dataclass, replace
 
 import mlir.ir as ir
 
-from ..dialects.ops import OP_DEFS, Conv2dDef, Epilogue, OpView, TensorSpec, view
+from ..dialects.ops import OP_DEFS, Epilogue, OpView, TensorSpec, view
 from ..dialects.schedule import LaneMap, Schedule
 from ..dialects.verify import tracea_ops
 from ..errors import OpError
@@ -22,7 +22,7 @@ from ..doctor.variants import (OPS, BackendIs, Problem, Rule, SimdWidthAtLeast, 
                                variant)
 from .cpu_attention import attention_kernel_text
 from .cpu_conv import conv_nchw_kernel_text
-from .cpu_gemm import ConvGather, conv_k_block, gemm_dot_kernel_text, gemm_kernel_text
+from .cpu_gemm import conv_k_block, gemm_dot_kernel_text, gemm_kernel_text, implicit_gemm
 from .cpu_softmax import softmax_kernel_text
 from .kernel_text import KernelWriter
 from .lower_to_linalg import inline_kernel
@@ -106,23 +106,10 @@ def check_gemm_schedule(problem: Problem, caps: Capabilities, s: Schedule) -> No
                       f"(reduce MR or NR)")
 
 
-def _conv_gemm(v: OpView) -> tuple[int, int, int, ConvGather]:
-    """The implicit GEMM of a conv2d: (M, N, K) and the gather packing A from the NHWC image."""
-    x, f = v.operands["input"], v.operands["filter"]
-    top, _, left, _ = Conv2dDef.pads(v.attrs)
-    if v.attrs["layout"] == "nchw":
-        (n, c, h, wd), (nf, _, kh, kw), (_, _, oh, ow) = x.shape, f.shape, v.result.shape
-    else:
-        (n, h, wd, c), (kh, kw, _, nf), (_, oh, ow, _) = x.shape, f.shape, v.result.shape
-    gather = ConvGather(TensorSpec((n, h, wd, c), x.dtype), (kh, kw), (oh, ow), tuple(v.attrs["stride"]),
-                        tuple(v.attrs["dilation"]), (top, left))
-    return n * oh * ow, nf, kh * kw * c, gather
-
-
 def conv_gemm_schedule(v: OpView, host: CPU, threads: int) -> Schedule:
     """The GEMM's blocking, with K blocks whose B micro-panel fits L1: measured on the 3x3 C64
     conv, blocks of 256-320 ran ~10 % faster than 512-576 (the GEMM's), whose panels spill to L2."""
-    m, nf, k, gather = _conv_gemm(v)
+    m, nf, k, gather = implicit_gemm(v)
     schedule = default_gemm_schedule(m, nf, k, host, threads)
     mc, nc, _ = schedule.tile
     kc = host.l1d_bytes // (schedule.warp_tile[1] * 4)
@@ -136,7 +123,7 @@ def conv_as_gemm(w: KernelWriter, v: OpView, name: str, threads: int) -> tuple[s
     Returns the GEMM kernel's function text and the SSA name of the result."""
     x, f = v.operands["input"], v.operands["filter"]
     nchw = v.attrs["layout"] == "nchw"
-    m, nf, k, gather = _conv_gemm(v)
+    m, nf, k, gather = implicit_gemm(v)
     n, (oh, ow) = gather.image.shape[0], gather.out_hw
     if nchw:
         image = w.transpose(w.arg["input"], [0, 2, 3, 1])

@@ -24,7 +24,7 @@ from dataclasses import dataclass, replace
 
 import mlir.ir as ir
 
-from ..dialects.ops import Conv2dDef, Epilogue, OpView, TensorSpec, view
+from ..dialects.ops import Epilogue, OpView, view
 from ..dialects.schedule import Schedule
 from ..doctor.capabilities import Capabilities, named
 from ..doctor.engine import PlanError
@@ -32,7 +32,7 @@ from ..doctor.variants import (ArchIs, BackendIs, DtypeIn, Problem, Rule, Shared
                                WarpSizeIs, register_variant)
 from ..dialects.verify import tracea_ops
 from ..errors import OpError
-from .cpu_gemm import ConvGather
+from .cpu_gemm import implicit_gemm
 from .gpu_attention import HEAD_DIMS, AttentionTiles, MmaAttention, attention_module_text
 from .gpu_attention import grid as attention_grid
 from .gpu_gemm import SimtTiles, simt_gemm_module_text
@@ -184,15 +184,9 @@ def emit_simt_gemm(v: OpView, name: str) -> tuple[str, Launch]:
 def emit_conv(v: OpView, name: str) -> tuple[str, Launch]:
     """An NHWC conv2d as an implicit GEMM on the mma.sync kernel (on sm_90a too: its A tiles are
     gathers, which TMA's tiled mode does not do)."""
-    x, f = v.operands["input"], v.operands["filter"]
-    n, h, w, c = x.shape
-    kh, kw, _, nf = f.shape
-    _, oh, ow, _ = v.result.shape
-    top, _, left, _ = Conv2dDef.pads(v.attrs)
-    gather = ConvGather(TensorSpec((n, h, w, c), x.dtype), (kh, kw), (oh, ow), tuple(v.attrs["stride"]),
-                        tuple(v.attrs["dilation"]), (top, left))
+    m, n, k, gather = implicit_gemm(v)
     bias = v.operands.get("bias")
-    g = MmaGemm(n * oh * ow, nf, kh * kw * c, x.dtype, v.result.dtype, False,
+    g = MmaGemm(m, n, k, gather.image.dtype, v.result.dtype, False,
                 (Epilogue("bias_add"),) if bias else (), bias.dtype if bias else None, None, gather)
     tiles = mma_tiles(_schedule(v))
     return mma_gemm_module_text(g, tiles, name), Launch(mma_grid(g, tiles), (tiles.threads, 1, 1), tiles.shared_bytes())

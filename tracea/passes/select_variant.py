@@ -8,19 +8,14 @@ from dataclasses import dataclass
 
 import mlir.ir as ir
 
-from ..doctor.capabilities import Capabilities, host, named
-from ..doctor.engine import PlanError, plan
+from ..doctor.capabilities import Capabilities
+from ..doctor.engine import Context, PlanError, plan
 from ..doctor.variants import Problem
 from ..dialects.ops import view
 from ..dialects.verify import tracea_ops
 from .registry import PassFailed, TraceaPass, option, register
 
 KERNEL_OPS = ("tracea.gemm", "tracea.fused_gemm", "tracea.conv2d", "tracea.attention", "tracea.softmax")
-
-
-def device(arch: str) -> Capabilities:
-    """`host` (this CPU, or the profile TRACEA_CPU names) or a named profile."""
-    return host() if arch == "host" else named(arch)
 
 
 def select(op: ir.Operation, caps: Capabilities, threads: int | None = None) -> str:
@@ -48,7 +43,7 @@ class SelectVariantPass(TraceaPass):
 
     def run(self, module: ir.Operation) -> None:
         try:
-            caps = device(self.arch)
+            caps = Context(self.arch).capabilities
         except ValueError as e:
             raise PassFailed(str(e)) from None
         failed = False

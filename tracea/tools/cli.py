@@ -53,11 +53,10 @@ def main(argv: list[str] | None = None) -> int:
         if args.command == "doctor":
             import json
 
-            from ..doctor.capabilities import host, named
+            from ..doctor.engine import Context
             from ..doctor.report import format_report, report
             try:
-                targets = None if not args.target else [host() if t in ("cpu", "host") else named(t)
-                                                        for t in args.target]
+                targets = None if not args.target else [Context(t).capabilities for t in args.target]
             except ValueError as e:
                 print(f"tracea doctor: error: {e}", file=sys.stderr)
                 return 2
