@@ -195,7 +195,7 @@ def check_reference(torch, kind, params, xs):
 
 
 def check(directory: str, emulate: bool = False) -> int:
-    """emulate: run the PTX on the CPU (runtime/ptx_emulator.py) instead of a GPU."""
+    """emulate: run the PTX on the CPU (verification/ptx_emulator.py) instead of a GPU."""
     sys.path.insert(0, RUNTIME)
     import torch
 

@@ -21,26 +21,26 @@ ROOT = Path(__file__).resolve().parent.parent
 # name -> (file, original text, mutated text, tests that must fail)
 MUTATIONS = {
     "attention-running-max": (
-        "tracea/passes/cpu_attention.py",
+        "tracea/targets/cpu/attention.py",
         'm_new = t.op(f"arith.maxnumf {m_old}, {row_max} {NNAN} : f32", "r")', "m_new = row_max",
         ["test/test_cpu_kernels.py", "-k", "attention"]),
     "gpu-attention-running-max": (  # the same bug in the GPU kernels' online softmax (mma.sync and wgmma)
-        "tracea/passes/gpu_attention.py", "    row_max = list(m)\n", "    row_max = [neg, neg]\n",
+        "tracea/targets/nvvm/attention.py", "    row_max = list(m)\n", "    row_max = [neg, neg]\n",
         ["test/test_ptx_emulator.py", "-k", "attention"]),
     "gelu-tanh-for-erf": (
-        "tracea/passes/kernel_text.py",
+        "tracea/codegen/kernel_text.py",
         'if ep.kind == "gelu" and ep.approximate == "tanh":', 'if ep.kind == "gelu":',
         ["test/test_cpu_kernels.py", "test/test_numerics.py", "test/test_gpu_mma.py", "-k", "gelu or epilogue"]),
     "gelu-tanh-for-erf-on-the-gpu": (  # the same bug, against the emulated GPU kernels alone
-        "tracea/passes/kernel_text.py",
+        "tracea/codegen/kernel_text.py",
         'if ep.kind == "gelu" and ep.approximate == "tanh":', 'if ep.kind == "gelu":',
         ["test/test_ptx_emulator.py", "-k", "gelu"]),
     "narrowed-swizzle-mask": (
-        "tracea/passes/gpu_mma.py",
+        "tracea/targets/nvvm/mma.py",
         "mask = ((1 << s.bits) - 1) << (s.base + s.shift)", "mask = ((1 << (s.bits - 1)) - 1) << (s.base + s.shift)",
         ["test/test_ptx_emulator.py", "-k", "matches_torch"]),  # bank conflicts measured on the kernels' addresses
     "silu-without-its-x": (  # the epilogue every CPU strategy shares: caught only against numpy
-        "tracea/passes/kernel_text.py", "return b.mul(x, _sigmoid(b, x))", "return _sigmoid(b, x)",
+        "tracea/codegen/kernel_text.py", "return b.mul(x, _sigmoid(b, x))", "return _sigmoid(b, x)",
         ["test/test_cpu_kernels.py", "-k", "batched"]),
     "unclamped-gather-index": (
         "tracea/passes/check_indices.py",

@@ -37,7 +37,7 @@ def crash_dir(tmp_path, monkeypatch):
 def ptxas():
     """For tests that assemble PTX: skips where NVIDIA's ptxas is not installed."""
     from tracea.errors import CompileError
-    from tracea.targets import nvvm
+    from tracea.targets.nvvm import target as nvvm
     try:
         return nvvm.ptxas_path()
     except CompileError:
@@ -48,7 +48,7 @@ def ptxas():
 def sass(ptxas):
     """sass(cubin) -> its machine code; skips where cuobjdump / nvdisasm are not installed."""
     from tracea.errors import CompileError
-    from tracea.targets import nvvm
+    from tracea.targets.nvvm import target as nvvm
 
     def disassemble(cubin) -> str:
         try:

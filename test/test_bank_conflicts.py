@@ -1,4 +1,4 @@
-"""The shared-memory bank-conflict model (tracea/passes/bank_conflicts.py): plain row-major tiles
+"""The shared-memory bank-conflict model (tracea/codegen/bank_conflicts.py): plain row-major tiles
 conflict under ldmatrix, the chosen XOR swizzles do not, and the stores stay conflict-free."""
 from __future__ import annotations
 
@@ -7,8 +7,8 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from tracea.dialects.schedule import Swizzle
-from tracea.passes.bank_conflicts import (TileLayout, accumulator_pair_addresses, conflict_free_swizzle, conflicts,
-                                          ldmatrix_x4_addresses, report, wavefronts)
+from tracea.codegen.bank_conflicts import (TileLayout, accumulator_pair_addresses, conflict_free_swizzle, conflicts,
+                                           ldmatrix_x4_addresses, report, wavefronts)
 
 
 def test_the_warp_model():

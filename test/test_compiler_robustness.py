@@ -91,7 +91,7 @@ def test_untranslatable_module_is_a_compile_error_not_a_crash():
         import mlir.ir as ir
         from tracea.dialects.context import shared_context
         from tracea.errors import CompileError
-        from tracea.targets import native
+        from tracea.targets.cpu import native
 
         messages = []
         with shared_context("pipeline") as context:

@@ -11,9 +11,9 @@ from hypothesis import strategies as st
 import reference as ref
 import tracea
 from tracea import dialects as td
-from tracea.passes.cpu_gemm import column_chunk
-from tracea.passes.cpu_kernels import default_gemm_schedule
-from tracea.targets.cpu import openmp_library
+from tracea.targets.cpu.gemm import column_chunk
+from tracea.targets.cpu.kernels import default_gemm_schedule
+from tracea.targets.cpu.target import openmp_library
 from tracea.doctor.capabilities import host_cpu
 
 LANES = host_cpu().f32_lanes

@@ -13,8 +13,8 @@ from tracea import dialects as td
 from tracea.doctor import PROFILES, Context, PlanError, Problem, named, plan, variants
 from tracea.doctor.capabilities import probe_nvidia
 from tracea.doctor.engine import KERNELS
-from tracea.doctor.variants import (ArchIs, BackendIs, DtypeIn, Rule, SharedMemoryAtLeast, SimdWidthAtLeast,
-                                    SmAtLeast, WarpSizeIs)
+from tracea.codegen.variants import (ArchIs, BackendIs, DtypeIn, Rule, SharedMemoryAtLeast, SimdWidthAtLeast,
+                                     SmAtLeast, WarpSizeIs)
 
 
 def test_constraints_say_why_they_reject():
@@ -172,7 +172,7 @@ def test_the_support_matrix_in_the_docs_is_the_registrys():
 
 def test_a_variant_checks_a_schedule_without_emitting_it():
     """The tuner's legality check: each variant names what is wrong with a schedule."""
-    from tracea.doctor.variants import variant
+    from tracea.codegen.variants import variant
     from tracea.errors import OpError
     gemm, attention = Problem("gemm", "f16", transpose_b=False), Problem("attention", "f16", head_dim=64)
     good, sm80, sm90 = td.Schedule(tile=(128, 128, 32), warp_tile=(64, 64, 32), stages=3), named("sm_80"), named("sm_90a")

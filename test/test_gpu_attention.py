@@ -1,4 +1,4 @@
-"""Flash attention for NVIDIA (passes/gpu_attention.py) without a GPU: ptxas accepts it on sm_80
+"""Flash attention for NVIDIA (targets/nvvm/attention.py) without a GPU: ptxas accepts it on sm_80
 and sm_90a, the machine code has the mma.sync / ldmatrix / quad-shuffle structure of the mapping,
 and the shapes it cannot take are named. (Against torch SDPA: test_cuda_launcher.py, on a GPU.)"""
 from __future__ import annotations
@@ -9,10 +9,10 @@ import pytest
 
 import tracea
 from tracea import dialects as td
-from tracea.passes import gpu_wgmma_attention as wgmma_attention
-from tracea.passes import phase_cycle
-from tracea.passes.gpu_attention import AttentionTiles, MmaAttention, attention_module_text
-from tracea.targets import nvvm
+from tracea.targets.nvvm import wgmma_attention
+from tracea.targets.nvvm import phase_cycle
+from tracea.targets.nvvm.attention import AttentionTiles, MmaAttention, attention_module_text
+from tracea.targets.nvvm import target as nvvm
 
 
 @pytest.mark.parametrize("chip", ["sm_80", "sm_90a"])
@@ -64,7 +64,8 @@ def test_gemm_only_schedule_keys_are_refused_for_attention(schedule):
 def test_the_key_value_pipeline_is_the_checked_plan(monkeypatch):
     """K and V stream through phase_cycle's cp.async plan, proved for every block's count of key
     blocks (causal blocks visit fewer); a plan that refills a buffer still being read is refused."""
-    from tracea.passes import gpu_attention, phase_cycle
+    from tracea.targets.nvvm import attention as gpu_attention
+    from tracea.targets.nvvm import phase_cycle
     a = MmaAttention((1, 2), 300, 300, 64, "f16", "f16", 0.125, True)
     text = attention_module_text(a, AttentionTiles(stages=3))
     loop = text[text.index("scf.for"):]
@@ -78,7 +79,7 @@ def test_the_key_value_pipeline_is_the_checked_plan(monkeypatch):
         attention_module_text(a)
 
 
-# -- the Hopper kernel (passes/gpu_wgmma_attention.py) --------------------------------------
+# -- the Hopper kernel (targets/nvvm/wgmma_attention.py) --------------------------------------
 
 @pytest.mark.parametrize("dim,dtype,causal", [(64, "f16", False), (128, "bf16", True), (256, "bf16", False)])
 def test_wgmma_attention_machine_code(sass, dim, dtype, causal):
@@ -134,7 +135,7 @@ def test_wgmma_attention_tiles_are_validated():
 def test_wgmma_attention_pipeline_is_the_checked_plan(monkeypatch):
     """K and V stream through phase_cycle's warp-specialized plan, proved for every causal
     block's count of key blocks; a consumer that releases the buffer it is about to read is refused."""
-    from tracea.passes import phase_cycle
+    from tracea.targets.nvvm import phase_cycle
     a = MmaAttention((1,), 300, 300, 64, "f16", "f16", 0.125, True)
     good = phase_cycle.specialized_plan(2, 8)
     broken = phase_cycle.AgentPlan(2, 8, good.producer, (phase_cycle.WaitFull(0, 0), phase_cycle.Release(0),

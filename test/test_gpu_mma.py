@@ -1,4 +1,4 @@
-"""The Tensor Core GEMM for NVIDIA (passes/gpu_mma.py, passes/gpu_kernels.py) without a GPU: the
+"""The Tensor Core GEMM for NVIDIA (targets/nvvm/mma.py, targets/nvvm/kernels.py) without a GPU: the
 pipeline it emits is the checked phase plan, its shared-memory layouts are conflict-free, ptxas
 accepts it for sm_80 and sm_90a and the machine code has the instructions the mapping promises.
 Running it against torch needs a GPU and a CUDA launcher (not in this suite)."""
@@ -12,9 +12,11 @@ import tracea
 from tracea import dialects as td
 from tracea.dialects.ops import Epilogue
 from tracea.dialects.schedule import Schedule, Swizzle
-from tracea.passes import bank_conflicts, gpu_mma, phase_cycle
-from tracea.passes.gpu_mma import MmaGemm, MmaTiles, mma_gemm_module_text
-from tracea.targets import nvvm
+from tracea.codegen import bank_conflicts
+from tracea.targets.nvvm import mma as gpu_mma
+from tracea.targets.nvvm import phase_cycle
+from tracea.targets.nvvm.mma import MmaGemm, MmaTiles, mma_gemm_module_text
+from tracea.targets.nvvm import target as nvvm
 
 
 @pytest.mark.parametrize("chip", ["sm_80", "sm_90a"])

@@ -1,4 +1,4 @@
-"""The Hopper GEMM (passes/gpu_wgmma.py) without a GPU: its pipeline is the checked TMA/wgmma
+"""The Hopper GEMM (targets/nvvm/wgmma.py) without a GPU: its pipeline is the checked TMA/wgmma
 phase plan, ptxas accepts it for sm_90a and the machine code has what the mapping promises
 (HGMMA from shared-memory descriptors, TMA copies, mbarrier waits), and compile_gpu describes the
 tensor maps the launcher must encode."""
@@ -11,10 +11,11 @@ import pytest
 import tracea
 from tracea import dialects as td
 from tracea.dialects.ops import Epilogue
-from tracea.passes import gpu_wgmma, phase_cycle
-from tracea.passes.gpu_mma import MmaGemm
-from tracea.passes.gpu_wgmma import WgmmaTiles, wgmma_gemm_module_text
-from tracea.targets import nvvm
+from tracea.targets.nvvm import wgmma as gpu_wgmma
+from tracea.targets.nvvm import phase_cycle
+from tracea.targets.nvvm.mma import MmaGemm
+from tracea.targets.nvvm.wgmma import WgmmaTiles, wgmma_gemm_module_text
+from tracea.targets.nvvm import target as nvvm
 
 
 @pytest.mark.parametrize("dtype,transpose_b,epilogue", [

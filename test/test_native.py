@@ -1,4 +1,4 @@
-"""Host code generation (tracea/targets/native.py): LLVM dialect -> object code -> linked in-process."""
+"""Host code generation (tracea/targets/cpu/native.py): LLVM dialect -> object code -> linked in-process."""
 from __future__ import annotations
 
 import ctypes
@@ -12,7 +12,7 @@ import tracea
 from tracea import dialects as td
 from tracea.dialects.context import shared_context
 from tracea.errors import CompileError
-from tracea.targets import native
+from tracea.targets.cpu import native
 
 
 def _jit(llvm_dialect: str, symbol: str, prototype):

@@ -7,8 +7,8 @@ import dataclasses
 import pytest
 
 import tracea
-from tracea.passes.gpu_mma import MmaGemm
-from tracea.targets import nvvm
+from tracea.targets.nvvm.mma import MmaGemm
+from tracea.targets.nvvm import target as nvvm
 
 SAXPY = """
 module attributes {gpu.container_module} {
@@ -72,7 +72,7 @@ def test_bad_ptx_is_a_compile_error():
 def test_simt_gemm_assembles(chip, shape):
     """The SIMT GEMM (f32, shared-memory tiles, a 4 x 4 register tile per thread): ptxas accepts it
     and reports the shared memory of its two tiles; the FMAs are fused in the PTX."""
-    from tracea.passes.gpu_gemm import SimtTiles, grid, simt_gemm_module_text
+    from tracea.targets.nvvm.simt import SimtTiles, grid, simt_gemm_module_text
     tiles = SimtTiles()
     ptx = nvvm.to_ptx(simt_gemm_module_text(MmaGemm(*shape, "f32", "f32"), tiles), chip)
     assert ptx.count("fma.rn.f32") >= tiles.thread_m * tiles.thread_n and "bar.sync" in ptx and ".shared" in ptx
@@ -91,7 +91,7 @@ def test_simt_gemm_assembles(chip, shape):
 
 
 def test_simt_tiles_are_checked():
-    from tracea.passes.gpu_gemm import SimtTiles
+    from tracea.targets.nvvm.simt import SimtTiles
     with pytest.raises(ValueError, match="multiple of the thread tile"):
         SimtTiles(block_m=62).validate()
     with pytest.raises(ValueError, match="2048 threads per block"):
@@ -104,7 +104,7 @@ def test_gpu_kernel_artifact_loads_without_mlir(tmp_path):
     import subprocess
     import sys
 
-    from tracea.passes.gpu_gemm import SimtTiles, grid, simt_gemm_module_text
+    from tracea.targets.nvvm.simt import SimtTiles, grid, simt_gemm_module_text
     from tracea.runtime import gpu_artifact as ga
     _ptxas_or_skip()
     m, n, k = 100, 70, 37

@@ -1,4 +1,4 @@
-"""The pipeline phase model (tracea/passes/phase_cycle.py): every schedule it emits passes its
+"""The pipeline phase model (tracea/targets/nvvm/phase_cycle.py): every schedule it emits passes its
 checker, for every depth and trip count, and the checker rejects the classic pipelining bugs."""
 from __future__ import annotations
 
@@ -6,9 +6,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from tracea.passes.phase_cycle import (AgentPlan, AwaitTurn, Barrier, Commit, Compute, Load, LoopPlan, PassTurn, PhaseError, Release,
-                                       WaitEmpty, WaitFull, WaitGroups, WaitMma, check, check_agents, schedule,
-                                       specialized_plan, tma_wgmma_plan)
+from tracea.targets.nvvm.phase_cycle import (AgentPlan, AwaitTurn, Barrier, Commit, Compute, Load, LoopPlan, PassTurn, PhaseError, Release,
+                                             WaitEmpty, WaitFull, WaitGroups, WaitMma, check, check_agents, schedule,
+                                             specialized_plan, tma_wgmma_plan)
 
 
 @settings(max_examples=300)

@@ -13,7 +13,7 @@ import pytest
 import tracea
 from tracea import dialects as td
 from tracea.runtime import placement
-from tracea.targets.cpu import openmp_library
+from tracea.targets.cpu.target import openmp_library
 
 pytestmark = [
     pytest.mark.skipif(not hasattr(os, "sched_setaffinity"), reason="thread affinity is Linux-only"),

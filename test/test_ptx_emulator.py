@@ -1,4 +1,4 @@
-"""Tracea's NVIDIA kernels run without a GPU: runtime/ptx_emulator.py interprets their PTX
+"""Tracea's NVIDIA kernels run without a GPU: verification/ptx_emulator.py interprets their PTX
 (cp.async groups, ldmatrix, mma.sync, TMA + mbarrier, wgmma descriptors) and every variant must
 match torch on the CPU; kernels broken on purpose (an early read, a missing barrier, a wrong
 fragment register, an unretired wgmma, a lost mbarrier arrival, a short buffer) must fail."""
@@ -12,8 +12,8 @@ import pytest
 
 import tracea
 from tracea import dialects as td
-from tracea.passes import bank_conflicts
-from tracea.runtime import ptx_emulator as pe
+from tracea.codegen import bank_conflicts
+from tracea.verification import ptx_emulator as pe
 from reference import bench_module
 
 torch = pytest.importorskip("torch")

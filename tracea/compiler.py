@@ -2,6 +2,7 @@
 Python) to a callable Kernel for a target, with an in-process cache keyed by the exact input."""
 from __future__ import annotations
 
+import functools
 import hashlib
 import threading
 import time
@@ -19,9 +20,8 @@ from .passes.pipeline import compile_or_raise
 from .runtime import disk_cache
 from .runtime.kernel import Kernel, Signature
 from .targets import get_target
-from .targets.base import TARGETS
-from .targets.cpu import function_signature, public_functions
-from .doctor.capabilities import host_cpu
+from .targets.base import Build, Target
+from .targets.cpu.target import function_signature, public_functions
 
 _CACHE: dict[str, Kernel] = {}
 _CACHE_LOCK = threading.Lock()
@@ -115,26 +115,16 @@ def compile(program, example_inputs=None, *, target: str = "cpu", entry: str | N
         raise TypeError("dynamic_dims is for torch.nn.Module programs; in IR, write '?' for a dynamic size")
     if example_inputs is not None:
         raise TypeError("example_inputs is for torch.nn.Module programs; tracea IR carries its own shapes")
-    if target == "cuda":
-        return _compile_cuda(program, entry, chip)
-    if target not in TARGETS:
-        raise ValueError(f"unknown target '{target}'; available: {', '.join(sorted(TARGETS) + ['cuda'])} "
-                         "(compile_gpu(..., chip=...) writes NVIDIA kernels for another machine)")
+    backend = get_target(target)
     text, source_name = _source(program)
-    if threads is not None and (not isinstance(threads, int) or threads < 1):
-        raise ValueError(f"threads must be a positive number of threads (or None: $TRACEA_NUM_THREADS or "
-                         f"the host's {host_cpu().cores} cores), got {threads!r}")
-    threads = threads or knobs.num_threads() or host_cpu().cores
-    parts = [text, target, str(entry), strategy, str(threads), str(keep_stages), knobs.parallel_runtime(),
-             host_cpu().describe()]  # what the schedules were planned for (TRACEA_CPU may name another CPU)
+    options = backend.options(strategy=strategy, threads=threads, chip=chip)
+    parts = [text, str(entry), str(keep_stages), backend.hash(options)]
     key = hashlib.sha256("\0".join(parts).encode()).hexdigest()
     with _CACHE_LOCK:
         if key in _CACHE:
             return _CACHE[key]
-    start = time.perf_counter()
-    backend = get_target(target)
-    dump = knobs.dump_dir()
-    persistent = target == "cpu" and not keep_stages and dump is None  # a cached kernel keeps no IR
+    device = backend.device(options)
+    persistent = backend.persistent and not keep_stages and knobs.dump_dir() is None  # a cached kernel keeps no IR
     if persistent:
         disk_key = disk_cache.entry_key(parts)
         kernel = disk_cache.lookup(disk_key, target)
@@ -144,23 +134,7 @@ def compile(program, example_inputs=None, *, target: str = "cpu", entry: str | N
             with _CACHE_LOCK:
                 _CACHE[key] = kernel
             return kernel
-    # Tracea's own pipelines verify once per stage, not after every pass (the input is verified
-    # when parsed); tracea-opt keeps MLIR's per-pass verification
-    backend.prepare()
-    result = compile_or_raise(text, backend.stages(strategy, threads), source_name=source_name,
-                              keep_stages=keep_stages or dump is not None, verify_each=False,
-                              finish=backend.codegen)
-    signature = _signature(text, entry, source_name)
-    if isinstance(program, Function):
-        signature.arg_names = program.arg_names
-    code = backend.load(result.artifact, signature.name)
-    if dump is not None:
-        dump.mkdir(parents=True, exist_ok=True)
-        (dump / f"{signature.name}.0-input.mlir").write_text(text)
-        for i, (stage, stage_text) in enumerate(result.stages.items(), 1):
-            (dump / f"{signature.name}.{i}-{stage}.mlir").write_text(stage_text)
-    kernel = Kernel(signature, code.address, code.owner, target, result.stages if keep_stages else None,
-                    time.perf_counter() - start, code.entry_symbol, code.runtime_libraries, code.object_code, threads)
+    kernel = backend.load(_build(program, text, source_name, backend, options, entry, keep_stages), options, device)
     if persistent:
         disk_cache.store(disk_key, kernel)
     with _CACHE_LOCK:
@@ -169,32 +143,38 @@ def compile(program, example_inputs=None, *, target: str = "cpu", entry: str | N
 
 
 def compile_gpu(program, *, chip: str = "sm_80", entry: str | None = None):
-    """An NVIDIA kernel for a function computing one gemm / fused_gemm (f16 / bf16 on Tensor
-    Cores, f32 on the SIMT kernel): a runtime.gpu_artifact.GpuKernelArtifact holding the cubin
-    (ptxas-checked against `chip`'s limits), its PTX and the launch configuration; `.save(path)`
-    writes it for a machine with a GPU (no MLIR needed there). Raises CompileError."""
-    from .targets import nvvm
-
+    """An NVIDIA kernel for a function computing one gemm / fused_gemm / NHWC conv2d / attention
+    (f16 / bf16 on Tensor Cores, f32 on the SIMT kernel): a runtime.gpu_artifact.GpuKernelArtifact
+    holding the cubin (ptxas-checked against `chip`'s limits), its PTX and the launch
+    configuration; `.save(path)` writes it for a machine with a GPU (no MLIR needed there). The
+    same path as compile(..., target="cuda"), stopped before loading. Raises CompileError."""
+    backend = get_target("cuda")
     text, source_name = _source(program)
-    signature = _signature(text, entry, source_name)
+    return _build(program, text, source_name, backend, backend.options(chip=chip), entry, False).artifact
+
+
+def _build(program, text: str, source_name: str, backend: Target, options, entry: str | None,
+           keep_stages: bool) -> Build:
+    """Every backend's one path: its stages, its code generator, its packaging (dumped to
+    $TRACEA_DUMP_DIR when set)."""
+    start = time.perf_counter()
+    dump = knobs.dump_dir()
+    # Tracea's own pipelines verify once per stage, not after every pass (the input is verified
+    # when parsed); tracea-opt keeps MLIR's per-pass verification
+    backend.prepare(options)
+    result = compile_or_raise(text, list(backend.stages(options).items()), source_name=source_name,
+                              keep_stages=keep_stages or dump is not None, verify_each=False,
+                              finish=functools.partial(backend.codegen, options=options))
+    signature = _signature(text, entry, source_name)  # after the stages, which report bad input best
     if isinstance(program, Function):
         signature.arg_names = program.arg_names
-    return nvvm.kernel_artifact(text, signature, chip, source_name)
-
-
-def _compile_cuda(program, entry: str | None, chip: str | None):
-    from .runtime.cuda_launcher import CudaKernel, Device
-    device = Device.get(0)  # CudaError naming what is missing on a machine without one
-    text, _ = _source(program)
-    chip = chip or device.chip
-    key = hashlib.sha256("\0".join([text, "cuda", str(entry), chip]).encode()).hexdigest()
-    with _CACHE_LOCK:
-        if key in _CACHE:
-            return _CACHE[key]
-    kernel = CudaKernel(compile_gpu(program, chip=chip, entry=entry), device)
-    with _CACHE_LOCK:
-        _CACHE[key] = kernel
-    return kernel
+    if dump is not None:
+        dump.mkdir(parents=True, exist_ok=True)
+        (dump / f"{signature.name}.0-input.mlir").write_text(text)
+        for i, (stage, stage_text) in enumerate(result.stages.items(), 1):
+            (dump / f"{signature.name}.{i}-{stage}.mlir").write_text(stage_text)
+    artifact = backend.package(result.artifact, signature, options)
+    return Build(signature, artifact, result.stages if keep_stages else {}, time.perf_counter() - start)
 
 
 def clear_cache() -> None:

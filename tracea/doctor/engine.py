@@ -8,7 +8,7 @@ from typing import Any
 
 from ..errors import TraceaError
 from .capabilities import Capabilities, host, named, probe_nvidia
-from .variants import DTYPES, OPS, Problem, Variant, variants
+from ..codegen.variants import DTYPES, OPS, Problem, Variant, variants
 
 
 class PlanError(TraceaError, ValueError):

@@ -7,7 +7,7 @@ import dataclasses
 from .capabilities import Capabilities, probe_nvidia
 from .engine import PlanError, devices, plan
 from .toolchains import toolchains
-from .variants import DTYPES, FEATURES, OPS, Problem, variants
+from ..codegen.variants import DTYPES, FEATURES, OPS, Problem, variants
 
 
 def report(targets: list[Capabilities] | None = None) -> dict:

@@ -31,7 +31,7 @@ def _version_of(command: list[str], pattern: str = r"(\d+\.\d+(?:\.\d+)?)") -> s
 def _cuda(name: str, package: str, purpose: str) -> Tool:
     from ..errors import TraceaError
     try:
-        from ..targets.nvvm import cuda_tool
+        from ..targets.nvvm.target import cuda_tool
         path = cuda_tool(name, package)
     except TraceaError as e:
         return Tool(name, purpose, False, missing=str(e))
@@ -53,7 +53,7 @@ def _on_path(name: str, purpose: str, fix: str, version_flag: str = "--version")
 
 
 def _libdevice() -> Tool:
-    from ..targets.nvvm import cuda_toolkit
+    from ..targets.nvvm.target import cuda_toolkit
     root = cuda_toolkit()
     purpose = "CUDA's math library, linked into kernels calling erf, exp, ..."
     if root is None:

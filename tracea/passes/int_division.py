@@ -14,7 +14,7 @@ vector, in any loop) follow that:
   hardware division never traps: INT_MIN / 1 = INT_MIN and INT_MIN % 1 = 0 are torch's results;
 - where a divisor is 0, the kernel counts a fault in a module global (`FAULT_COUNTER`: one atomic
   add per division by zero, on that rare path; a vector counts once for all its lanes). The
-  packed entry point (targets/native.py) returns whether the count moved during the call, and the
+  packed entry point (targets/cpu/native.py) returns whether the count moved during the call, and the
   runtime raises ZeroDivisionError, as torch does. The counter belongs to the kernel, not to the
   call: while two threads run the same kernel, one's division by zero may raise in both.
 

@@ -15,7 +15,7 @@ import mlir.ir as ir
 from ..dialects.ops import ACCUMULATOR_DTYPE, AttentionDef, Conv2dDef, Epilogue, OpView, TensorSpec, view
 from ..dialects.verify import tracea_ops
 from ..errors import OpError, TraceaError
-from .kernel_text import Body, KernelWriter, apply_epilogue
+from ..codegen.kernel_text import Body, KernelWriter, apply_epilogue
 from .registry import PassFailed, TraceaPass, option, register
 
 Lowering = Callable[[KernelWriter, OpView], str]

@@ -10,7 +10,7 @@ import mlir.ir as ir
 
 from ..doctor.capabilities import Capabilities
 from ..doctor.engine import Context, PlanError, plan
-from ..doctor.variants import Problem
+from ..codegen.variants import Problem
 from ..dialects.ops import view
 from ..dialects.verify import tracea_ops
 from .registry import PassFailed, TraceaPass, option, register

@@ -333,6 +333,7 @@ class CudaKernel:
                 self.function, driver.CUfunction_attribute.CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
                 artifact.dynamic_shared_bytes), "cuFuncSetAttribute(MAX_DYNAMIC_SHARED_SIZE_BYTES)")
         self.loaded_from = how
+        self.stages: dict[str, str] = {}  # stage -> IR text, when compiled with keep_stages
         self._tensor_maps: dict[tuple, int] = {}  # (ptr, shape, dtype, spec) -> device address
 
     def _buffers(self, args, out):

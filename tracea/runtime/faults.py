@@ -2,7 +2,7 @@
 
 Each kind has a counter, a module global of the kernel (its passes add one atomic increment on
 the rare path where the fault happens, then continue with a harmless value); the packed entry
-point (targets/native.py) returns a status with bit i set when counter i moved during the call,
+point (targets/cpu/native.py) returns a status with bit i set when counter i moved during the call,
 and the runtime raises the error PyTorch raises for the same input. Pure Python: the AOT loader
 and the runtime use it without MLIR.
 """

@@ -145,7 +145,7 @@ class Kernel:
         self.object_code = object_code  # the compiled code, when kept (what export links)
         self.threads = threads  # the size of its parallel regions' thread teams
         self._keep_alive = keep_alive  # what owns the code: a JIT library, a shared library
-        # returns the faults of the call, bit by bit (runtime/faults.py, targets/native.py: packed_entry)
+        # returns the faults of the call, bit by bit (runtime/faults.py, targets/cpu/native.py: packed_entry)
         self._entry = ctypes.CFUNCTYPE(ctypes.c_int32, ctypes.c_void_p)(entry_address)
         self._in_dtypes = [to_numpy(s.dtype) for s in signature.inputs]
         self._out_dtypes = [to_numpy(s.dtype) for s in signature.outputs]

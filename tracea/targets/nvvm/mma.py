@@ -1,6 +1,6 @@
 """The Tensor Core GEMM for NVIDIA sm_80 and later: f16 / bf16 inputs, f32 accumulation on
 `mma.sync.m16n8k16`, fed from shared memory by `ldmatrix`, which asynchronous copies (cp.async)
-fill through a multi-stage pipeline. A gpu.module text, lowered by targets/nvvm.py.
+fill through a multi-stage pipeline. A gpu.module text, lowered by targets/nvvm/target.py.
 
     block (bx, by) computes output tile launch_order_tile(by * blocks x + bx) (grouped for L2
     reuse), C[row BM : +BM, col BN : +BN]; warp (wm, wn) its WM x WN part, as
@@ -23,11 +23,12 @@ import math
 import operator
 from dataclasses import dataclass
 
-from ..dialects.ops import Epilogue
-from ..errors import OpError
-from .bank_conflicts import CHUNK_BYTES, TileLayout, conflict_free_swizzle, report
-from .cpu_gemm import ConvGather, _memref, _Text
-from .kernel_text import fused_epilogue
+from ...dialects.ops import Epilogue
+from ...errors import OpError
+from ...codegen.bank_conflicts import CHUNK_BYTES, TileLayout, conflict_free_swizzle, report
+from ...codegen.conv_gather import ConvGather
+from ...codegen.loop_text import LoopText, memref_text
+from ...codegen.kernel_text import fused_epilogue
 from .phase_cycle import Barrier, Commit, Compute, Load, LoopPlan, WaitGroups, cp_async_plan
 
 MMA_DTYPES = ("f16", "bf16")
@@ -143,7 +144,7 @@ class MmaGemm:
                  "B": (self.n, self.k) if self.transpose_b else (self.k, self.n),
                  "C": (self.m, self.n), "residual": (self.m, self.n)}[name]
         if not self.batch_grid or (name == "B" and not self.batched_b):  # a shared B is one matrix
-            return _memref(shape, dtype)
+            return memref_text(shape, dtype)
         return f"memref<{shape[0]}x{shape[1]}x{dtype}, strided<[{shape[1]}, 1], offset: ?>>"
 
 
@@ -184,7 +185,7 @@ def int_arith(op: str, x: int, y: int) -> int:
 class IndexArith:
     """`arith` for launch_order_tile that emits index ops into `t` (ints become constants)."""
 
-    def __init__(self, t: _Text):
+    def __init__(self, t: LoopText):
         self.t = t
 
     def __call__(self, op: str, x, y) -> str:
@@ -211,13 +212,13 @@ def mma_gemm_module_text(g: MmaGemm, tiles: MmaTiles = MmaTiles(), name: str = "
     return _Writer(g, tiles, plan, layouts).module_text(name)
 
 
-def epilogue_pair(t: _Text, g: MmaGemm, pair: str, grow: str, gcol: str, tag: str) -> str:
+def epilogue_pair(t: LoopText, g: MmaGemm, pair: str, grow: str, gcol: str, tag: str) -> str:
     """epilogue(pair) (a vector<2xf32> of accumulators) for C[grow, gcol : gcol + 2], cast to C's
     type; bias / residual read there as aligned pairs."""
     operands = {}
     if g.bias_dtype:
         operands["bias_add"] = (t.op(f"vector.load %bias[{gcol}] {_aligned_pair(g.bias_dtype)} : "
-                                     f"{_memref((g.n,), g.bias_dtype)}, vector<2x{g.bias_dtype}>", "e"), g.bias_dtype)
+                                     f"{memref_text((g.n,), g.bias_dtype)}, vector<2x{g.bias_dtype}>", "e"), g.bias_dtype)
     if g.residual_dtype:
         operands["residual_add"] = (t.op(f"vector.load %residual[{grow}, {gcol}] {_aligned_pair(g.residual_dtype)} : "
                                          f"{g.matrix_type('residual', g.residual_dtype)}, vector<2x{g.residual_dtype}>",
@@ -228,7 +229,7 @@ def epilogue_pair(t: _Text, g: MmaGemm, pair: str, grow: str, gcol: str, tag: st
     return x
 
 
-def store_pair(t: _Text, g: MmaGemm, pair: str, grow: str, gcol: str, tag: str) -> None:
+def store_pair(t: LoopText, g: MmaGemm, pair: str, grow: str, gcol: str, tag: str) -> None:
     """C[grow, gcol : gcol + 2] = epilogue(pair), for a row already known inside C: skipped past
     its last column, one aligned 2-element store."""
     t.open(f"scf.if {t.cmp('ult', gcol, t.c(g.n))}")
@@ -253,7 +254,7 @@ def _operands(g: MmaGemm) -> list[tuple[str, tuple[int, ...], str, bool]]:
 
 def kernel_params(g: MmaGemm) -> list[str]:
     """The kernel's tensor parameters; one seen as a matrix is named %<name>_nd (collapse_views)."""
-    return [f"%{name}{'_nd' if nd else ''}: {_memref(shape, dtype)}" for name, shape, dtype, nd in _operands(g)]
+    return [f"%{name}{'_nd' if nd else ''}: {memref_text(shape, dtype)}" for name, shape, dtype, nd in _operands(g)]
 
 
 def collapse_views(g: MmaGemm) -> list[str]:
@@ -274,16 +275,16 @@ def collapse_views(g: MmaGemm) -> list[str]:
             offsets = ", ".join([f"%lead{i}" for i in range(lead)] + ["0", "0"])
             sizes = ", ".join(["1"] * lead + [str(d) for d in shape[-2:]])
             lines.append(f"%{name} = memref.subview %{name}_nd[{offsets}] [{sizes}] [{', '.join(['1'] * (lead + 2))}] "
-                         f": {_memref(shape, dtype)} to {g.matrix_type(name, dtype)}")
+                         f": {memref_text(shape, dtype)} to {g.matrix_type(name, dtype)}")
         elif nd:
             rows = math.prod(shape[:-1])
             groups = f"[[{', '.join(map(str, range(len(shape) - 1)))}], [{len(shape) - 1}]]"
-            lines.append(f"%{name} = memref.collapse_shape %{name}_nd {groups} : {_memref(shape, dtype)} into "
-                         f"{_memref((rows, shape[-1]), dtype)}")
+            lines.append(f"%{name} = memref.collapse_shape %{name}_nd {groups} : {memref_text(shape, dtype)} into "
+                         f"{memref_text((rows, shape[-1]), dtype)}")
     return lines
 
 
-def gpu_module_text(t: _Text, name: str, params: list[str], block: tuple[int, int], workgroup: str = "",
+def gpu_module_text(t: LoopText, name: str, params: list[str], block: tuple[int, int], workgroup: str = "",
                     attributes: str = "") -> str:
     """A gpu.module @kernels holding kernel @name(params) of `block` threads, whose body is `t`
     (its index constants first); `workgroup`: its workgroup attributions, if any; `attributes`:
@@ -305,11 +306,11 @@ class _Writer:
     def __init__(self, g: MmaGemm, tiles: MmaTiles, plan: LoopPlan, layouts: tuple[TileLayout, TileLayout]):
         self.g, self.tiles, self.plan = g, tiles, plan
         self.a_layout, self.b_layout = layouts
-        self.t = _Text()
+        self.t = LoopText()
         self.t.depth = 3
         T = g.dtype
         S, BM, BN, BK = tiles.stages, tiles.block_m, tiles.block_n, tiles.block_k
-        self.A_t = _memref(g.operand_shapes()[0], T) if g.conv is not None else g.matrix_type("A", T)
+        self.A_t = memref_text(g.operand_shapes()[0], T) if g.conv is not None else g.matrix_type("A", T)
         self.B_t = g.matrix_type("B", T)
         a_rows, a_cols = (BK, BM) if g.transpose_a else (BM, BK)
         self.As_t = f"memref<{S}x{a_rows}x{a_cols}x{T}, {WORKGROUP}>"

@@ -1,6 +1,6 @@
 """Flash attention for NVIDIA sm_80 and later (f16 / bf16 in, f32 softmax and accumulation):
 softmax(scale Q K^T) V without the S x S matrix, on mma.sync m16n8k16. A gpu.module text,
-lowered by targets/nvvm.py.
+lowered by targets/nvvm/target.py.
 
     block (bx, by): query rows bx BM .. + BM of batch-head `by`; warp w owns 16 of them
     Q tile -> shared memory (cp.async) -> A fragments kept in registers (ldmatrix)
@@ -25,10 +25,10 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from ..errors import OpError
-from .bank_conflicts import TileLayout, conflict_free_swizzle, report
-from .cpu_gemm import _memref, _Text
-from .gpu_mma import ELEM_BYTES, MMA_DTYPES, PER_CHUNK, WORKGROUP, _Writer, gpu_module_text
+from ...errors import OpError
+from ...codegen.bank_conflicts import TileLayout, conflict_free_swizzle, report
+from ...codegen.loop_text import LoopText, memref_text
+from .mma import ELEM_BYTES, MMA_DTYPES, PER_CHUNK, WORKGROUP, _Writer, gpu_module_text
 from .phase_cycle import LoopPlan, cp_async_plan
 
 HEAD_DIMS = (16, 32, 64, 128, 256)
@@ -103,7 +103,7 @@ def key_blocks(a: MmaAttention, tiles) -> int:
     return -(-a.seq_k // tiles.block_n)
 
 
-def key_block_bound(t: _Text, a: MmaAttention, tiles) -> None:
+def key_block_bound(t: LoopText, a: MmaAttention, tiles) -> None:
     """%bound: the key blocks block %q0's queries visit (causal: none past its last query, all
     masked)."""
     blocks = key_blocks(a, tiles)
@@ -115,21 +115,21 @@ def key_block_bound(t: _Text, a: MmaAttention, tiles) -> None:
         t.line(f"%bound = arith.constant {blocks} : index")
 
 
-def head_view(t: _Text, a: MmaAttention, mem: str, seq: int, dtype: str) -> tuple[str, str]:
+def head_view(t: LoopText, a: MmaAttention, mem: str, seq: int, dtype: str) -> tuple[str, str]:
     """The [seq, D] matrix of the block's batch-head (%lead0, ...) in a [..., seq, D] parameter,
     and its type."""
     lead = len(a.lead)
     if not lead:
-        return mem, _memref((seq, a.head_dim), dtype)
+        return mem, memref_text((seq, a.head_dim), dtype)
     strided = f"memref<{seq}x{a.head_dim}x{dtype}, strided<[{a.head_dim}, 1], offset: ?>>"
     offsets = ", ".join([f"%lead{i}" for i in range(lead)] + ["0", "0"])
     sizes = ", ".join(["1"] * lead + [str(seq), str(a.head_dim)])
     view = t.op(f"memref.subview {mem}[{offsets}] [{sizes}] [{', '.join(['1'] * (lead + 2))}] : "
-                f"{_memref((*a.lead, seq, a.head_dim), dtype)} to {strided}", "m")
+                f"{memref_text((*a.lead, seq, a.head_dim), dtype)} to {strided}", "m")
     return view, strided
 
 
-def lead_indices(t: _Text, a: MmaAttention, flat: str) -> None:
+def lead_indices(t: LoopText, a: MmaAttention, flat: str) -> None:
     """%lead0, ...: the leading (batch, head) indices of batch-head `flat`, last dim fastest."""
     rest = flat
     for i in reversed(range(len(a.lead))):
@@ -137,17 +137,17 @@ def lead_indices(t: _Text, a: MmaAttention, flat: str) -> None:
         rest = t.op(f"arith.divui {rest}, {t.c(a.lead[i])} : index", "i")
 
 
-def f32_const(t: _Text, value: float) -> str:
+def f32_const(t: LoopText, value: float) -> str:
     return t.op(f"arith.constant {value:.9e} : f32", "f")
 
 
-def shuffle_constants(t: _Text) -> None:
+def shuffle_constants(t: LoopText) -> None:
     """%i32_1, %i32_2, %i32_32: quad_reduce's shuffle offsets and width."""
     for value in (1, 2, 32):
         t.line(f"%i32_{value} = arith.constant {value} : i32")
 
 
-def quad_reduce(t: _Text, x: str, op: str) -> str:
+def quad_reduce(t: LoopText, x: str, op: str) -> str:
     """`op` (arith.maximumf / arith.addf) over the 4 lanes holding one row's columns (needs
     shuffle_constants)."""
     for offset in ("%i32_1", "%i32_2"):
@@ -157,12 +157,12 @@ def quad_reduce(t: _Text, x: str, op: str) -> str:
     return x
 
 
-def exp2(t: _Text, x: str) -> str:
+def exp2(t: LoopText, x: str) -> str:
     """2^x as one ex2.approx (relative error ~2^-22; 0 for the masked scores' -1e30)."""
     return t.op(f"math.exp2 {x} fastmath<afn> : f32", "x")
 
 
-def online_softmax(t: _Text, a: MmaAttention, scores, m: list[str], l: list[str], k0: str, queries: list[str]):
+def online_softmax(t: LoopText, a: MmaAttention, scores, m: list[str], l: list[str], k0: str, queries: list[str]):
     """One key block's step of the online softmax over scores[n][h][e]: the f32 score of query
     row queries[h] and key k0 + %lane_pair + 8 n + e (the m16n8 accumulator layout, which
     wgmma's m64 one repeats per warp). Scales and masks (keys past the sequence; after the query
@@ -205,7 +205,7 @@ def online_softmax(t: _Text, a: MmaAttention, scores, m: list[str], l: list[str]
     return new_max, sums, alpha, probs
 
 
-def store_normalized(t: _Text, a: MmaAttention, o: str, o_t: str, sums: list[str], queries: list[str],
+def store_normalized(t: LoopText, a: MmaAttention, o: str, o_t: str, sums: list[str], queries: list[str],
                      pairs: list[list[str]]) -> None:
     """O[queries[h], %lane_pair + 8 i : +2] = pairs[h][i] (vector<2xf32>) / the row's sum (summed
     across its 4 lanes), cast; rows past the sequence are not stored."""
@@ -228,7 +228,7 @@ class _AttentionWriter(_Writer):
 
     def __init__(self, a: MmaAttention, tiles: AttentionTiles, plan: LoopPlan):
         self.g, self.tiles, self.a, self.plan = a, tiles, a, plan
-        self.t = _Text()
+        self.t = LoopText()
         self.t.depth = 3
         swizzle = conflict_free_swizzle(a.head_dim, ELEM_BYTES)
         self.q_layout = TileLayout(tiles.block_m, a.head_dim, ELEM_BYTES, swizzle)
@@ -353,6 +353,6 @@ class _AttentionWriter(_Writer):
 
         shape_q = (*a.lead, a.seq_q, d)
         shape_k = (*a.lead, a.seq_k, d)
-        params = [f"%Q: {_memref(shape_q, dt)}", f"%K: {_memref(shape_k, dt)}", f"%V: {_memref(shape_k, dt)}",
-                  f"%O: {_memref(shape_q, a.out_dtype)}"]
+        params = [f"%Q: {memref_text(shape_q, dt)}", f"%K: {memref_text(shape_k, dt)}", f"%V: {memref_text(shape_k, dt)}",
+                  f"%O: {memref_text(shape_q, a.out_dtype)}"]
         return gpu_module_text(t, name, params, (T.threads, 1))

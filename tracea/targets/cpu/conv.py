@@ -21,8 +21,8 @@ past K.
 """
 from __future__ import annotations
 
-from ..dialects.ops import Conv2dDef, OpView
-from .cpu_gemm import _memref, _Text
+from ...dialects.ops import Conv2dDef, OpView
+from ...codegen.loop_text import LoopText, memref_text
 
 
 UNROLLED_TAPS = 3  # filter columns written out in the kernel; wider filters loop over them
@@ -59,15 +59,15 @@ def conv_nchw_kernel_text(name: str, v: OpView, location: str, lanes: int, accum
     plane = -(-max(last_read + 1, hs * ws) // L) * L
     phases = sh * sw
     vt, mt = f"vector<{L}xf32>", f"vector<{L}xi1>"
-    t = _Text()
+    t = LoopText()
 
     def alloc(shape):
-        return t.op(f"memref.alloc() {{alignment = 64 : i64}} : {_memref(shape, 'f32')}", "m"), _memref(shape, "f32")
+        return t.op(f"memref.alloc() {{alignment = 64 : i64}} : {memref_text(shape, 'f32')}", "m"), memref_text(shape, "f32")
 
-    X, X_t = t.to_buffer("%arg0", x), _memref(x.shape, "f32")
-    W, W_t = t.to_buffer("%arg1", f), _memref(f.shape, "f32")
+    X, X_t = t.to_buffer("%arg0", x), memref_text(x.shape, "f32")
+    W, W_t = t.to_buffer("%arg1", f), memref_text(f.shape, "f32")
     if bias is not None:
-        B, B_t = t.to_buffer("%arg2", bias), _memref(bias.shape, "f32")
+        B, B_t = t.to_buffer("%arg2", bias), memref_text(bias.shape, "f32")
     O, O_t = alloc(out.shape)
     zero = t.op("arith.constant 0.0 : f32", "z")
     zv = t.op(f"arith.constant dense<0.0> : {vt}", "z")

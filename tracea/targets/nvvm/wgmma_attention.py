@@ -1,6 +1,6 @@
 """Flash attention for Hopper (sm_90a): TMA copies paced by mbarriers, a producer warpgroup, and
 `wgmma` for both products, in the way of FlashAttention-3. A gpu.module text, lowered by
-targets/nvvm.py.
+targets/nvvm/target.py.
 
     block (bx, by): queries bx BM .. + BM of batch-head `by`; MMA warpgroup w owns 64 of them
     the producer (the first thread of the warpgroup after the MMA warpgroups, which hands its
@@ -34,14 +34,14 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from ..errors import OpError
-from .cpu_gemm import _memref, _Text
-from .gpu_attention import (_MASKED, MmaAttention, f32_const, head_view, key_block_bound, key_blocks,
+from ...errors import OpError
+from ...codegen.loop_text import LoopText, memref_text
+from .attention import (_MASKED, MmaAttention, f32_const, head_view, key_block_bound, key_blocks,
                             lead_indices, online_softmax, shuffle_constants, store_normalized)
-from .gpu_mma import WORKGROUP, gpu_module_text
-from .gpu_wgmma import (_ALIGN, _K_MAJOR, BOX_K, ELEM_BYTES, REGISTERS, SWIZZLE_BYTES, WARPGROUP, TensorMap,
+from .mma import WORKGROUP, gpu_module_text
+from .wgmma import (_ALIGN, _K_MAJOR, BOX_K, ELEM_BYTES, REGISTERS, SWIZZLE_BYTES, WARPGROUP, TensorMap,
                         box_type, n_major_bits, tensormap_type)
-from .gpu_wgmma import _Writer as _GemmWriter
+from .wgmma import _Writer as _GemmWriter
 from .phase_cycle import (AgentPlan, AwaitTurn, Compute, PassTurn, Release, WaitFull, WaitMma,
                           specialized_plan)
 
@@ -142,7 +142,7 @@ class _Writer(_GemmWriter):
     def __init__(self, a: MmaAttention, tiles: WgmmaAttentionTiles, plan: AgentPlan):
         self.g = self.a = a
         self.tiles, self.plan = tiles, plan
-        self.t = _Text()
+        self.t = LoopText()
         self.t.depth = 3
         self.maps = tensor_maps(a, tiles)
         self.map_names = ("%tmaQ", "%tmaK", "%tmaV")
@@ -377,6 +377,6 @@ class _Writer(_GemmWriter):
         t.close()
 
         shape_q, shape_k = (*a.lead, a.seq_q, d), (*a.lead, a.seq_k, d)
-        params = [f"%Q: {_memref(shape_q, dt)}", f"%K: {_memref(shape_k, dt)}", f"%V: {_memref(shape_k, dt)}",
-                  f"%O: {_memref(shape_q, a.out_dtype)}"] + [f"{desc}_ptr: !llvm.ptr" for desc in self.map_names]
+        params = [f"%Q: {memref_text(shape_q, dt)}", f"%K: {memref_text(shape_k, dt)}", f"%V: {memref_text(shape_k, dt)}",
+                  f"%O: {memref_text(shape_q, a.out_dtype)}"] + [f"{desc}_ptr: !llvm.ptr" for desc in self.map_names]
         return gpu_module_text(t, name, params, (T.threads, 1))

@@ -3,9 +3,9 @@ lane-wise running max and rescaled sum of exponentials, a second writes exp(x - 
 The tail of a row goes through masked transfers (padding -inf contributes exp = 0)."""
 from __future__ import annotations
 
-from ..dialects.ops import OpView
-from .cpu_gemm import _memref, _Text
-from .kernel_text import vector_exp
+from ...dialects.ops import OpView
+from ...codegen.loop_text import LoopText, memref_text
+from ...codegen.kernel_text import vector_exp
 
 # The running max starts at the most negative finite f32, not -inf: a lane that only ever sees
 # padding then rescales by exp(0) instead of exp(-inf - -inf) = NaN.
@@ -22,13 +22,13 @@ def softmax_kernel_text(name: str, v: OpView, lanes: int, location: str) -> str:
     L = lanes
     vt, it = f"vector<{L}xf32>", f"vector<{L}xi32>"
     xvt, ovt = f"vector<{L}x{x.dtype}>", f"vector<{L}x{out.dtype}>"
-    t = _Text()
+    t = LoopText()
 
     def flat(arg, spec, alloc):
-        mem_t = _memref(spec.shape, spec.dtype)
+        mem_t = memref_text(spec.shape, spec.dtype)
         mem = (t.op(f"memref.alloc() {{alignment = 64 : i64}} : {mem_t}", "m") if alloc else
                t.op(f"bufferization.to_buffer {arg} read_only : {spec} to {mem_t}", "m"))
-        flat_t = _memref((rows, n), spec.dtype)
+        flat_t = memref_text((rows, n), spec.dtype)
         if spec.rank == 2:
             return mem, mem, flat_t
         if spec.rank == 1:

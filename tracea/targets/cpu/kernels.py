@@ -13,21 +13,22 @@ from dataclasses import dataclass, replace
 
 import mlir.ir as ir
 
-from ..dialects.ops import OP_DEFS, Epilogue, OpView, TensorSpec, view
-from ..dialects.schedule import LaneMap, Schedule
-from ..dialects.verify import tracea_ops
-from ..errors import OpError
-from ..doctor.capabilities import CPU, Capabilities, host, host_cpu
-from ..doctor.variants import (OPS, BackendIs, Problem, Rule, SimdWidthAtLeast, Variant, known, register_variant,
+from ...dialects.ops import OP_DEFS, Epilogue, OpView, TensorSpec, view
+from ...dialects.schedule import LaneMap, Schedule
+from ...dialects.verify import tracea_ops
+from ...errors import OpError
+from ...doctor.capabilities import CPU, Capabilities, host, host_cpu
+from ...codegen.variants import (OPS, BackendIs, Problem, Rule, SimdWidthAtLeast, Variant, known, register_variant,
                                variant)
-from .cpu_attention import attention_kernel_text
-from .cpu_conv import conv_nchw_kernel_text
-from .cpu_gemm import conv_k_block, gemm_dot_kernel_text, gemm_kernel_text, implicit_gemm
-from .cpu_softmax import softmax_kernel_text
-from .kernel_text import KernelWriter
-from .lower_to_linalg import inline_kernel
-from .registry import PassFailed, TraceaPass, option, register
-from .select_variant import select
+from .attention import attention_kernel_text
+from .conv import conv_nchw_kernel_text
+from ...codegen.conv_gather import implicit_gemm
+from .gemm import conv_k_block, gemm_dot_kernel_text, gemm_kernel_text
+from .softmax import softmax_kernel_text
+from ...codegen.kernel_text import KernelWriter
+from ...passes.lower_to_linalg import inline_kernel
+from ...passes.registry import PassFailed, TraceaPass, option, register
+from ...passes.select_variant import select
 
 GEMM_OPS = ("tracea.gemm", "tracea.fused_gemm")
 

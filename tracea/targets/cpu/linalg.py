@@ -9,7 +9,7 @@ plans become one transform-dialect script run by MLIR's transform interpreter:
 - a body of arith/math ops whose innermost loop is contiguous in every operand that uses it:
   `tile_using_for` to one vector along that loop (1 elsewhere) and `vectorize` with masks for the
   remainder. Other strided reads stay scalar loops (LLVM gathers would be no faster), except
-  transposing copies, which become a kernel of register-transposed blocks (cpu_transpose.py).
+  transposing copies, which become a kernel of register-transposed blocks (targets/cpu/transpose.py).
   Not vectorized either (only split): reductions whose innermost range needs a mask (no lowering
   for masked reductions here) and maps with constant results (keepdim reductions).
 """
@@ -22,15 +22,15 @@ import mlir.ir as ir
 from mlir.dialects import linalg  # loaded at import anyway (tracea.dialects.context)
 from mlir.dialects.transform import interpreter
 
-from ..doctor.capabilities import host_cpu
-from .cpu_transpose import transpose_kernel_text, transposed_dims
-from .int_division import INTEGER_DIVISIONS
-from .lower_to_linalg import inline_kernel
-from .registry import PassFailed, TraceaPass, option, register
+from ...doctor.capabilities import host_cpu
+from .transpose import transpose_kernel_text, transposed_dims
+from ...passes.int_division import INTEGER_DIVISIONS
+from ...passes.lower_to_linalg import inline_kernel
+from ...passes.registry import PassFailed, TraceaPass, option, register
 
 TAG = "tracea.tile_linalg"
 # a module attribute: some loop nest here is MLIR's generic lowering of a linalg op (not a Tracea
-# kernel); the code generator then optimizes the whole module (targets/native.py)
+# kernel); the code generator then optimizes the whole module (targets/cpu/native.py)
 GENERIC_LOOPS = "tracea.generic_loops"
 _VECTOR_BODY_DIALECTS = ("arith.", "math.")
 # Not vectorized: the CPU has no vector integer division (LLVM divides lane by lane anyway), and

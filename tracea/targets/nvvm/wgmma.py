@@ -1,6 +1,6 @@
 """The Hopper (sm_90a) Tensor Core GEMM: TMA copies into 128-byte-swizzled shared memory, paced
 by mbarriers, and `wgmma.mma_async` reading both operands from shared memory through matrix
-descriptors. A gpu.module text, lowered by targets/nvvm.py. Two forms:
+descriptors. A gpu.module text, lowered by targets/nvvm/target.py. Two forms:
 
 - one warpgroup (128 threads; phase_cycle.tma_wgmma_plan): thread 0 issues, per K tile, the TMA
   copies of A (BM x 64) and B (BN x 64 for nn.Linear's B^T; 64 x 64 boxes of a row-major B) and
@@ -48,10 +48,10 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from ..errors import OpError
-from ..runtime.dtypes import to_numpy
-from .cpu_gemm import _Text
-from .gpu_mma import (GROUP_M, WORKGROUP, IndexArith, MmaGemm, collapse_views, epilogue_pair, gpu_module_text,
+from ...errors import OpError
+from ...runtime.dtypes import to_numpy
+from ...codegen.loop_text import LoopText
+from .mma import (GROUP_M, WORKGROUP, IndexArith, MmaGemm, collapse_views, epilogue_pair, gpu_module_text,
                       kernel_params, launch_order_tile, store_pair)
 from .phase_cycle import (AgentPlan, Barrier, Compute, Load, LoopPlan, Release, WaitEmpty, WaitFull, WaitMma,
                           specialized_plan, tma_wgmma_plan)
@@ -271,7 +271,7 @@ class _Writer:
     def __init__(self, g: MmaGemm, tiles: WgmmaTiles, plan: LoopPlan | AgentPlan):
         self.g, self.tiles, self.plan = g, tiles, plan
         self.cluster = tiles.cluster
-        self.t = _Text()
+        self.t = LoopText()
         self.t.depth = 3
         self.maps = tensor_maps(g, tiles)
         self.map_names = ("%tmaA", "%tmaB", "%tmaC")[:len(self.maps)]

@@ -34,7 +34,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from ..errors import TraceaError
+from ...errors import TraceaError
 
 MECHANISMS = ("cp.async", "tma", "tma.wgmma")
 

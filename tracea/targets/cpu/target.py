@@ -1,4 +1,4 @@
-"""The CPU target: tracea -> linalg -> bufferized memrefs -> LLVM dialect -> object code (native.py).
+"""The CPU target: tracea -> linalg -> bufferized memrefs -> LLVM dialect -> object code (targets/cpu/native.py).
 
 All of the CPU's knowledge lives here: its stages (each a pipeline whose output can be dumped and
 tested), the C entry points it adds, and how the LLVM dialect becomes callable code.
@@ -12,15 +12,16 @@ from pathlib import Path
 
 import mlir.ir as ir
 
-from .. import knobs
-from ..dialects.ops import TensorSpec
-from ..errors import CompileError, OpError
-from ..passes.cpu_linalg import GENERIC_LOOPS
-from ..passes.pipeline import Pipeline, parse_pipeline
-from ..passes.registry import PassFailed, TraceaPass, register, register_pipeline
-from ..runtime.kernel import load_runtime_library
+from ... import knobs
+from ...dialects.ops import TensorSpec
+from ...errors import CompileError, OpError
+from .linalg import GENERIC_LOOPS
+from ...passes.pipeline import Pipeline, parse_pipeline
+from ...passes.registry import PassFailed, TraceaPass, register, register_pipeline
+from ...doctor.capabilities import host_cpu
+from ...runtime.kernel import Kernel, load_runtime_library
+from ..base import Build, Target, package_version, register_target
 from . import native
-from .base import LoadedCode, Target, register_target
 
 ENTRY_PREFIX = "_tracea_entry_"
 
@@ -126,7 +127,7 @@ def llvm_lowering(threads: int, openmp: bool = False) -> str:
     return ("tracea-outline-loops, convert-vector-to-scf, scf-forall-to-parallel, convert-linalg-to-loops, tracea-guard-int-division, "
             "lower-affine, " + parallel +
             # address arithmetic out of the loops while they are still loops: kernel-only modules get
-            # no LLVM -O pipeline (native.py); measured with that clean-up, the encoder ran 2.46 ->
+            # no LLVM -O pipeline (targets/cpu/native.py); measured with that clean-up, the encoder ran 2.46 ->
             # 2.38 ms and the CNN 2.87 -> 2.67 ms with it
             "loop-invariant-code-motion, cse, "
             "convert-scf-to-cf, expand-strided-metadata, lower-affine, "
@@ -227,25 +228,46 @@ ASYNC_RUNTIME = MLIR_LIB / "libmlir_async_runtime.so"
 RUNNER_UTILS = MLIR_LIB / "libmlir_c_runner_utils.so"  # memrefCopy, for strided copies
 
 
+@dataclass(frozen=True)
+class CpuOptions:
+    strategy: str  # "tiled" or "reference"
+    threads: int  # the size of parallel loops' thread teams
+    parallel_runtime: str  # "openmp" or "async" (tracea.knobs)
+    cpu: str  # what the schedules are planned for (the host, or the CPU $TRACEA_CPU names)
+
+
 @register_target
 class CpuTarget(Target):
     name = "cpu"
+    persistent = True
 
-    def stages(self, strategy: str = "tiled", threads: int = 1) -> list[tuple[str, Pipeline]]:
+    def options(self, *, strategy: str = "tiled", threads: int | None = None, chip: str | None = None) -> CpuOptions:
+        if chip is not None:
+            raise ValueError(f"chip={chip!r} names an NVIDIA architecture: use it with target='cuda' or compile_gpu")
         if strategy not in STRATEGIES:
             raise ValueError(f"unknown CPU strategy '{strategy}'; available: {', '.join(STRATEGIES)}")
-        tiled = strategy == "tiled"
-        return [
-            ("linalg", parse_pipeline(tiled_lowering(threads) if tiled
-                                      else f"tracea-widen-i1, tracea-to-linalg, {TORCH_NUMERICS}")),
-            ("bufferized", parse_pipeline("tracea-cpu-bufferize" + (f", {tiled_copies(threads)}" if tiled else ""))),
-            ("llvm", parse_pipeline(llvm_lowering(threads, openmp_library() is not None))),
-        ]
+        if threads is not None and (not isinstance(threads, int) or isinstance(threads, bool) or threads < 1):
+            raise ValueError(f"threads must be a positive number of threads (or None: $TRACEA_NUM_THREADS or "
+                             f"the host's {host_cpu().cores} cores), got {threads!r}")
+        return CpuOptions(strategy, threads or knobs.num_threads() or host_cpu().cores, knobs.parallel_runtime(),
+                          host_cpu().describe())
 
-    def prepare(self) -> None:
+    def stages(self, options: CpuOptions) -> dict[str, Pipeline]:
+        tiled, threads = options.strategy == "tiled", options.threads
+        return {
+            "linalg": parse_pipeline(tiled_lowering(threads) if tiled
+                                     else f"tracea-widen-i1, tracea-to-linalg, {TORCH_NUMERICS}"),
+            "bufferized": parse_pipeline("tracea-cpu-bufferize" + (f", {tiled_copies(threads)}" if tiled else "")),
+            "llvm": parse_pipeline(llvm_lowering(threads, openmp_library() is not None)),
+        }
+
+    def toolchain(self, options: CpuOptions) -> tuple[str, ...]:
+        return (*super().toolchain(options), package_version("llvmlite"), package_version("cmeel-libomp"))
+
+    def prepare(self, options: CpuOptions) -> None:
         native.warm_up()
 
-    def codegen(self, module: ir.Operation) -> bytes:
+    def codegen(self, module: ir.Operation, options: CpuOptions) -> bytes:
         """Object code for the LLVM-dialect module, with a packed entry beside each C entry point."""
         prefix = f"_mlir_ciface_{ENTRY_PREFIX}"
         entries = [name for op in module.regions[0].blocks[0].operations
@@ -253,8 +275,9 @@ class CpuTarget(Target):
                    and (name := ir.StringAttr(op.operation.attributes["sym_name"]).value).startswith(prefix)]
         return native.object_code(module, entries, optimize=GENERIC_LOOPS in module.attributes)
 
-    def load(self, code: bytes, entry: str) -> LoadedCode:
+    def load(self, build: Build, options: CpuOptions, device=None) -> Kernel:
         """Link the object code into this process, after the runtime libraries it calls into."""
+        code, entry = build.artifact, build.signature.name
         libraries = []  # loaded globally, and linked into exported libraries
         if b"mlirAsyncRuntime" in code:
             libraries.append(ASYNC_RUNTIME)
@@ -271,4 +294,5 @@ class CpuTarget(Target):
         symbol = f"_mlir_ciface_{ENTRY_PREFIX}{entry}"
         packed = native.PACKED_PREFIX + symbol
         library = native.JitLibrary(code, [packed])
-        return LoadedCode(library.addresses[packed], library, symbol, [str(lib) for lib in libraries], code)
+        return Kernel(build.signature, library.addresses[packed], library, self.name, build.stages, build.seconds,
+                      symbol, [str(lib) for lib in libraries], code, options.threads)

@@ -19,8 +19,8 @@ from pathlib import Path
 
 import mlir.ir as ir
 
-from ..errors import CompileError
-from ..runtime.faults import FAULTS
+from ...errors import CompileError
+from ...runtime.faults import FAULTS
 
 PACKED_PREFIX = "_mlir_"  # the packed entry of `f` (one void** argument array) is `_mlir_f`
 
@@ -150,7 +150,7 @@ def host_machine():
 def warm_up() -> None:
     """Compile a tiny module once in this process: LLVM's first code generation sets up tables
     worth ~0.1 s, which every forked compiler child then inherits instead of redoing."""
-    from ..dialects.context import pipeline_lock, shared_context
+    from ...dialects.context import pipeline_lock, shared_context
 
     with pipeline_lock, shared_context("pipeline"):
         module = ir.Module.parse("llvm.func @tracea_warm_up(%x: vector<4xf32>, %p: !llvm.ptr) {\n"
@@ -262,8 +262,8 @@ def parallel_parts(llvm_ir: str, entries: list[str]) -> list[str] | None:
     """The module cut into one part per core (the entries and their callers' glue in the first),
     or None when it is small, the compiler is not isolated (forking the caller's threads is not
     safe) or it holds a construct the cut does not handle."""
-    from .. import knobs
-    from ..doctor.capabilities import machine_cores
+    from ... import knobs
+    from ...doctor.capabilities import machine_cores
     cores = machine_cores()
     if cores < 2 or len(llvm_ir) < PARALLEL_MIN_BYTES or not knobs.isolate_compiler():
         return None
@@ -337,9 +337,9 @@ def _exported_global(line: str, part: int) -> str:
 
 
 def _compile_parts(parts: list[str], entries: list[str], optimize: bool) -> bytes | None:
-    from ..errors import TraceaError
-    from ..passes.isolation import ChildDied, start_in_fork
-    from ..runtime.aot import linker
+    from ...errors import TraceaError
+    from ...passes.isolation import ChildDied, start_in_fork
+    from ...runtime.aot import linker
     try:
         link = linker()
     except TraceaError:

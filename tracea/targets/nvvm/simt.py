@@ -1,6 +1,6 @@
 """The SIMT (FMA) GEMM for NVIDIA GPUs: the f32 path and the fallback where no matrix
 instruction applies (f16 / bf16 whose K or N are not multiples of 8). A gpu.module text,
-lowered by targets/nvvm.py.
+lowered by targets/nvvm/target.py.
 
     block (bx, by) computes C[by BM : +BM, bx BN : +BN]; thread (tx, ty) its TM x TN sub-tile
     for each K block of BK:
@@ -10,16 +10,16 @@ lowered by targets/nvvm.py.
         barrier
     the fused_gemm epilogue on each accumulator, cast, stored inside C
 
-tracea-gpu-kernels (gpu_kernels.py) uses it for f32 GEMMs; f16 / bf16 go to the Tensor Core
+tracea-gpu-kernels (targets/nvvm/kernels.py) uses it for f32 GEMMs; f16 / bf16 go to the Tensor Core
 kernels when their shapes allow.
 """
 from __future__ import annotations
 
 from dataclasses import dataclass
 
-from .cpu_gemm import _memref, _Text
-from .gpu_mma import MmaGemm, collapse_views, gpu_module_text, kernel_params
-from .kernel_text import fused_epilogue
+from ...codegen.loop_text import LoopText, memref_text
+from .mma import MmaGemm, collapse_views, gpu_module_text, kernel_params
+from ...codegen.kernel_text import fused_epilogue
 
 
 @dataclass(frozen=True)
@@ -55,7 +55,7 @@ def simt_gemm_module_text(g: MmaGemm, tiles: SimtTiles = SimtTiles(), name: str 
     ws = "#gpu.address_space<workgroup>"
     As_t, Bs_t = f"memref<{BK}x{BM}xf32, {ws}>", f"memref<{BK}x{BN}xf32, {ws}>"
     A_t, B_t, C_t = g.matrix_type("A", g.dtype), g.matrix_type("B", g.dtype), g.matrix_type("C", g.out_dtype)
-    t = _Text()
+    t = LoopText()
     t.depth = 3
     for line in collapse_views(g):
         t.line(line)
@@ -119,7 +119,7 @@ def simt_gemm_module_text(g: MmaGemm, tiles: SimtTiles = SimtTiles(), name: str 
             t.open(f"scf.if {inside}")
             operands = {}
             if g.bias_dtype:
-                operands["bias_add"] = (t.op(f"memref.load %bias[{c}] : {_memref((n,), g.bias_dtype)}", "e"), g.bias_dtype)
+                operands["bias_add"] = (t.op(f"memref.load %bias[{c}] : {memref_text((n,), g.bias_dtype)}", "e"), g.bias_dtype)
             if g.residual_dtype:
                 operands["residual_add"] = (t.op(f"memref.load %residual[{r}, {c}] : "
                                                  f"{g.matrix_type('residual', g.residual_dtype)}", "e"), g.residual_dtype)

@@ -4,7 +4,7 @@ the ops it implements, the constraints a problem and a device must meet, and a p
 A `Problem` is what the constraints read: the op, its dtypes and whatever else is known (shapes,
 attributes; None where not known, as when planning without shapes: a constraint on an unknown
 fact passes, and the decision lists it as a condition). A `Constraint` answers why it rejects,
-or None. The decision engine (engine.py) keeps the variants whose constraints all pass and takes
+or None. The decision engine (tracea/doctor/engine.py) keeps the variants whose constraints all pass and takes
 the highest priority.
 """
 from __future__ import annotations
@@ -12,9 +12,10 @@ from __future__ import annotations
 import importlib
 import math
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import TYPE_CHECKING, Any, Callable
 
-from .capabilities import Capabilities
+if TYPE_CHECKING:
+    from ..doctor.capabilities import Capabilities
 
 OPS = ("gemm", "fused_gemm", "conv2d", "attention", "softmax")
 DTYPES = ("f32", "f16", "bf16")
@@ -237,8 +238,6 @@ class Variant:
 
 
 _REGISTRY: dict[str, Variant] = {}
-# the modules that declare variants: importing them registers theirs
-_DECLARING = ("tracea.passes.cpu_kernels", "tracea.passes.gpu_kernels")
 
 
 def register_variant(variant: Variant) -> Variant:
@@ -250,8 +249,7 @@ def register_variant(variant: Variant) -> Variant:
 
 def variants(backend: str | None = None) -> list[Variant]:
     """Every registered variant (of one backend), highest priority first."""
-    for module in _DECLARING:
-        importlib.import_module(module)
+    importlib.import_module("tracea.targets")  # each backend registers its variants when imported
     found = [v for v in _REGISTRY.values() if backend is None or v.backend == backend]
     return sorted(found, key=lambda v: -v.priority)
 

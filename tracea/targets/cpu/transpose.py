@@ -17,8 +17,9 @@ import math
 
 import mlir.ir as ir
 
-from ..dialects.ops import TensorSpec
-from .cpu_gemm import _memref, _Text, transpose_in_registers
+from ...dialects.ops import TensorSpec
+from ...codegen.loop_text import LoopText, memref_text
+from .gemm import transpose_in_registers
 
 ELEMENT_TYPES = ("f32", "i32")  # 32-bit elements: as many per vector as the host has f32 lanes
 
@@ -82,15 +83,15 @@ def transpose_kernel_text(name: str, op: ir.Operation, dims: tuple[list[int], in
     others = [d for d in range(len(shape)) if d not in (inner, last)]
     n_blocks = -(-shape[inner] // L)
     vt = f"vector<{L}x{dtype}>"
-    t = _Text()
-    src_t, dst_t = _memref([n for n in src.shape if n != 1], dtype), _memref(shape, dtype)
+    t = LoopText()
+    src_t, dst_t = memref_text([n for n in src.shape if n != 1], dtype), memref_text(shape, dtype)
     source = t.to_buffer("%arg0", src)
-    result = out = t.op(f"memref.alloc() {{alignment = 64 : i64}} : {_memref(dst.shape, dtype)}", "m")
+    result = out = t.op(f"memref.alloc() {{alignment = 64 : i64}} : {memref_text(dst.shape, dtype)}", "m")
     # the blocks move between views without the unit dims, whose innermost dims are contiguous
     if len(src_groups) < src.rank:
-        source = t.op(f"memref.collapse_shape {source} {src_groups} : {_memref(src.shape, dtype)} into {src_t}", "m")
+        source = t.op(f"memref.collapse_shape {source} {src_groups} : {memref_text(src.shape, dtype)} into {src_t}", "m")
     if len(dst_groups) < dst.rank:
-        out = t.op(f"memref.collapse_shape {out} {dst_groups} : {_memref(dst.shape, dtype)} into {dst_t}", "m")
+        out = t.op(f"memref.collapse_shape {out} {dst_groups} : {memref_text(dst.shape, dtype)} into {dst_t}", "m")
     zero = t.op(f"arith.constant dense<0{'.0' if dtype.startswith('f') else ''}> : {vt}", "z")
     # one parallel loop over (the other dims, blocks of the input's innermost dim)
     (t.parallel if parallel else t.for_)("%task", t.c(0), t.c(math.prod(shape[d] for d in others) * n_blocks), t.c(1))

@@ -12,15 +12,16 @@
         out = O / l                                     (0 where l = 0: scores all -inf)
 
 A block's width is rounded up to whole QK tiles, not to BC: the causal diagonal and a short
-last block compute only the keys they need. Exponentials use `vector_exp` (kernel_text.py), a
+last block compute only the keys they need. Exponentials use `vector_exp` (codegen/kernel_text.py), a
 polynomial in arith ops, so they stay vectors; row maxima and sums reduce across lanes once per
 row and block.
 """
 from __future__ import annotations
 
-from ..dialects.ops import AttentionDef, OpView
-from .cpu_gemm import _memref, _Text, transpose_in_registers
-from .kernel_text import vector_exp
+from ...dialects.ops import AttentionDef, OpView
+from ...codegen.loop_text import LoopText, memref_text
+from .gemm import transpose_in_registers
+from ...codegen.kernel_text import vector_exp
 
 MAX_ACCUMULATORS = 16  # vector registers a register tile keeps accumulating in (AVX-512 has 32)
 NNAN = "fastmath<nnan>"  # max without NaN handling: a single vmaxps
@@ -38,7 +39,7 @@ def _column_groups(n_vectors: int) -> list[tuple[int, int]]:
     return [(g, min(8, n_vectors - g)) for g in range(0, n_vectors, 8)]
 
 
-def _for_iter(t: _Text, iv: str, lo: str, hi: str, step: str, inits: list[str], vt: str) -> tuple[str, list[str]]:
+def _for_iter(t: LoopText, iv: str, lo: str, hi: str, step: str, inits: list[str], vt: str) -> tuple[str, list[str]]:
     """Open an scf.for carrying `inits`; returns (result name, the carried values' names)."""
     res = t.fresh("a")
     names = [t.fresh("acc") for _ in inits]
@@ -47,7 +48,7 @@ def _for_iter(t: _Text, iv: str, lo: str, hi: str, step: str, inits: list[str], 
     return res, names
 
 
-def _yield(t: _Text, values: list[str], vt: str) -> None:
+def _yield(t: LoopText, values: list[str], vt: str) -> None:
     t.line(f"scf.yield {', '.join(values)} : {', '.join([vt] * len(values))}")
     t.close()
 
@@ -69,10 +70,10 @@ def attention_kernel_text(name: str, v: OpView, location: str) -> str:
     scale = AttentionDef.scale(v.attrs, d)
     causal = v.attrs["causal"]
     vt, it = f"vector<{L}xf32>", f"vector<{L}xi32>"
-    t = _Text()
+    t = LoopText()
 
     def alloc(shape, dtype="f32"):
-        return t.op(f"memref.alloc() {{alignment = 64 : i64}} : {_memref(shape, dtype)}", "m"), _memref(shape, dtype)
+        return t.op(f"memref.alloc() {{alignment = 64 : i64}} : {memref_text(shape, dtype)}", "m"), memref_text(shape, dtype)
 
     def const(text: str, hint: str = "k") -> str:
         return t.op(f"arith.constant {text}", hint)
@@ -259,6 +260,6 @@ def attention_kernel_text(name: str, v: OpView, location: str) -> str:
     return t.function_text(name, params, O_full, out, location)
 
 
-def _load_vector(t: _Text, mem: str, mem_t: str, idx: list[str], dtype: str, lanes: int) -> str:
+def _load_vector(t: LoopText, mem: str, mem_t: str, idx: list[str], dtype: str, lanes: int) -> str:
     x = t.op(f"vector.load {mem}[{', '.join(idx)}] : {mem_t}, vector<{lanes}x{dtype}>", "x")
     return x if dtype == "f32" else t.op(f"arith.extf {x} : vector<{lanes}x{dtype}> to vector<{lanes}xf32>", "x")

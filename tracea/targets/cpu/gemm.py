@@ -21,50 +21,10 @@ import math
 
 from dataclasses import dataclass
 
-from ..dialects.ops import ACCUMULATOR_DTYPE, Conv2dDef, Epilogue, OpView, TensorSpec
-from .kernel_text import fused_epilogue
-
-
-@dataclass(frozen=True)
-class ConvGather:
-    """A is the im2col of an NHWC image, never materialized: row (n, oy, ox), column
-    (ky, kx, c) reads image[n, oy*sy + ky*dy - top, ox*sx + kx*dx - left, c] (0 outside).
-    `run` channels at a time are copied, so K blocks must hold whole runs."""
-
-    image: TensorSpec  # [N, H, W, C]
-    kernel: tuple[int, int]
-    out_hw: tuple[int, int]
-    stride: tuple[int, int]
-    dilation: tuple[int, int]
-    top_left: tuple[int, int]
-
-    def wide(self, lanes: int) -> bool:
-        """Copy whole kernel rows (KW pixels x C, contiguous when the x dilation is 1): worth it
-        when a pixel's C channels are shorter than a vector."""
-        return self.dilation[1] == 1 and self.image.shape[3] < lanes
-
-    def unit(self, lanes: int) -> int:
-        """The contiguous run the packing copies: C channels, or a whole kernel row."""
-        c = self.image.shape[3]
-        return self.kernel[1] * c if self.wide(lanes) else c
-
-    def run(self, kc: int, lanes: int) -> int:
-        unit = self.unit(lanes)
-        return unit if kc % unit == 0 else kc  # kc divides the unit otherwise (see conv_k_block)
-
-
-def implicit_gemm(v: OpView) -> tuple[int, int, int, ConvGather]:
-    """The implicit GEMM of a conv2d (NCHW or NHWC): (M, N, K) and the gather packing A from the
-    NHWC image."""
-    x, f = v.operands["input"], v.operands["filter"]
-    top, _, left, _ = Conv2dDef.pads(v.attrs)
-    if v.attrs["layout"] == "nchw":
-        (n, c, h, wd), (nf, _, kh, kw), (_, _, oh, ow) = x.shape, f.shape, v.result.shape
-    else:
-        (n, h, wd, c), (kh, kw, _, nf), (_, oh, ow, _) = x.shape, f.shape, v.result.shape
-    gather = ConvGather(TensorSpec((n, h, wd, c), x.dtype), (kh, kw), (oh, ow), tuple(v.attrs["stride"]),
-                        tuple(v.attrs["dilation"]), (top, left))
-    return n * oh * ow, nf, kh * kw * c, gather
+from ...codegen.conv_gather import ConvGather
+from ...codegen.kernel_text import fused_epilogue
+from ...codegen.loop_text import LoopText, memref_text
+from ...dialects.ops import ACCUMULATOR_DTYPE, Epilogue, OpView, TensorSpec
 
 
 def conv_k_block(c: int, k: int, kc: int) -> int:
@@ -148,105 +108,7 @@ class GemmPlan:
 A_PAD = 16
 
 
-class _Text:
-    """Lines of MLIR with fresh SSA names and index constants hoisted to the top."""
-
-    def __init__(self):
-        self.lines: list[str] = []
-        self.consts: dict[int, str] = {}
-        self._n = 0
-        self.depth = 1
-
-    def c(self, value: int) -> str:
-        if value not in self.consts:
-            self.consts[value] = f"%c{value}".replace("-", "m")
-        return self.consts[value]
-
-    def fresh(self, hint: str = "t") -> str:
-        self._n += 1
-        if hint == "c":  # "%c<n>" names the index constants
-            hint = "c_"
-        return f"%{hint}{self._n}"
-
-    def line(self, text: str) -> None:
-        self.lines.append("  " * self.depth + text)
-
-    def op(self, text: str, hint: str = "t") -> str:
-        name = self.fresh(hint)
-        self.line(f"{name} = {text}")
-        return name
-
-    def add(self, x: str, y: str) -> str:
-        return self.op(f"arith.addi {x}, {y} : index", "i")
-
-    def mul(self, x: str, y: str) -> str:
-        return self.op(f"arith.muli {x}, {y} : index", "i")
-
-    def min_(self, x: str, y: str) -> str:
-        return self.op(f"arith.minsi {x}, {y} : index", "i")
-
-    def cmp(self, pred: str, x: str, y: str) -> str:
-        return self.op(f"arith.cmpi {pred}, {x}, {y} : index", "p")
-
-    def open(self, header: str) -> None:
-        self.line(header + " {")
-        self.depth += 1
-
-    def close(self, trailer: str = "}") -> None:
-        self.depth -= 1
-        self.line(trailer)
-
-    def else_(self) -> None:
-        """Close an scf.if's then-region and open its else-region."""
-        self.close("} else {")
-        self.depth += 1
-
-    def load_f32(self, mem: str, mem_t: str, idx: list[str], dtype: str) -> str:
-        x = self.op(f"memref.load {mem}[{', '.join(idx)}] : {mem_t}", "x")
-        return x if dtype == "f32" else self.op(f"arith.extf {x} : {dtype} to f32", "x")
-
-    def batched_view(self, mem: str, spec: TensorSpec, batch: int) -> tuple[str, str]:
-        """A memref holding a [..., rows, cols] tensor, viewed as [batch, rows, cols] (the leading
-        dims flattened; none: a batch of 1). Returns (view, its type)."""
-        mem_t = _memref(spec.shape, spec.dtype)
-        rows, cols = spec.shape[-2:]
-        if spec.rank == 2:
-            flat = _memref((1, rows, cols), spec.dtype)
-            return self.op(f"memref.expand_shape {mem} [[0, 1], [2]] output_shape [1, {rows}, {cols}] "
-                           f": {mem_t} into {flat}", "m"), flat
-        flat = _memref((batch, rows, cols), spec.dtype)
-        if spec.rank == 3:
-            return mem, flat
-        groups = "[" + ", ".join(str(i) for i in range(spec.rank - 2)) + f"], [{spec.rank - 2}], [{spec.rank - 1}]"
-        return self.op(f"memref.collapse_shape {mem} [{groups}] : {mem_t} into {flat}", "m"), flat
-
-    def to_buffer(self, value: str, spec: TensorSpec) -> str:
-        return self.op(f"bufferization.to_buffer {value} read_only : {spec} to {_memref(spec.shape, spec.dtype)}", "m")
-
-    def function_text(self, name: str, params: str, result_mem: str, out: TensorSpec, location: str) -> str:
-        """The private function on tensors these lines make, returning the buffer `result_mem`."""
-        result = self.op(f"bufferization.to_tensor {result_mem} restrict writable : "
-                         f"{_memref(out.shape, out.dtype)} to {out}", "r")
-        consts = [f"  {n} = arith.constant {value} : index" for value, n in sorted(self.consts.items())]
-        return (f"#src = {location}\nfunc.func private @{name}({params}) -> {out} {{\n"
-                + "\n".join(consts + self.lines) + f"\n  return {result} : {out}\n}}\n")
-
-    def for_(self, iv: str, lo: str, hi: str, step: str) -> None:
-        self.open(f"scf.for {iv} = {lo} to {hi} step {step}")
-
-    def parallel(self, iv: str, lo: str, hi: str, step: str) -> None:
-        self.open(f"scf.parallel ({iv}) = ({lo}) to ({hi}) step ({step})")
-
-    def close_parallel(self) -> None:
-        self.line("scf.reduce")
-        self.close()
-
-
-def _memref(shape, dtype: str) -> str:
-    return "memref<" + "".join(f"{d}x" for d in shape) + dtype + ">"
-
-
-def _open_image_row(t: _Text, g: ConvGather, p: GemmPlan, row0: str, kc: str) -> tuple[str, str, str, str]:
+def _open_image_row(t: LoopText, g: ConvGather, p: GemmPlan, row0: str, kc: str) -> tuple[str, str, str, str]:
     """Open the loop over the strip's MR rows and, for a row inside the matrix, its pixel:
     returns (image, output y, output x, offset of the row in the strip)."""
     oh, ow = g.out_hw
@@ -259,7 +121,7 @@ def _open_image_row(t: _Text, g: ConvGather, p: GemmPlan, row0: str, kc: str) ->
     return img, t.op(f"arith.divui {pix}, {t.c(ow)} : index", "i"), t.op(f"arith.remui {pix}, {t.c(ow)} : index", "i"), base
 
 
-def _close_image_row(t: _Text, Ap: str, Ap_t: str, base: str, kc: str, zero: str) -> None:
+def _close_image_row(t: LoopText, Ap: str, Ap_t: str, base: str, kc: str, zero: str) -> None:
     """Rows past the matrix are zeros; close the row loop."""
     t.else_()
     t.for_("%k", t.c(0), kc, t.c(1))
@@ -269,7 +131,7 @@ def _close_image_row(t: _Text, Ap: str, Ap_t: str, base: str, kc: str, zero: str
     t.close()  # rows
 
 
-def pack_a_from_image(t: _Text, g: ConvGather, p: GemmPlan, image: str, image_t: str, Ap: str, Ap_t: str,
+def pack_a_from_image(t: LoopText, g: ConvGather, p: GemmPlan, image: str, image_t: str, Ap: str, Ap_t: str,
                       row0: str, kc: str, zero: str) -> None:
     """Rows row0 .. row0 + MR of the (virtual) im2col matrix into the A strip, run by run."""
     L = p.lanes
@@ -314,7 +176,7 @@ def pack_a_from_image(t: _Text, g: ConvGather, p: GemmPlan, image: str, image_t:
     _close_image_row(t, Ap, Ap_t, base, kc, zero)
 
 
-def _pack_a_kernel_rows(t: _Text, g: ConvGather, p: GemmPlan, image: str, image_t: str, Ap: str, Ap_t: str,
+def _pack_a_kernel_rows(t: LoopText, g: ConvGather, p: GemmPlan, image: str, image_t: str, Ap: str, Ap_t: str,
                         row0: str, kc: str, zero: str) -> None:
     """pack_a_from_image for small C: one run = one kernel row (KW pixels x C channels), copied
     whole when inside the image, pixel by pixel at its borders."""
@@ -324,7 +186,7 @@ def _pack_a_kernel_rows(t: _Text, g: ConvGather, p: GemmPlan, image: str, image_
     run = kx_n * c
     run_vec = run // L * L
     vf32, vt_in = f"vector<{L}xf32>", f"vector<{L}x{g.image.dtype}>"
-    rows_t = _memref((n_img, h, w * c), g.image.dtype)
+    rows_t = memref_text((n_img, h, w * c), g.image.dtype)
     rows = t.op(f"memref.collapse_shape {image} [[0], [1], [2, 3]] : {image_t} into {rows_t}", "m")
 
     def load(index: list[str], vector: bool) -> str:
@@ -370,7 +232,7 @@ def _pack_a_kernel_rows(t: _Text, g: ConvGather, p: GemmPlan, image: str, image_
     _close_image_row(t, Ap, Ap_t, base, kc, zero)
 
 
-def transpose_in_registers(t: _Text, rows: list[str], dtype: str = "f32") -> list[str]:
+def transpose_in_registers(t: LoopText, rows: list[str], dtype: str = "f32") -> list[str]:
     """The transpose of an L x L block held as L row vectors (L a power of two): log2(L)
     rounds of 2-input shuffles, each swapping the off-diagonal s x s blocks of every 2s x 2s
     block (s = L/2 .. 1) -- L * log2(L) shuffles that x86 does in one instruction each (LLVM's
@@ -397,20 +259,20 @@ class _Output:
     separate buffer when C is not f32), and the fused epilogue applied on the last K block before
     the store. Tiles arrive in a small [MR, NR] buffer T."""
 
-    def __init__(self, t: _Text, p: GemmPlan, v: OpView, arg: dict[str, str]):
+    def __init__(self, t: LoopText, p: GemmPlan, v: OpView, arg: dict[str, str]):
         self.t, self.p = t, p
         out = v.result
-        self.full = t.op(f"memref.alloc() {{alignment = 64 : i64}} : {_memref(out.shape, out.dtype)}", "m")
+        self.full = t.op(f"memref.alloc() {{alignment = 64 : i64}} : {memref_text(out.shape, out.dtype)}", "m")
         self.C, self.C_t = t.batched_view(self.full, out, p.batch)
         if p.needs_accumulator:
-            self.Cacc_t = _memref((p.batch, p.m, p.n), "f32")
+            self.Cacc_t = memref_text((p.batch, p.m, p.n), "f32")
             self.Cacc = t.op(f"memref.alloc() {{alignment = 64 : i64}} : {self.Cacc_t}", "m")
         else:
             self.Cacc, self.Cacc_t = self.C, self.C_t
         self.bias = self.residual = None
         if "bias" in v.operands:
             spec = v.operands["bias"]
-            self.bias, self.bias_t = t.to_buffer(arg["bias"], spec), _memref(spec.shape, spec.dtype)
+            self.bias, self.bias_t = t.to_buffer(arg["bias"], spec), memref_text(spec.shape, spec.dtype)
         if "residual" in v.operands:
             spec = v.operands["residual"]
             self.residual, self.residual_t = t.batched_view(t.to_buffer(arg["residual"], spec), spec, p.batch)
@@ -498,7 +360,7 @@ def gemm_kernel_text(name: str, v: OpView, location: str, gather: ConvGather | N
     """A private function on tensors (the op's operands in order) computing the op, its work
     shared among `threads`; with `gather`, its first argument is the image whose im2col is A."""
     p = GemmPlan.from_view(v, threads)
-    t = _Text()
+    t = LoopText()
     L, MR, NR = p.lanes, p.mr, p.nr
     nv = NR // L
     vf32 = f"vector<{L}xf32>"
@@ -513,7 +375,7 @@ def gemm_kernel_text(name: str, v: OpView, location: str, gather: ConvGather | N
     if gather is None:
         A, A_t = t.batched_view(t.to_buffer(arg["a"], a), a, p.batch)
     else:
-        A_t = _memref(gather.image.shape, gather.image.dtype)
+        A_t = memref_text(gather.image.shape, gather.image.dtype)
         A = t.op(f"bufferization.to_buffer {arg['a']} read_only : {gather.image} to {A_t}", "m")
     B, B_t = t.batched_view(t.to_buffer(arg["b"], b), b, p.batch)
     out = _Output(t, p, v, arg)
@@ -523,7 +385,7 @@ def gemm_kernel_text(name: str, v: OpView, location: str, gather: ConvGather | N
     mcp = -(-mc_max // MR) * MR
     a_block = mcp * (kc_max + A_PAD)
     n_mblocks = -(-p.m // p.mc)
-    Bp_t, Ap_all_t = _memref((kc_max * ncp,), "f32"), _memref((n_mblocks * a_block,), "f32")
+    Bp_t, Ap_all_t = memref_text((kc_max * ncp,), "f32"), memref_text((n_mblocks * a_block,), "f32")
     Ap_t = f"memref<{a_block}xf32, strided<[1], offset: ?>>"
     zero = t.op("arith.constant 0.0 : f32", "z")
     zv = t.op(f"arith.constant dense<0.0> : {vf32}", "z")
@@ -532,7 +394,7 @@ def gemm_kernel_text(name: str, v: OpView, location: str, gather: ConvGather | N
     Bp = t.op(f"memref.alloc() {{alignment = 64 : i64}} : {Bp_t}", "m")
     Ap_all = t.op(f"memref.alloc() {{alignment = 64 : i64}} : {Ap_all_t}", "m")
     chunks = -(-ncp // p.n_chunk)
-    T_all_t = _memref((n_mblocks * chunks, MR, NR), "f32")  # edge tiles, one buffer per work item
+    T_all_t = memref_text((n_mblocks * chunks, MR, NR), "f32")  # edge tiles, one buffer per work item
     T_all = t.op(f"memref.alloc() {{alignment = 64 : i64}} : {T_all_t}", "m")
 
     def guarded_load(cond: str, mem: str, mem_t: str, idx: list[str], dtype: str) -> str:
@@ -759,7 +621,7 @@ def gemm_dot_kernel_text(name: str, v: OpView, location: str, threads: int = 1) 
     Rows and columns past the edges load the last row / column instead (their sums are dropped),
     so edge tiles need no separate path. schedule: tile [MC, NC, KC], warp_tile [MR, NR, lanes]."""
     p = GemmPlan.from_view(v, threads)
-    t = _Text()
+    t = LoopText()
     L, MR, NR = p.lanes, p.mr, p.nr
     vf32 = f"vector<{L}xf32>"
     a, b = v.operands["a"], v.operands["b"]
@@ -770,7 +632,7 @@ def gemm_dot_kernel_text(name: str, v: OpView, location: str, threads: int = 1) 
     out = _Output(t, p, v, arg)
     NB = p.n_chunk
     chunks = -(-p.n // NB)
-    T_all_t = _memref((-(-p.m // p.mc) * chunks, MR, NR), "f32")  # the sums of a tile, one buffer per work item
+    T_all_t = memref_text((-(-p.m // p.mc) * chunks, MR, NR), "f32")  # the sums of a tile, one buffer per work item
     T_all = t.op(f"memref.alloc() {{alignment = 64 : i64}} : {T_all_t}", "m")
     T_t = f"memref<{MR}x{NR}xf32, strided<[{NR}, 1], offset: ?>>"
     zv = t.op(f"arith.constant dense<0.0> : {vf32}", "z")
@@ -799,7 +661,7 @@ def gemm_dot_kernel_text(name: str, v: OpView, location: str, threads: int = 1) 
     # A's rows are copied A_PAD floats apart: rows a power of two apart would share L1 sets
     # with each other and with B's rows, more of them than the cache has ways.
     a_stride = -(-p.k // L) * L + A_PAD
-    Ap_t = _memref((1, p.m, a_stride), "f32")
+    Ap_t = memref_text((1, p.m, a_stride), "f32")
     Ap = t.op(f"memref.alloc() {{alignment = 64 : i64}} : {Ap_t}", "m")
     k_vec = p.k // L * L
 

@@ -2,13 +2,13 @@
 NVIDIA kernel.
 
 The function's gemm / fused_gemm is tiled onto thread blocks and warps: f16 / bf16 inputs onto
-Tensor Cores — on sm_90a the Hopper kernel (gpu_wgmma.py: TMA + mbarrier pipeline, wgmma from
-swizzled shared memory), on sm_80 gpu_mma.py (cp.async pipeline, swizzled shared memory,
+Tensor Cores — on sm_90a the Hopper kernel (targets/nvvm/wgmma.py: TMA + mbarrier pipeline, wgmma from
+swizzled shared memory), on sm_80 targets/nvvm/mma.py (cp.async pipeline, swizzled shared memory,
 ldmatrix + mma.sync m16n8k16), both with the fused epilogue — and f32 onto the SIMT kernel
-(gpu_gemm.py). An NHWC conv2d (f16 / bf16, groups 1) is an implicit GEMM on the mma.sync kernel,
+(targets/nvvm/simt.py). An NHWC conv2d (f16 / bf16, groups 1) is an implicit GEMM on the mma.sync kernel,
 its A tiles gathered from the image; attention is a flash-attention kernel (online softmax,
-S x S never stored): on sm_90a gpu_wgmma_attention.py (producer warp, TMA, wgmma for Q K^T and,
-with P from registers, P V), else gpu_attention.py on mma.sync. The result is a `gpu.module @kernels` holding one `gpu.func` per function, named
+S x S never stored): on sm_90a targets/nvvm/wgmma_attention.py (producer warp, TMA, wgmma for Q K^T and,
+with P from registers, P V), else targets/nvvm/attention.py on mma.sync. The result is a `gpu.module @kernels` holding one `gpu.func` per function, named
 after it, whose parameters are the op's operands then the result buffer (then, for the Hopper
 kernel, a pointer to each TMA descriptor); its launch configuration is the attribute
 `tracea.launch = {grid, block, dynamic_shared_bytes[, tensor_maps]}`. The host function is
@@ -24,28 +24,28 @@ from dataclasses import dataclass, replace
 
 import mlir.ir as ir
 
-from ..dialects.ops import Epilogue, OpView, view
-from ..dialects.schedule import Schedule
-from ..doctor.capabilities import Capabilities, named
-from ..doctor.engine import PlanError
-from ..doctor.variants import (ArchIs, BackendIs, DtypeIn, Problem, Rule, SharedMemoryAtLeast, SmAtLeast, Variant,
+from ...dialects.ops import Epilogue, OpView, view
+from ...dialects.schedule import Schedule
+from ...doctor.capabilities import Capabilities, named
+from ...doctor.engine import PlanError
+from ...codegen.variants import (ArchIs, BackendIs, DtypeIn, Problem, Rule, SharedMemoryAtLeast, SmAtLeast, Variant,
                                WarpSizeIs, register_variant)
-from ..dialects.verify import tracea_ops
-from ..errors import OpError
-from .cpu_gemm import implicit_gemm
-from .gpu_attention import HEAD_DIMS, AttentionTiles, MmaAttention, attention_module_text
-from .gpu_attention import grid as attention_grid
-from .gpu_gemm import SimtTiles, simt_gemm_module_text
-from .gpu_gemm import grid as simt_grid
-from .gpu_mma import GROUP_M, MMA_DTYPES, MmaGemm, MmaTiles, mma_gemm_module_text
-from .gpu_mma import grid as mma_grid
-from .gpu_wgmma import TensorMap, WgmmaTiles, tensor_maps, wgmma_gemm_module_text
-from .gpu_wgmma import default_tiles as default_wgmma_tiles
-from .gpu_wgmma import grid as wgmma_grid
-from . import gpu_wgmma_attention as wgmma_attention
-from .gpu_wgmma_attention import WgmmaAttentionTiles
-from .registry import PassFailed, TraceaPass, option, register
-from .select_variant import select
+from ...dialects.verify import tracea_ops
+from ...errors import OpError
+from ...codegen.conv_gather import implicit_gemm
+from .attention import HEAD_DIMS, AttentionTiles, MmaAttention, attention_module_text
+from .attention import grid as attention_grid
+from .simt import SimtTiles, simt_gemm_module_text
+from .simt import grid as simt_grid
+from .mma import GROUP_M, MMA_DTYPES, MmaGemm, MmaTiles, mma_gemm_module_text
+from .mma import grid as mma_grid
+from .wgmma import TensorMap, WgmmaTiles, tensor_maps, wgmma_gemm_module_text
+from .wgmma import default_tiles as default_wgmma_tiles
+from .wgmma import grid as wgmma_grid
+from . import wgmma_attention
+from .wgmma_attention import WgmmaAttentionTiles
+from ...passes.registry import PassFailed, TraceaPass, option, register
+from ...passes.select_variant import select
 
 CHIPS = ("sm_80", "sm_90a")
 

@@ -1,0 +1,104 @@
+"""A writer of MLIR loop nests on memrefs (scf, memref, arith, vector), the text every hand-written
+kernel is made of: fresh SSA names, index constants hoisted to the top, nesting by indentation.
+(codegen/kernel_text.py writes the other kind: functions on tensors for linalg lowerings.)"""
+from __future__ import annotations
+
+from ..dialects.ops import TensorSpec
+
+
+class LoopText:
+    """Lines of MLIR with fresh SSA names and index constants hoisted to the top."""
+
+    def __init__(self):
+        self.lines: list[str] = []
+        self.consts: dict[int, str] = {}
+        self._n = 0
+        self.depth = 1
+
+    def c(self, value: int) -> str:
+        if value not in self.consts:
+            self.consts[value] = f"%c{value}".replace("-", "m")
+        return self.consts[value]
+
+    def fresh(self, hint: str = "t") -> str:
+        self._n += 1
+        if hint == "c":  # "%c<n>" names the index constants
+            hint = "c_"
+        return f"%{hint}{self._n}"
+
+    def line(self, text: str) -> None:
+        self.lines.append("  " * self.depth + text)
+
+    def op(self, text: str, hint: str = "t") -> str:
+        name = self.fresh(hint)
+        self.line(f"{name} = {text}")
+        return name
+
+    def add(self, x: str, y: str) -> str:
+        return self.op(f"arith.addi {x}, {y} : index", "i")
+
+    def mul(self, x: str, y: str) -> str:
+        return self.op(f"arith.muli {x}, {y} : index", "i")
+
+    def min_(self, x: str, y: str) -> str:
+        return self.op(f"arith.minsi {x}, {y} : index", "i")
+
+    def cmp(self, pred: str, x: str, y: str) -> str:
+        return self.op(f"arith.cmpi {pred}, {x}, {y} : index", "p")
+
+    def open(self, header: str) -> None:
+        self.line(header + " {")
+        self.depth += 1
+
+    def close(self, trailer: str = "}") -> None:
+        self.depth -= 1
+        self.line(trailer)
+
+    def else_(self) -> None:
+        """Close an scf.if's then-region and open its else-region."""
+        self.close("} else {")
+        self.depth += 1
+
+    def load_f32(self, mem: str, mem_t: str, idx: list[str], dtype: str) -> str:
+        x = self.op(f"memref.load {mem}[{', '.join(idx)}] : {mem_t}", "x")
+        return x if dtype == "f32" else self.op(f"arith.extf {x} : {dtype} to f32", "x")
+
+    def batched_view(self, mem: str, spec: TensorSpec, batch: int) -> tuple[str, str]:
+        """A memref holding a [..., rows, cols] tensor, viewed as [batch, rows, cols] (the leading
+        dims flattened; none: a batch of 1). Returns (view, its type)."""
+        mem_t = memref_text(spec.shape, spec.dtype)
+        rows, cols = spec.shape[-2:]
+        if spec.rank == 2:
+            flat = memref_text((1, rows, cols), spec.dtype)
+            return self.op(f"memref.expand_shape {mem} [[0, 1], [2]] output_shape [1, {rows}, {cols}] "
+                           f": {mem_t} into {flat}", "m"), flat
+        flat = memref_text((batch, rows, cols), spec.dtype)
+        if spec.rank == 3:
+            return mem, flat
+        groups = "[" + ", ".join(str(i) for i in range(spec.rank - 2)) + f"], [{spec.rank - 2}], [{spec.rank - 1}]"
+        return self.op(f"memref.collapse_shape {mem} [{groups}] : {mem_t} into {flat}", "m"), flat
+
+    def to_buffer(self, value: str, spec: TensorSpec) -> str:
+        return self.op(f"bufferization.to_buffer {value} read_only : {spec} to {memref_text(spec.shape, spec.dtype)}", "m")
+
+    def function_text(self, name: str, params: str, result_mem: str, out: TensorSpec, location: str) -> str:
+        """The private function on tensors these lines make, returning the buffer `result_mem`."""
+        result = self.op(f"bufferization.to_tensor {result_mem} restrict writable : "
+                         f"{memref_text(out.shape, out.dtype)} to {out}", "r")
+        consts = [f"  {n} = arith.constant {value} : index" for value, n in sorted(self.consts.items())]
+        return (f"#src = {location}\nfunc.func private @{name}({params}) -> {out} {{\n"
+                + "\n".join(consts + self.lines) + f"\n  return {result} : {out}\n}}\n")
+
+    def for_(self, iv: str, lo: str, hi: str, step: str) -> None:
+        self.open(f"scf.for {iv} = {lo} to {hi} step {step}")
+
+    def parallel(self, iv: str, lo: str, hi: str, step: str) -> None:
+        self.open(f"scf.parallel ({iv}) = ({lo}) to ({hi}) step ({step})")
+
+    def close_parallel(self) -> None:
+        self.line("scf.reduce")
+        self.close()
+
+
+def memref_text(shape, dtype: str) -> str:
+    return "memref<" + "".join(f"{d}x" for d in shape) + dtype + ">"
