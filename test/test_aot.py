@@ -32,8 +32,8 @@ def test_export_writes_library_header_and_description(library):
 def test_load_in_a_fresh_process(library):
     script = textwrap.dedent(f"""
         import numpy as np
-        from tracea.runtime.aot import load
-        k = load({str(library)!r})
+        import tracea
+        k = tracea.Kernel.load({str(library)!r})
         rng = np.random.default_rng(0)
         x, w, b = (rng.standard_normal(s).astype(np.float32) for s in ((37, 29), (29, 45), (45,)))
         err = np.abs(k(x, w, b) - np.maximum(x.astype(np.float64) @ w + b, 0)).max()
@@ -108,8 +108,8 @@ def test_the_c_entry_checks_descriptors_and_runs_from_another_directory(library,
 
 
 def test_a_loaded_kernel_exports_again(library, tmp_path):
-    """A kernel from a library (aot.load, or the disk cache) exports by copying that library."""
-    from tracea.runtime.aot import load
+    """A kernel from a library (Kernel.load, or the disk cache) exports by copying that library."""
+    load = tracea.Kernel.load
     again = load(library).export(tmp_path / "again.so")
     x, w, b = (np.ones(s, np.float32) for s in ((37, 29), (29, 45), (45,)))
     np.testing.assert_array_equal(load(again)(x, w, b), load(library)(x, w, b))
@@ -117,7 +117,7 @@ def test_a_loaded_kernel_exports_again(library, tmp_path):
 
 def test_a_library_exported_again_to_the_same_path_loads_as_the_new_code(tmp_path):
     """dlopen of a path it has loaded returns the old library: load maps a copy named by content."""
-    from tracea.runtime.aot import load
+    load = tracea.Kernel.load
     path = tmp_path / "k.so"
     x = np.arange(9, dtype=np.float32).reshape(3, 3)
     for axis in (0, 1):  # the same signature, other code
@@ -129,7 +129,7 @@ def test_a_library_exported_again_to_the_same_path_loads_as_the_new_code(tmp_pat
 def test_an_edited_description_is_refused(library, tmp_path):
     import json
 
-    from tracea.runtime.aot import load
+    load = tracea.Kernel.load
     for suffix in ("", ".h", ".json"):
         shutil.copyfile(str(library) + suffix, str(tmp_path / "edited.so") + suffix)
     meta = json.loads((tmp_path / "edited.so.json").read_text())
@@ -140,7 +140,7 @@ def test_an_edited_description_is_refused(library, tmp_path):
 
 
 def test_load_reports_a_missing_description(tmp_path):
-    from tracea.runtime.aot import load
+    load = tracea.Kernel.load
     with pytest.raises(tracea.TraceaError, match="its description .*json is missing"):
         load(tmp_path / "nothing.so")
 
@@ -149,7 +149,7 @@ def test_export_of_a_bf16_kernel(tmp_path):
     """bf16 conversions are lowered to integer ops, so the library needs no compiler-rt builtin
     (which this machine's C toolchain lacks) and rounds exactly as ml_dtypes does."""
     import ml_dtypes
-    from tracea.runtime.aot import load
+    load = tracea.Kernel.load
     fn = td.function(td.tensor((4, 8), "bf16"), td.tensor((8, 3), "bf16"), name="bf")(td.gemm)
     tracea.compile(fn).export(tmp_path / "bf.so")
     rng = np.random.default_rng(0)
@@ -163,7 +163,7 @@ def test_export_of_a_bf16_kernel(tmp_path):
 def test_export_of_a_kernel_calling_the_runner_utilities(tmp_path):
     """Strided copies (here the padded image of the reference convolution) call MLIR's
     memrefCopy: the library links the runtime that provides it."""
-    from tracea.runtime.aot import load
+    load = tracea.Kernel.load
     fn = td.function(td.tensor((1, 3, 9, 9)), td.tensor((4, 3, 3, 3)), name="conv")(
         lambda x, w: td.conv2d(x, w, stride=2, padding=1))
     kernel = tracea.compile(fn, strategy="reference")

@@ -124,7 +124,6 @@ def test_a_large_module_compiles_in_parts_that_link_into_one(monkeypatch):
 def test_a_kernel_compiled_in_parts_runs_and_exports(tmp_path):
     """Twelve softmax kernels: a module large enough to be compiled on several cores (in the
     compiler process), checked against numpy, then linked into a shared library and loaded."""
-    from tracea.runtime import aot
     from tracea.doctor.capabilities import machine_cores
     shapes = [(k, 40 + k) for k in range(1, 13)]
     fn = td.function(*[td.tensor(s) for s in shapes], name="many")(
@@ -140,6 +139,6 @@ def test_a_kernel_compiled_in_parts_runs_and_exports(tmp_path):
                 for x in xs]
     for got, want in zip(kernel(*xs), expected):
         np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-7)
-    loaded = aot.load(kernel.export(tmp_path / "many.so"))
+    loaded = tracea.Kernel.load(kernel.export(tmp_path / "many.so"))
     for got, want in zip(loaded(*xs), expected):
         np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-7)

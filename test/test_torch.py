@@ -339,7 +339,7 @@ class DataDependent(nn.Module):
 
 
 def test_an_untraceable_model_runs_through_dynamo_with_its_graphs_compiled():
-    from tracea.frontend.torch_model import DynamoModel
+    from tracea.frontend.dynamo import DynamoModel
     torch.manual_seed(0)
     model = DataDependent().eval()
     x = torch.randn(4, 8)

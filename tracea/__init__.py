@@ -16,7 +16,8 @@ from . import dialects, ops, passes, targets  # noqa: E402,F401  (registers the 
 
 if _importlib_util.find_spec("torch_mlir") is not None:
     import torch_mlir._mlir_libs._mlir  # noqa: E402,F401
-from .compiler import clear_cache, compile, compile_gpu  # noqa: E402
+from .api import compile  # noqa: E402
+from .compiler import clear_cache, compile_gpu  # noqa: E402
 from .doctor import Context  # noqa: E402
 from .errors import (ArgumentError, CompileError, IndexOutOfRangeError, InternalCompilerError, OpError,  # noqa: E402
                      TraceaError)

@@ -1,5 +1,6 @@
-"""`tracea.compile`: a program of tracea ops (IR text, an MLIR module, or a Function built in
-Python) to a callable Kernel for a target, with an in-process cache keyed by the exact input."""
+"""A program of tracea ops (IR text, an MLIR module, or a Function built in Python) to a callable
+kernel for a target, by the one path every backend takes (targets/base.py), with an in-process
+cache keyed by the exact input, the target and its options and toolchain (Target.hash)."""
 from __future__ import annotations
 
 import functools
@@ -13,26 +14,16 @@ import mlir.ir as ir
 from . import knobs
 from .dialects.builder import Function
 from .dialects.context import parse_module, shared_context
+from .dialects.functions import function_signature, public_functions
 from .errors import CompileError, OpError
-from .frontend.torch_import import warn_once
-from .frontend.torch_model import compile_model, is_torch_module
 from .passes.pipeline import compile_or_raise
 from .runtime import disk_cache
 from .runtime.kernel import Kernel, Signature
 from .targets import get_target
 from .targets.base import Build, Target
-from .targets.cpu.target import function_signature, public_functions
 
 _CACHE: dict[str, Kernel] = {}
 _CACHE_LOCK = threading.Lock()
-
-
-def _trains_differently(model) -> bool:
-    """Whether `model` is in training mode with modules that then compute otherwise (dropout,
-    batch norm)."""
-    import torch
-    modes = (torch.nn.modules.dropout._DropoutNd, torch.nn.modules.batchnorm._BatchNorm)
-    return any(m.training and isinstance(m, modes) for m in model.modules())
 
 
 def _source(program) -> tuple[str, str]:
@@ -80,41 +71,11 @@ def _signature(text: str, entry: str | None, source_name: str) -> Signature:
     return Signature(entry, inputs, outputs)
 
 
-def compile(program, example_inputs=None, *, target: str = "cpu", entry: str | None = None, strategy: str = "tiled",
-            threads: int | None = None, keep_stages: bool = False, chip: str | None = None, dynamic_dims=None):
-    """Compile `program` for `target`; the result is cached for this exact input and options.
-
-    `program` is IR text, a Path, an MLIR module, a tracea Function, or a torch.nn.Module; a module
-    needs `example_inputs` (tensors of the shapes it will be called with) and compiles into a
-    CompiledModel called with torch tensors (see tracea.frontend.torch_model); `dynamic_dims`
-    ({input position: dim or dims}, e.g. {0: 0} for a batch) makes those sizes free: one more
-    compile at the first call with other sizes serves them all (tracea.frontend.dynamic).
-
-    strategy: "tiled" (fast kernels where the target has them) or "reference" (plain linalg
-    loops, the ground truth for tests). threads: worker threads for parallel loops (default:
-    $TRACEA_NUM_THREADS or the host's cores).
-
-    target="cuda": a kernel for the NVIDIA GPU 0 (its architecture detected, or `chip`), launched
-    through runtime/cuda_launcher.py with torch / cupy tensors or DeviceBuffers (one gemm /
-    fused_gemm / NHWC conv2d / attention per function, see compile_gpu).
-
-    keep_stages=True keeps the IR after every stage in `kernel.stages` (also written to
-    $TRACEA_DUMP_DIR when set). CPU kernels also persist on disk ($TRACEA_CACHE_DIR), so the same
-    compile in a later process is a load (kept-stage and dumped compiles always compile). Raises CompileError with file:line:col diagnostics for invalid
-    input, and InternalCompilerError (with a saved reproducer) if the compiler itself aborts.
-    """
-    if is_torch_module(program):
-        if _trains_differently(program):
-            warn_once(f"training mode: {type(program).__qualname__}",
-                      f"{type(program).__name__} is in training mode: its dropout and batch-norm updates run as "
-                      "in training (in PyTorch where Tracea cannot compile them); for inference, call "
-                      "model.eval() before tracea.compile")
-        return compile_model(program, example_inputs, target=target, threads=threads, strategy=strategy,
-                             dynamic_dims=dynamic_dims)
-    if dynamic_dims is not None:
-        raise TypeError("dynamic_dims is for torch.nn.Module programs; in IR, write '?' for a dynamic size")
-    if example_inputs is not None:
-        raise TypeError("example_inputs is for torch.nn.Module programs; tracea IR carries its own shapes")
+def compile_program(program, *, target: str = "cpu", entry: str | None = None, strategy: str = "tiled",
+                    threads: int | None = None, keep_stages: bool = False, chip: str | None = None):
+    """tracea.compile of a program (tracea.api.compile documents the options): a Kernel for the
+    CPU, a CudaKernel for target="cuda"; cached in this process for this exact input and options,
+    CPU kernels also on disk."""
     backend = get_target(target)
     text, source_name = _source(program)
     options = backend.options(strategy=strategy, threads=threads, chip=chip)

@@ -255,10 +255,6 @@ class Function:
         """The module as text with locations, the form compile() and tracea-opt consume."""
         return self.module.operation.get_asm(enable_debug_info=True)
 
-    def compile(self, target: str = "cpu", **kwargs):
-        from ..compiler import compile as _compile
-        return _compile(self, target=target, **kwargs)
-
 
 def _symbol_name(name: str) -> str:
     """A valid MLIR symbol from a Python name ("<lambda>" -> "lambda")."""

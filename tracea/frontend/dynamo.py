@@ -8,9 +8,12 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
 
 from .dynamic import DynamicModel
+from .partition import Placement
 from .torch_import import warn_once
+from .torch_model import compile_model
 
 log = logging.getLogger("tracea.dynamo")
 _lock = threading.Lock()
@@ -70,7 +73,6 @@ class _PerShape:
 
     def _compile(self, args):
         import torch
-        from .torch_model import compile_model
         gm, sizes = self.gm, {i: int(a) for i, a in enumerate(args) if not isinstance(a, torch.Tensor)}
 
         class Specialized(torch.nn.Module):  # the sizes become constants of the traced graph
@@ -84,7 +86,7 @@ class _PerShape:
 
         tensors = tuple(a for a in args if isinstance(a, torch.Tensor))
         try:
-            return compile_model(Specialized() if sizes else gm, tensors, export_fallback=False)
+            return compile_model(Specialized() if sizes else gm, tensors, export_fallback=None)
         except Exception as e:  # noqa: BLE001 - torch.export fails in many ways; the graph still runs
             hint = (" (Dynamo made this graph's shapes dynamic after a shape change; "
                     "torch.compile(..., dynamic=False) recompiles per shape instead)") if sizes else ""
@@ -137,7 +139,6 @@ class _Symbolic:
 
     def _compile(self, tensors):
         import torch
-        from .torch_model import compile_model
         gm, sizes, n_args = self.gm, self.sizes, self.n_args
 
         class SizesFromShapes(torch.nn.Module):
@@ -150,7 +151,7 @@ class _Symbolic:
                 return self.gm(*[tensors[sizes[i][0]].shape[sizes[i][1]] if i in sizes else next(it)
                                  for i in range(n_args)])
 
-        return compile_model(SizesFromShapes(), tensors, export_fallback=False, dynamic_dims=self.dims)
+        return compile_model(SizesFromShapes(), tensors, export_fallback=None, dynamic_dims=self.dims)
 
 
 def tracea_backend(gm, example_inputs):
@@ -179,3 +180,48 @@ def register() -> None:
     from torch._dynamo import list_backends, register_backend
     if "tracea" not in list_backends(exclude_tags=()):
         register_backend(tracea_backend, name="tracea")
+
+
+class DynamoModel:
+    """A model torch.export cannot trace whole (data-dependent Python control flow, .item(), ...),
+    run through TorchDynamo with Tracea as its backend: each graph Dynamo captures is compiled
+    (split where needed), the Python between graphs runs as Python."""
+
+    def __init__(self, model, example_inputs, why: str):
+        import torch
+        self.why = why
+        self.kernel = None
+        self.graphs = []  # the backend's runner per captured graph
+
+        def backend(gm, inputs):
+            runner = tracea_backend(gm, inputs)
+            self.graphs.append(runner)
+            return runner
+
+        self._compiled = torch.compile(model, backend=backend, dynamic=False)
+        start = time.perf_counter()
+        self(*example_inputs)  # capture and compile now, for the example inputs
+        self.compile_seconds = time.perf_counter() - start
+        self.import_seconds = 0.0
+
+    @property
+    def placement(self) -> Placement:
+        total = Placement()
+        for model in self._models():
+            total.compiled.update(model.placement.compiled)
+            total.eager.update(model.placement.eager)
+            total.reasons.update(model.placement.reasons)
+            total.regions += model.placement.regions
+        return total
+
+    def _models(self):
+        return [m for runner in self.graphs for m in getattr(runner, "kernels", {}).values() if m is not None]
+
+    def explain(self) -> str:
+        return (f"torch.export could not trace the model whole ({self.why}); TorchDynamo captured "
+                f"{len(self.graphs)} graph(s), the Python between them runs as Python\n" + self.placement.explain())
+
+    def __call__(self, *inputs):
+        import torch
+        with torch.no_grad():
+            return self._compiled(*inputs)

@@ -8,7 +8,7 @@ function calls them in order: one kernel still, one call per layer inside it (Vi
 ops in 14 pieces, of which 3 distinct, 54 ops, get imported and compiled; 40 s -> 5.4 s cold).
 
 Where the layers are: while torch.export traces, hooks on the model's submodules tag each node
-with the module calls it was made in (`module_paths`). A layer is a call of a module whose path
+with the module calls it was made in (`torch_import.module_paths`). A layer is a call of a module whose path
 ends in an index (a ModuleList's or Sequential's child: `encoder.layer.3`, `layer1.0`,
 `features.2.1`; a shared layer applied twice is two); of the nesting levels layers have, the
 one that leaves the fewest nodes to compile wins, and the graph is split only when that is at
@@ -19,53 +19,15 @@ values only from earlier ones: the split is always a valid order. Two pieces are
 their ops, the way those ops connect, the constants they take and the types of what flows in are."""
 from __future__ import annotations
 
-import contextlib
 import hashlib
 import operator
 from dataclasses import dataclass
 
 from ..errors import CompileError
+from .torch_import import MODULE_KEY, _imported, _in_child, tensor_bytes
 
-MODULE_KEY = "tracea_module"  # node.meta["custom"][MODULE_KEY]: the path of the module that made it
 MIN_SAVING = 0.5  # split when at most this fraction of the nodes is left to import and compile
 MAX_DISTINCT = 64  # more distinct pieces than this cost more in per-piece overhead than they save
-
-
-@contextlib.contextmanager
-def module_paths(model):
-    """While torch.export traces `model` inside this, the nodes it records carry the submodule
-    calls they were made in, outermost first, each as "path@n" (the n-th call of that module:
-    a layer applied twice, its weights shared, is two layers)."""
-    import torch.fx.traceback as fx_traceback
-    active, calls, annotations = [], {}, []
-
-    def enter(path):
-        def hook(module, args):
-            calls[path] = calls.get(path, 0) + 1
-            active.append(f"{path}@{calls[path]}")
-            annotation = fx_traceback.annotate({MODULE_KEY: tuple(active)})
-            annotation.__enter__()
-            annotations.append(annotation)
-        return hook
-
-    def leave(module, args, output):
-        if annotations:
-            annotations.pop().__exit__(None, None, None)
-            active.pop()
-
-    handles = []
-    for path, module in model.named_modules():
-        if path:
-            handles.append(module.register_forward_pre_hook(enter(path)))
-            handles.append(module.register_forward_hook(leave, always_call=True))
-    try:
-        with fx_traceback.preserve_node_meta():  # what makes the tracer copy the annotation
-            yield
-    finally:
-        for handle in handles:
-            handle.remove()
-        while annotations:
-            annotations.pop().__exit__(None, None, None)
 
 
 @dataclass
@@ -155,7 +117,6 @@ def _constant_digest(program, node) -> str | None:
     value = _constant(program, node)
     if value is None:
         return None
-    from .torch_import import tensor_bytes
     return hashlib.sha256(tensor_bytes(value)).hexdigest()
 
 
@@ -205,7 +166,6 @@ def _function_name(key: str) -> str:
 def import_pieces(program, pieces: list[Piece], what: str) -> str:
     """linalg text of `program` whose pieces are imported once each (in one forked child) as
     private functions, called in order from @main (arguments and results as the whole import's)."""
-    from .torch_import import _imported, _in_child
 
     distinct = {}
     for piece in pieces:

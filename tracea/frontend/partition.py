@@ -14,6 +14,7 @@ from collections import Counter
 from dataclasses import dataclass, field
 
 from ..errors import CompileError, InternalCompilerError
+from .bridge import TensorBridge
 from .torch_import import graph_to_linalg, lower_graph, warn_once
 
 _probe_cache: dict[tuple, str | None] = {}
@@ -161,7 +162,6 @@ def _compile_region(submodule, compile_text):
     calls) taking and returning torch tensors as the partition did."""
     import torch
 
-    from .torch_model import TensorBridge
     text = graph_to_linalg(submodule, "a region")
     out = submodule.graph.find_nodes(op="output")[0].args[0]
     single = not isinstance(out, (tuple, list))

@@ -189,6 +189,46 @@ def first_line(e: BaseException) -> str:
 SCALAR_INPUTS = (int, float, bool, type(None), str)
 
 
+MODULE_KEY = "tracea_module"  # node.meta["custom"][MODULE_KEY]: the path of the module that made it
+
+
+@contextlib.contextmanager
+def module_paths(model):
+    """While torch.export traces `model` inside this, the nodes it records carry the submodule
+    calls they were made in, outermost first, each as "path@n" (the n-th call of that module:
+    a layer applied twice, its weights shared, is two layers)."""
+    import torch.fx.traceback as fx_traceback
+    active, calls, annotations = [], {}, []
+
+    def enter(path):
+        def hook(module, args):
+            calls[path] = calls.get(path, 0) + 1
+            active.append(f"{path}@{calls[path]}")
+            annotation = fx_traceback.annotate({MODULE_KEY: tuple(active)})
+            annotation.__enter__()
+            annotations.append(annotation)
+        return hook
+
+    def leave(module, args, output):
+        if annotations:
+            annotations.pop().__exit__(None, None, None)
+            active.pop()
+
+    handles = []
+    for path, module in model.named_modules():
+        if path:
+            handles.append(module.register_forward_pre_hook(enter(path)))
+            handles.append(module.register_forward_hook(leave, always_call=True))
+    try:
+        with fx_traceback.preserve_node_meta():  # what makes the tracer copy the annotation
+            yield
+    finally:
+        for handle in handles:
+            handle.remove()
+        while annotations:
+            annotations.pop().__exit__(None, None, None)
+
+
 def export_model(model, example_inputs, *, fold_bn: bool = True, dynamic_dims=None) -> ExportedGraph:
     """torch.export of `model` on `example_inputs` (tensors; Python scalars are baked in).
     dynamic_dims: {input position: dim or dims} whose sizes stay symbolic (see _export_dynamic)."""
@@ -225,7 +265,6 @@ def export_model(model, example_inputs, *, fold_bn: bool = True, dynamic_dims=No
         if unknown:
             raise CompileError(f"dynamic_dims names input(s) {sorted(unknown)}, which are not tensor inputs")
         dynamic_shapes = (tuple([None] * len(weights) + per_tensor),)
-    from .layers import module_paths
     with quiet(), module_paths(model):  # (where the layers are: see layers.py)
         try:
             program = _export_dynamic(wrapped, args, dynamic_shapes)

@@ -9,59 +9,14 @@ from __future__ import annotations
 import sys
 import time
 
+from ..compiler import compile_program
 from ..errors import ArgumentError, CompileError, InternalCompilerError
 from ..runtime import disk_cache
 from . import layers
+from .bridge import TensorBridge
 from .dynamic import DynamicModel, program_shapes, traceable_example
 from .partition import Placement, op_kind, partition
 from .torch_import import SCALAR_INPUTS, decomposed_program, export_model, tensor_bytes, to_linalg, warn_once
-
-
-def _to_numpy(x, dtype):
-    """A torch tensor as the numpy array a kernel takes for element type `dtype` (a numpy dtype):
-    bf16 through ml_dtypes, unsigned bytes as the signless bytes torch-mlir makes of them."""
-    import torch
-    x = x.detach().contiguous()
-    if x.dtype == torch.bfloat16:
-        return x.view(torch.int16).numpy().view(dtype)
-    array = x.numpy()
-    return array.view(dtype) if array.dtype != dtype and array.dtype.itemsize == dtype.itemsize else array
-
-
-def _to_torch(array, dtype):
-    """A kernel's result as a torch tensor of the dtype the model returns there."""
-    import numpy as np
-    import torch
-    if dtype == torch.bfloat16:
-        return torch.from_numpy(array.view(np.int16)).view(torch.bfloat16)
-    if dtype == torch.uint8:
-        return torch.from_numpy(array.view(np.uint8))
-    return torch.from_numpy(array)
-
-
-class TensorBridge:
-    """Calls a Kernel with torch tensors and returns torch tensors (of `out_dtypes` when given);
-    with `shapes` (dynamic.SymbolicShapes) the result shapes of a dynamic kernel come from the
-    sizes of each call."""
-
-    def __init__(self, kernel, out_dtypes=None, shapes=None):
-        from ..runtime.dtypes import to_numpy
-        self.kernel = kernel
-        self.in_dtypes = [to_numpy(s.dtype) for s in kernel.signature.inputs]
-        self.np_out_dtypes = [to_numpy(s.dtype) for s in kernel.signature.outputs]
-        self.out_dtypes = out_dtypes or [None] * len(kernel.signature.outputs)
-        self.shapes = shapes if shapes is not None and shapes.dynamic else None
-
-    def __call__(self, tensors) -> list:
-        import numpy as np
-        arrays = [_to_numpy(t, d) for t, d in zip(tensors, self.in_dtypes)]
-        out = None
-        if self.shapes is not None:
-            env = self.shapes.bind([a.shape for a in arrays])
-            out = [np.empty(shape, d) for shape, d in zip(self.shapes.output_shapes(env), self.np_out_dtypes)]
-        outputs = self.kernel(*arrays, out=out)
-        outputs = outputs if isinstance(outputs, tuple) else (outputs,)
-        return [_to_torch(o, d) for o, d in zip(outputs, self.out_dtypes)]
 
 
 class CompiledModel:
@@ -155,58 +110,13 @@ def is_torch_module(program) -> bool:
     return torch is not None and isinstance(program, torch.nn.Module)
 
 
-class DynamoModel:
-    """A model torch.export cannot trace whole (data-dependent Python control flow, .item(), ...),
-    run through TorchDynamo with Tracea as its backend: each graph Dynamo captures is compiled
-    (split where needed), the Python between graphs runs as Python."""
-
-    def __init__(self, model, example_inputs, why: str):
-        import torch
-        from .dynamo import tracea_backend
-        self.why = why
-        self.kernel = None
-        self.graphs = []  # the backend's runner per captured graph
-
-        def backend(gm, inputs):
-            runner = tracea_backend(gm, inputs)
-            self.graphs.append(runner)
-            return runner
-
-        self._compiled = torch.compile(model, backend=backend, dynamic=False)
-        start = time.perf_counter()
-        self(*example_inputs)  # capture and compile now, for the example inputs
-        self.compile_seconds = time.perf_counter() - start
-        self.import_seconds = 0.0
-
-    @property
-    def placement(self) -> Placement:
-        total = Placement()
-        for model in self._models():
-            total.compiled.update(model.placement.compiled)
-            total.eager.update(model.placement.eager)
-            total.reasons.update(model.placement.reasons)
-            total.regions += model.placement.regions
-        return total
-
-    def _models(self):
-        return [m for runner in self.graphs for m in getattr(runner, "kernels", {}).values() if m is not None]
-
-    def explain(self) -> str:
-        return (f"torch.export could not trace the model whole ({self.why}); TorchDynamo captured "
-                f"{len(self.graphs)} graph(s), the Python between them runs as Python\n" + self.placement.explain())
-
-    def __call__(self, *inputs):
-        import torch
-        with torch.no_grad():
-            return self._compiled(*inputs)
-
-
 def compile_model(model, example_inputs, *, target: str = "cpu", threads: int | None = None,
-                  strategy: str = "tiled", export_fallback: bool = True, dynamic_dims=None):
+                  strategy: str = "tiled", export_fallback=None, dynamic_dims=None):
     """Compile `model` for `example_inputs` -> CompiledModel. A model torch.export cannot trace
-    is run through TorchDynamo instead (export_fallback, with a warning: a DynamoModel), its graphs
-    compiled by Tracea. dynamic_dims ({input position: dim or dims}) adds one compile for symbolic
-    sizes of those dims, made at the first call with other sizes (a dynamic.DynamicModel)."""
+    is given to `export_fallback(model, example_inputs, why)` when there is one (tracea.compile's
+    is TorchDynamo: dynamo.DynamoModel, with a warning), else refused. dynamic_dims ({input
+    position: dim or dims}) adds one compile for symbolic sizes of those dims, made at the first
+    call with other sizes (a dynamic.DynamicModel)."""
     if example_inputs is None:
         raise CompileError("compiling a torch.nn.Module needs example_inputs (a tuple of tensors of the "
                            "shapes it will be called with)")
@@ -215,13 +125,13 @@ def compile_model(model, example_inputs, *, target: str = "cpu", threads: int | 
     example_inputs = (example_inputs,) if not isinstance(example_inputs, (tuple, list)) else tuple(example_inputs)
     options = dict(target=target, threads=threads, strategy=strategy)
     static = _compile(model, example_inputs, options, export_fallback, None)
-    if not dynamic_dims or isinstance(static, DynamoModel):
+    if not dynamic_dims or not isinstance(static, CompiledModel):  # (a fallback's model)
         return static
 
     def compile_general(model, inputs, dynamic_dims):
         if dynamic_dims is None:  # for these shapes only
-            return _compile(model, inputs, options, False, None)
-        return _compile(model, traceable_example(inputs, dynamic_dims), options, False, dynamic_dims)
+            return _compile(model, inputs, options, None, None)
+        return _compile(model, traceable_example(inputs, dynamic_dims), options, None, dynamic_dims)
     return DynamicModel(model, example_inputs, dynamic_dims, compile_general, static)
 
 
@@ -271,18 +181,17 @@ def _import(program, start: float) -> str:
 
 
 def _compile(model, example_inputs, options, export_fallback, dynamic_dims):
-    from ..compiler import compile as compile_program
     start = time.perf_counter()
     _progress(f"tracing {type(model).__name__} with torch.export", start)
     try:
         exported = export_model(model, example_inputs, dynamic_dims=dynamic_dims)
     except CompileError as e:
-        if not export_fallback or "torch.export could not trace" not in str(e):
+        if export_fallback is None or "torch.export could not trace" not in str(e):
             raise
         why = str(e).split(": ", 1)[1]
         warn_once(f"export: {why}", f"torch.export could not trace the model ({why}); TorchDynamo splits it "
                   "into graphs Tracea compiles, with Python in between")
-        return DynamoModel(model, example_inputs, why)
+        return export_fallback(model, example_inputs, why)
 
     def compile_text(text):
         _progress(f"compiling {text.count(chr(10))} lines of linalg", start)

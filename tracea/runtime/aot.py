@@ -26,11 +26,11 @@ import os
 import shutil
 import subprocess
 import tempfile
+from dataclasses import dataclass
 from pathlib import Path
 
-from ..dialects.ops import TensorSpec
 from ..errors import TraceaError
-from .kernel import Kernel, Signature, load_runtime_library
+from .libraries import load_runtime_library
 
 FORMAT = "tracea-cpu-kernel-2"  # 2: checksums
 _C_TYPES = {"f32": "float", "f64": "double", "f16": "uint16_t /* f16 */", "bf16": "uint16_t /* bf16 */"}
@@ -94,7 +94,7 @@ def _sealed(meta: dict) -> dict:
     return {**body, "checksum": hashlib.sha256(json.dumps(body, sort_keys=True).encode()).hexdigest()}
 
 
-def export(kernel: Kernel, path: str | Path, extra: dict | None = None) -> Path:
+def export(kernel, path: str | Path, extra: dict | None = None) -> Path:
     """Write `path` (a .so), plus `path.h` and `path.json` beside it (with the `extra` fields)."""
     path = Path(path)
     if kernel.object_code is None:  # loaded from a library (load, the disk cache): copy it
@@ -141,10 +141,17 @@ def export(kernel: Kernel, path: str | Path, extra: dict | None = None) -> Path:
     return path
 
 
-def load(path: str | Path, expect: dict | None = None) -> Kernel:
-    """Load a kernel exported with `Kernel.export` (ctypes: nothing is compiled). Raises
-    TraceaError naming the problem when the description or the library is missing, damaged or
-    edited, or when a field differs from `expect`."""
+@dataclass(frozen=True)
+class Library:
+    """An exported kernel's library, checked and mapped: its description and packed entry."""
+    path: Path
+    meta: dict
+    handle: ctypes.CDLL
+    address: int
+
+
+def read(path: str | Path, expect: dict | None = None) -> Library:
+    """Check and map a library `export` wrote (Kernel.load makes it a kernel)."""
     path = Path(path)
     try:
         meta = json.loads(Path(str(path) + ".json").read_text())
@@ -174,13 +181,7 @@ def load(path: str | Path, expect: dict | None = None) -> Kernel:
         address = ctypes.cast(getattr(library, meta["packed_symbol"]), ctypes.c_void_p).value
     except AttributeError:
         raise TraceaError(f"{path} has no symbol {meta['packed_symbol']}") from None
-    signature = Signature(meta["name"], [TensorSpec(tuple(s), d) for s, d in meta["inputs"]],
-                          [TensorSpec(tuple(s), d) for s, d in meta["outputs"]], meta["arg_names"])
-    kernel = Kernel(signature, address, library, "cpu (shared library)", entry_symbol=meta["symbol"],
-                    runtime_libraries=meta["runtime_libraries"], threads=meta.get("threads", 1))
-    kernel.origin = "shared library"
-    kernel.library_path = path
-    return kernel
+    return Library(path, meta, library, address)
 
 
 _private_copies: dict[str, str] = {}  # digest -> the path it is mapped from

@@ -4,7 +4,7 @@ so compiling the same program in a later process is a load of about a millisecon
 An entry's key covers the program text and compile options, the host CPU as detected, and a
 digest of Tracea's own sources: a new Tracea or another machine never reuses a stale kernel.
 Entries are written under a temporary name and renamed, so concurrent processes and interrupted
-writes leave either a whole entry or none. An entry is checked before it is used (aot.load: the
+writes leave either a whole entry or none. An entry is checked before it is used (Kernel.load: the
 checksums of its library and its description, and the key it was stored under); a damaged,
 edited or foreign one is moved into `damaged/` with one warning and compiled again.
 """
@@ -18,7 +18,7 @@ from pathlib import Path
 
 from .. import __version__, knobs
 from ..errors import TraceaError, warn
-from .aot import export, load
+from .aot import export
 from .kernel import Kernel
 
 _SUFFIXES = (".so", ".so.h", ".so.json")  # the description last: it marks the entry complete
@@ -44,7 +44,7 @@ def lookup(key: str, target: str) -> Kernel | None:
     if directory is None or not (directory / f"{key}.so.json").exists():
         return None
     try:
-        kernel = load(directory / f"{key}.so", expect={"cache_key": key})
+        kernel = Kernel.load(directory / f"{key}.so", expect={"cache_key": key})
     except (TraceaError, OSError, ValueError, KeyError, TypeError) as e:
         _set_aside(directory, key, e)
         return None

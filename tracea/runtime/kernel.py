@@ -18,8 +18,9 @@ import numpy as np
 from .. import knobs
 from ..dialects.ops import TensorSpec
 from ..errors import ArgumentError
-from . import faults, placement
+from . import aot, faults, placement
 from .dtypes import to_numpy
+from .libraries import loaded_library
 
 _DESCRIPTOR_TYPES: dict[int, type] = {}
 _malloc_tuned = False
@@ -38,24 +39,6 @@ def tune_malloc() -> None:
     M_TRIM_THRESHOLD, M_MMAP_THRESHOLD = -1, -3
     mallopt(M_TRIM_THRESHOLD, 128 << 20)
     mallopt(M_MMAP_THRESHOLD, 32 << 20)
-
-
-_loaded_libraries: dict[str, ctypes.CDLL] = {}
-
-
-def load_runtime_library(path: str | Path) -> None:
-    """Load a library kernels call into (a parallel runtime, MLIR's runner utilities) once,
-    globally, for JIT and shared-library kernels alike (loaded per kernel, the async runtime
-    would be torn down with the first kernel freed, crashing every other threaded kernel)."""
-    path = Path(path)
-    if str(path) in _loaded_libraries:
-        return
-    library = _loaded_libraries[str(path)] = ctypes.CDLL(str(path), mode=ctypes.RTLD_GLOBAL)
-    if path.name == "libomp.so" and "KMP_BLOCKTIME" not in os.environ:
-        # Idle OpenMP threads spin 1 ms (not 200) before sleeping: enough to bridge a kernel's
-        # consecutive parallel loops and back-to-back calls, short enough to leave the cores to
-        # the caller's other thread pools (torch, OpenBLAS) in between.
-        library.kmp_set_blocktime(1)
 
 
 def descriptor_type(rank: int) -> type:
@@ -151,14 +134,28 @@ class Kernel:
         self._out_dtypes = [to_numpy(s.dtype) for s in signature.outputs]
         self._frames = threading.local()  # one CallFrame per calling thread
         openmp = [path for path in self.runtime_libraries if Path(path).name == "libomp.so"]
-        self._libomp = _loaded_libraries[str(Path(openmp[0]))] if threads > 1 and openmp else None
+        self._libomp = loaded_library(openmp[0]) if threads > 1 and openmp else None
         tune_malloc()
 
     def export(self, path) -> "Path":
         """Write this kernel as a shared library with a C entry point (plus .h and .json beside
-        it); `tracea.runtime.aot.load(path)` runs it in another process without compiling."""
-        from .aot import export
-        return export(self, path)
+        it; runtime/aot.py); `Kernel.load(path)` runs it in another process without compiling."""
+        return aot.export(self, path)
+
+    @classmethod
+    def load(cls, path, expect: dict | None = None) -> "Kernel":
+        """A kernel exported with `Kernel.export` (ctypes: nothing is compiled). Raises TraceaError
+        naming the problem when the description or the library is missing, damaged or edited, or
+        when a field differs from `expect`."""
+        library = aot.read(path, expect)
+        meta = library.meta
+        signature = Signature(meta["name"], [TensorSpec(tuple(s), d) for s, d in meta["inputs"]],
+                              [TensorSpec(tuple(s), d) for s, d in meta["outputs"]], meta["arg_names"])
+        kernel = cls(signature, library.address, library.handle, "cpu (shared library)", entry_symbol=meta["symbol"],
+                     runtime_libraries=meta["runtime_libraries"], threads=meta.get("threads", 1))
+        kernel.origin = "shared library"
+        kernel.library_path = library.path
+        return kernel
 
     def __repr__(self) -> str:
         return f"<tracea.Kernel {self.signature.describe()} on {self.target}>"

@@ -13,13 +13,15 @@ from pathlib import Path
 import mlir.ir as ir
 
 from ... import knobs
+from ...dialects.functions import function_signature, public_functions
 from ...dialects.ops import TensorSpec
 from ...errors import CompileError, OpError
 from .linalg import GENERIC_LOOPS
 from ...passes.pipeline import Pipeline, parse_pipeline
 from ...passes.registry import PassFailed, TraceaPass, register, register_pipeline
 from ...doctor.capabilities import host_cpu
-from ...runtime.kernel import Kernel, load_runtime_library
+from ...runtime.kernel import Kernel
+from ...runtime.libraries import load_runtime_library
 from ..base import Build, Target, package_version, register_target
 from . import native
 
@@ -28,26 +30,6 @@ ENTRY_PREFIX = "_tracea_entry_"
 
 def memref_type(spec: TensorSpec) -> str:
     return "memref" + str(spec)[len("tensor"):]
-
-
-def function_signature(func_op) -> tuple[list[TensorSpec], list[TensorSpec]]:
-    ftype = ir.FunctionType(ir.TypeAttr(func_op.attributes["function_type"]).value)
-    name = ir.StringAttr(func_op.attributes["sym_name"]).value
-    inputs = [TensorSpec.from_type(t, f"argument #{i} of @{name}", dynamic=True) for i, t in enumerate(ftype.inputs)]
-    outputs = [TensorSpec.from_type(t, f"result #{i} of @{name}", dynamic=True) for i, t in enumerate(ftype.results)]
-    return inputs, outputs
-
-
-def public_functions(module: ir.Operation) -> list[ir.Operation]:
-    funcs = []
-    for op in module.regions[0].blocks[0].operations:
-        op = op.operation
-        if op.name != "func.func" or len(op.regions[0].blocks) == 0:
-            continue
-        vis = op.attributes["sym_visibility"] if "sym_visibility" in op.attributes else None
-        if vis is None or ir.StringAttr(vis).value == "public":
-            funcs.append(op)
-    return funcs
 
 
 @register
