@@ -3,12 +3,15 @@ IREE's llvm-cpu, side by side in one run.
 
     .venv/bin/python bench/cpu.py                    # 1 and 2 threads, every shape
     .venv/bin/python bench/cpu.py --threads 2 --only gemm --markdown
+    .venv/bin/python bench/cpu.py --interleaved      # as a program mixing them calls them
 
 Each thread count runs in a worker process whose thread pools (OpenBLAS, torch, IREE, Tracea)
 are all set to that count before they start. Within a case the implementations are timed in
-blocks of calls that cycle through them three times (see median_times); the median over all
-calls is reported, after warm-up. Tracea's ratio to each peer is peer time / Tracea time (> 1:
-Tracea is faster).
+blocks of calls, a pause before each block (median_times: each library at its best, alone), or
+with --interleaved call by call, one after the other with no pause (interleaved_times: each
+call meets the thread pools the previous library left running, as in a program that calls
+numpy, torch and Tracea in turn). The median over all calls is reported, after warm-up.
+Tracea's ratio to each peer is peer time / Tracea time (> 1: Tracea is faster).
 """
 from __future__ import annotations
 
@@ -150,7 +153,20 @@ def median_times(calls: dict[str, Callable], rounds: int, cycles: int = 5) -> di
     return {name: sorted(ts)[len(ts) // 2] for name, ts in samples.items()}
 
 
-def worker(threads: int, only: str | None, rounds: int) -> list[dict]:
+def interleaved_times(calls: dict[str, Callable], rounds: int) -> dict[str, float]:
+    """Each round calls every implementation once, back to back, no pause: the median of each."""
+    samples = {name: [] for name in calls}
+    for call in calls.values():
+        call()  # warm-up
+    for _ in range(rounds):
+        for name, call in calls.items():
+            start = time.perf_counter()
+            call()
+            samples[name].append(time.perf_counter() - start)
+    return {name: sorted(ts)[len(ts) // 2] for name, ts in samples.items()}
+
+
+def worker(threads: int, only: str | None, rounds: int, interleaved: bool = False) -> list[dict]:
     import tracea
     try:
         import torch
@@ -181,7 +197,7 @@ def worker(threads: int, only: str | None, rounds: int) -> list[dict]:
                 calls["iree"] = _iree_call(fn, inputs, threads)
             except Exception as e:  # report, keep benchmarking the others
                 print(f"  (iree failed on {case.name}: {type(e).__name__}: {str(e)[:200]})", file=sys.stderr)
-        times = median_times(calls, rounds)
+        times = interleaved_times(calls, rounds) if interleaved else median_times(calls, rounds)
         row = {"case": case.name, "threads": threads, "compile_s": compile_s,
                "gflops": {n: case.flops / t / 1e9 for n, t in times.items()}}
         results.append(row)
@@ -219,10 +235,12 @@ def main() -> int:
     parser.add_argument("--only", choices=["gemm", "gemm-small", "conv", "attention"], help="one group of cases")
     parser.add_argument("--rounds", type=int, default=15, help="timed rounds per case (median reported)")
     parser.add_argument("--markdown", action="store_true", help="print a Markdown table at the end")
+    parser.add_argument("--interleaved", action="store_true",
+                        help="time call by call, implementations in turn, no pauses (default: blocks after a pause)")
     parser.add_argument("--worker", type=int, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.worker:
-        print(json.dumps(worker(args.worker, args.only, args.rounds)))
+        print(json.dumps(worker(args.worker, args.only, args.rounds, args.interleaved)))
         return 0
     rows = []
     for threads in [int(t) for t in args.threads.split(",")]:
@@ -237,6 +255,8 @@ def main() -> int:
         cmd = [sys.executable, os.path.abspath(__file__), "--worker", str(threads), "--rounds", str(args.rounds)]
         if args.only:
             cmd += ["--only", args.only]
+        if args.interleaved:
+            cmd.append("--interleaved")
         done = subprocess.run(cmd, env=env, stdout=subprocess.PIPE, text=True)
         if done.returncode:
             return done.returncode

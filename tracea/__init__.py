@@ -4,6 +4,10 @@ __version__ = "0.1.0"
 import importlib.util as _importlib_util  # noqa: E402
 import sys as _sys  # noqa: E402
 
+from .runtime import blas_threads as _blas_threads  # noqa: E402
+
+_blas_threads.limit_gnu_openmp_spinning()  # before anything loads torch's libgomp
+
 # torch-mlir bundles its own LLVM/MLIR. Its native library must be loaded after the xtc MLIR
 # libraries and before any kernel is JIT-compiled: loaded first, it makes the JIT bind to its
 # copies (kernels then crash); loaded after a JIT has made libLLVM.so's symbols global, LLVM aborts

@@ -62,6 +62,15 @@ def place_workers() -> bool:
     return _flag("TRACEA_PLACE_WORKERS", True)
 
 
+def share_cores() -> bool:
+    """TRACEA_SHARE_CORES=0 leaves other libraries' thread pools as they are. By default, so that
+    they do not spin on the cores Tracea's kernels run on: OpenBLAS (numpy's) runs its jobs on
+    Tracea's OpenMP threads once a threaded kernel is loaded, and GNU OpenMP (torch's), when
+    Tracea is imported before it, spins ~70 us instead of ~7 ms before its idle threads sleep
+    (runtime/blas_threads.py)."""
+    return _flag("TRACEA_SHARE_CORES", True)
+
+
 def parallel_runtime() -> str:
     """TRACEA_PARALLEL_RUNTIME: what threaded CPU kernels run on: "openmp" (the default, when the
     cmeel-libomp package is installed) or "async" (MLIR's async runtime, always available)."""

@@ -18,7 +18,7 @@ import numpy as np
 from .. import knobs
 from ..dialects.ops import TensorSpec
 from ..errors import ArgumentError
-from . import aot, faults, placement
+from . import aot, blas_threads, faults, placement
 from .dtypes import to_numpy
 from .libraries import loaded_library
 
@@ -135,6 +135,8 @@ class Kernel:
         self._frames = threading.local()  # one CallFrame per calling thread
         openmp = [path for path in self.runtime_libraries if Path(path).name == "libomp.so"]
         self._libomp = loaded_library(openmp[0]) if threads > 1 and openmp else None
+        if self._libomp is not None:
+            blas_threads.share_with_openblas(self._libomp)
         tune_malloc()
 
     def export(self, path) -> "Path":

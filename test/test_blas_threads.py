@@ -1,0 +1,123 @@
+"""Other libraries' thread pools leave the cores to Tracea's (runtime/blas_threads.py): numpy's
+OpenBLAS runs its jobs on Tracea's OpenMP threads once a threaded kernel is loaded (results
+unchanged), and torch's GNU OpenMP threads stop spinning soon after a torch op when Tracea was
+imported first. Checked by counting the threads still running a moment after numpy or torch
+returns (from /proc), not by timing."""
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import textwrap
+
+import pytest
+
+pytestmark = pytest.mark.skipif(not os.path.exists("/proc/self/task"), reason="needs Linux's /proc")
+
+
+RESULTS = textwrap.dedent("""
+    import numpy as np
+    import tracea
+    from tracea import dialects as td
+    from tracea.runtime import blas_threads
+    tracea.compile(td.function(td.tensor((32, 32)), td.tensor((32, 32)), name="k")(td.gemm), threads=2)
+    if not any("openblas" in path for path in blas_threads.shared):
+        print("skip: numpy here is not built on OpenBLAS")
+        raise SystemExit
+    rng = np.random.default_rng(0)
+    for m, k, n in [(3, 5, 7), (300, 200, 100), (513, 257, 1031), (1024, 64, 1024)]:
+        for dtype, rtol in ((np.float32, 2e-5), (np.float64, 1e-12)):
+            a, b = rng.standard_normal((m, k)).astype(dtype), rng.standard_normal((n, k)).astype(dtype)
+            want = a.astype(np.longdouble) @ b.T.astype(np.longdouble)
+            scale = np.abs(a).astype(np.float64) @ np.abs(b.T).astype(np.float64)
+            for got in (a @ b.T, np.dot(a, b.T), (b @ a.T).T):
+                assert np.all(np.abs(got - want) <= rtol * scale + 1e-30), (m, k, n, dtype)
+    print("ok")
+""")
+
+
+def _run(script: str, **env) -> str:
+    """In a fresh process (its own thread pools; `env` on top of this one's, None removing a
+    variable), with a deadline: a job OpenBLAS waits for that never runs would hang it."""
+    environment = {**os.environ, "OPENBLAS_NUM_THREADS": "2", **env}
+    try:
+        done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120,
+                              env={k: v for k, v in environment.items() if v is not None})
+    except subprocess.TimeoutExpired:
+        pytest.fail("numpy hung with its jobs on Tracea's threads (a job that never ran?)")
+    assert done.returncode == 0, done.stderr
+    return done.stdout.strip()
+
+
+def test_numpy_computes_the_same_on_tracea_threads():
+    out = _run(RESULTS)
+    if out.startswith("skip"):
+        pytest.skip(out[len("skip: "):])
+    assert out == "ok"
+
+
+RUNNING = """
+def running():  # this process's threads on a CPU now, this one aside
+    me, found = str(__import__("threading").get_native_id()), 0
+    for task in os.listdir("/proc/self/task"):
+        try:
+            state = open(f"/proc/self/task/{task}/stat").read().rsplit(")", 1)[1].split()[0]
+        except OSError:
+            continue
+        found += task != me and state == "R"
+    return found
+"""
+
+SPINNERS = RUNNING + textwrap.dedent("""
+    import os, time
+    import numpy as np
+    import tracea
+    from tracea import dialects as td
+    k = tracea.compile(td.function(td.tensor((32, 32)), td.tensor((32, 32)), name="k")(td.gemm), threads=2)
+    a = np.random.default_rng(0).standard_normal((768, 768)).astype(np.float32)
+    counts = []
+    for _ in range(5):
+        a @ a
+        time.sleep(0.02)  # OpenBLAS's own workers spin ~0.1 s after a call; Tracea's team 1 ms
+        counts.append(running())
+    print(min(counts))
+""")
+
+
+@pytest.mark.parametrize("share", ["1", "0"])
+def test_no_openblas_worker_spins_after_numpy_returns(share):
+    spinning = int(_run(SPINNERS, TRACEA_SHARE_CORES=share).split()[-1])
+    if share == "1":
+        assert spinning == 0, "a thread still runs 20 ms after numpy returned: OpenBLAS kept its own pool"
+    elif spinning == 0:
+        pytest.skip("this OpenBLAS does not spin after a call (the control shows nothing to fix)")
+
+
+TORCH_SPINNERS = RUNNING + textwrap.dedent("""
+    import os, time
+    import tracea
+    import torch
+    torch.set_num_threads(2)
+    x = torch.randn(1, 32, 64, 64)
+    w = torch.randn(32, 32, 3, 3)
+    counts = []
+    for _ in range(5):
+        torch.nn.functional.conv2d(x, w, padding=1)
+        time.sleep(0.003)  # GNU OpenMP's default spin lasts ~7 ms; with Tracea's setting ~70 us
+        counts.append(running())
+    print(os.environ.get("GOMP_SPINCOUNT"), min(counts))
+""")
+
+
+@pytest.mark.parametrize("share", ["1", "0"])
+def test_no_torch_thread_spins_after_a_torch_op(share):
+    pytest.importorskip("torch")
+    spin_count, spinning = _run(TORCH_SPINNERS, TRACEA_SHARE_CORES=share, GOMP_SPINCOUNT=None,
+                                OMP_WAIT_POLICY=None).split()[-2:]
+    if share == "1":
+        assert spin_count == "3000"
+        assert int(spinning) == 0, "a torch thread still runs 3 ms after its op returned"
+    else:
+        assert spin_count == "None"
+        if int(spinning) == 0:
+            pytest.skip("torch's threads here do not spin after an op (the control shows nothing to fix)")

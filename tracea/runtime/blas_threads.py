@@ -1,0 +1,146 @@
+"""Other libraries' thread pools share the cores with Tracea's instead of spinning on them.
+
+OpenBLAS's parallel jobs run on Tracea's OpenMP threads, so a program that calls numpy and
+Tracea in turn has one pool of worker threads, not two fighting for the cores.
+
+Why: after each threaded call, OpenBLAS's own workers spin for 2^28 cycles (~0.1 s) before they
+sleep (driver/others/blas_server.c, THREAD_TIMEOUT). A Tracea kernel called in that window
+shares its cores with them: a 2-thread GEMM 1024^3 took 25.6 ms right after a numpy matmul,
+12.6 ms alone (Zen 3, 2 cores). OpenBLAS (0.3.27 and later) lets its caller run its jobs instead
+(openblas_set_threads_callback_function); here they run on the libomp team Tracea's kernels use,
+whose idle workers sleep after 1 ms (runtime/libraries.py), and OpenBLAS's own workers stay
+asleep. numpy computes exactly as before: the jobs are OpenBLAS's own, each on its own thread (a
+threaded level-3 job waits for its siblings' panels, so all of them run at once).
+
+Every OpenBLAS in the process is shared (numpy's, scipy's, a system one) once a threaded Tracea
+kernel is loaded.
+
+GNU OpenMP (torch's intra-op threads) has no such hook: its idle threads spin GOMP_SPINCOUNT
+(300,000 pauses, ~7 ms on Zen 3) before they sleep, and a Tracea kernel called after a torch op
+shared a core with one (2 threads, GEMM 1024^3 interleaved with torch: 0.60x of torch's speed;
+with 3,000: 0.96x, torch's own speed unchanged). libgomp reads the count when it loads, so
+`import tracea` sets GOMP_SPINCOUNT=3000 when libgomp is not loaded yet and the user set neither
+it nor OMP_WAIT_POLICY (`limit_gnu_openmp_spinning`). TRACEA_SHARE_CORES=0 does neither.
+"""
+from __future__ import annotations
+
+import ctypes
+import os
+import threading
+
+from .. import knobs
+
+# The callback OpenBLAS calls from exec_blas with its jobs: callback(sync, dojob, numjobs,
+# jobdata_elsize, jobdata, dojob_data); each job runs as dojob(job, jobdata + job * elsize,
+# dojob_data), the job's index naming its per-thread buffer. A libomp team of numjobs threads
+# runs one job each. The team's size comes from libomp's omp_get_num_threads through a pointer set
+# at load: by name it could bind to libgomp's (torch's), which knows nothing of this team.
+CALLBACK, TEAM_SIZE = "tracea_openblas_threads", "tracea_libomp_team_size"
+CALLBACK_IR = r"""
+%ident = type { i32, i32, i32, i32, ptr }
+@tracea_libomp_team_size = global ptr null
+@where = private unnamed_addr constant [30 x i8] c";tracea;OpenBLAS jobs;0;0;;\00\00\00"
+@ident = private global %ident { i32 0, i32 2, i32 0, i32 0, ptr @where }
+
+declare i32 @__kmpc_global_thread_num(ptr)
+declare void @__kmpc_push_num_threads(ptr, i32, i32)
+declare void @__kmpc_fork_call(ptr, i32, ptr, ...)
+
+define internal void @run_jobs(ptr %gtid, ptr %btid, ptr %dojob, ptr %jobdata, i64 %elsize, i64 %numjobs, i64 %data) {
+entry:
+  %first = load i32, ptr %btid
+  %team_size = load ptr, ptr @tracea_libomp_team_size
+  %team = call i32 %team_size()
+  %first64 = sext i32 %first to i64
+  %team64 = sext i32 %team to i64
+  %data32 = trunc i64 %data to i32
+  br label %loop
+loop:
+  %job = phi i64 [ %first64, %entry ], [ %next, %body ]
+  %more = icmp slt i64 %job, %numjobs
+  br i1 %more, label %body, label %done
+body:
+  %offset = mul i64 %job, %elsize
+  %jobptr = getelementptr i8, ptr %jobdata, i64 %offset
+  %job32 = trunc i64 %job to i32
+  call void %dojob(i32 %job32, ptr %jobptr, i32 %data32)
+  %next = add i64 %job, %team64
+  br label %loop
+done:
+  ret void
+}
+
+define void @tracea_openblas_threads(i32 %sync, ptr %dojob, i32 %numjobs, i64 %elsize, ptr %jobdata, i32 %data) {
+entry:
+  %gtid = call i32 @__kmpc_global_thread_num(ptr @ident)
+  call void @__kmpc_push_num_threads(ptr @ident, i32 %gtid, i32 %numjobs)
+  %numjobs64 = sext i32 %numjobs to i64
+  %data64 = sext i32 %data to i64
+  call void (ptr, i32, ptr, ...) @__kmpc_fork_call(ptr @ident, i32 5, ptr @run_jobs, ptr %dojob, ptr %jobdata,
+                                                   i64 %elsize, i64 %numjobs64, i64 %data64)
+  ret void
+}
+"""
+# What each OpenBLAS build calls its setter: the reference name, numpy's (scipy-openblas, 64-bit
+# ints) and scipy's (32-bit ints)
+SETTERS = ("openblas_set_threads_callback_function", "scipy_openblas_set_threads_callback_function64_",
+           "scipy_openblas_set_threads_callback_function")
+
+_lock = threading.Lock()
+_callback: tuple[object, int] | None = None  # (the JIT library that owns it, its address)
+shared: set[str] = set()  # paths of the OpenBLAS libraries whose jobs run on Tracea's threads
+
+
+def _loaded_libraries(name: str) -> list[str]:
+    """The shared libraries mapped in this process whose path holds `name`."""
+    try:
+        with open("/proc/self/maps") as maps:
+            return sorted({line.split(None, 5)[5].strip() for line in maps
+                           if line.count(" ") >= 5 and ".so" in line and name in line.lower()})
+    except OSError:  # not Linux
+        return []
+
+
+def share_with_openblas(libomp: ctypes.CDLL) -> list[str]:
+    """Point every OpenBLAS loaded in this process (and not yet shared) at Tracea's OpenMP team
+    (`libomp`, loaded); returns the libraries newly shared."""
+    global _callback
+    if not knobs.share_cores():
+        return []
+    newly = []
+    with _lock:
+        for path in _loaded_libraries("openblas"):
+            if path in shared:
+                continue
+            shared.add(path)  # tried once, shared or not
+            try:
+                library = ctypes.CDLL(path)
+            except OSError:
+                continue
+            setter = next((getattr(library, name) for name in SETTERS if hasattr(library, name)), None)
+            if setter is None:  # an OpenBLAS before 0.3.27
+                continue
+            if _callback is None:
+                from ..targets.cpu import native
+                jit = native.JitLibrary(native.compile_llvm_ir(CALLBACK_IR, [], optimize=False), [CALLBACK, TEAM_SIZE])
+                team_size = ctypes.cast(libomp.omp_get_num_threads, ctypes.c_void_p).value
+                ctypes.c_void_p.from_address(jit.addresses[TEAM_SIZE]).value = team_size
+                _callback = (jit, jit.addresses[CALLBACK])
+            setter.argtypes = [ctypes.c_void_p]
+            setter.restype = None
+            setter(_callback[1])
+            newly.append(path)
+    return newly
+
+
+GOMP_SPINCOUNT = "3000"
+
+
+def limit_gnu_openmp_spinning() -> bool:
+    """GOMP_SPINCOUNT for a GNU OpenMP not loaded yet (see above); whether it was set."""
+    if not knobs.share_cores() or any(os.environ.get(v) for v in ("GOMP_SPINCOUNT", "OMP_WAIT_POLICY")):
+        return False
+    if any("libgomp" in path for path in _loaded_libraries("libgomp")):
+        return False  # too late: it read its settings when it loaded
+    os.environ["GOMP_SPINCOUNT"] = GOMP_SPINCOUNT
+    return True
