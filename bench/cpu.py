@@ -153,12 +153,16 @@ def median_times(calls: dict[str, Callable], rounds: int, cycles: int = 5) -> di
     return {name: sorted(ts)[len(ts) // 2] for name, ts in samples.items()}
 
 
-def interleaved_times(calls: dict[str, Callable], rounds: int) -> dict[str, float]:
-    """Each round calls every implementation once, back to back, no pause: the median of each."""
+def interleaved_times(calls: dict[str, Callable], rounds: int, seconds: float = 2.0) -> dict[str, float]:
+    """Each round calls every implementation once, back to back, no pause: the median of each.
+    At least `seconds` of rounds: a case of a few milliseconds fits whole in one of the VM's spells
+    with a core missing (a 2-thread GEMM 256^3 then read 3-4 ms a call instead of 0.2 ms)."""
     samples = {name: [] for name in calls}
     for call in calls.values():
         call()  # warm-up
-    for _ in range(rounds):
+    began, done = time.perf_counter(), 0
+    while done < rounds or time.perf_counter() - began < seconds:
+        done += 1
         for name, call in calls.items():
             start = time.perf_counter()
             call()
