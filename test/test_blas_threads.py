@@ -121,3 +121,35 @@ def test_no_torch_thread_spins_after_a_torch_op(share):
         assert spin_count == "None"
         if int(spinning) == 0:
             pytest.skip("torch's threads here do not spin after an op (the control shows nothing to fix)")
+
+
+STATUS = textwrap.dedent("""
+    import sys
+    if sys.argv[1] == "torch first":
+        import torch
+    import tracea
+    import torch
+    from tracea import dialects as td
+    from tracea.doctor.report import format_report, report
+    from tracea.runtime import blas_threads
+    before = blas_threads.status()
+    tracea.compile(td.function(td.tensor((32, 32)), td.tensor((32, 32)), name="k")(td.gemm), threads=2)
+    after = blas_threads.status()
+    print(repr((before, after, "Other thread pools" in format_report(report()))))
+""")
+
+
+@pytest.mark.parametrize("order", ["tracea first", "torch first"])
+def test_the_doctor_says_how_other_pools_share_the_cores(order):
+    pytest.importorskip("torch")
+    import ast
+    script = STATUS.replace('sys.argv[1]', repr(order))
+    before, after, shown = ast.literal_eval(_run(script, GOMP_SPINCOUNT=None, OMP_WAIT_POLICY=None).splitlines()[-1])
+    assert shown
+    if order == "tracea first":
+        assert before["gnu_openmp"].startswith("GOMP_SPINCOUNT=3000, set by tracea")
+    else:
+        assert "import tracea before torch" in before["gnu_openmp"]
+    if after["openblas"]:  # numpy on OpenBLAS
+        assert all("until a threaded Tracea kernel" in how for how in before["openblas"].values())
+        assert any(how == "runs its jobs on Tracea's OpenMP threads" for how in after["openblas"].values())

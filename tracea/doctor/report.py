@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 
+from ..runtime import blas_threads
 from .capabilities import Capabilities, probe_nvidia
 from .engine import PlanError, devices, plan
 from .toolchains import toolchains
@@ -32,6 +33,7 @@ def report(targets: list[Capabilities] | None = None) -> dict:
                      "cpu" if c.cpu else "gpu": dataclasses.asdict(c.cpu or c.gpu)} for c in targets],
         "nvidia_probe": nvidia if isinstance(nvidia, str) else f"{len(nvidia)} device(s)",
         "toolchains": [dataclasses.asdict(t) for t in toolchains()],
+        "thread_pools": blas_threads.status(),
         "variants": [{"id": v.id, "backend": v.backend, "ops": list(v.ops), "priority": v.priority,
                       "constraints": [str(c) for c in v.constraints], "summary": v.summary} for v in variants()],
         "plans": plans,
@@ -50,6 +52,10 @@ def format_report(data: dict) -> str:
     lines += ["", "Toolchains"]
     lines += _table([[t["name"], (t["version"] or "found") if t["found"] else "MISSING",
                       t["purpose"] if t["found"] else t["missing"]] for t in data["toolchains"]])
+    pools = data["thread_pools"]
+    lines += ["", "Other thread pools (sharing the cores with Tracea's; TRACEA_SHARE_CORES)"]
+    lines += _table([["OpenBLAS", f"{path}: {how}"] for path, how in pools["openblas"].items()]
+                    + [["GNU OpenMP (torch)", pools["gnu_openmp"]]])
     for device in data["devices"]:
         rows = [["OP", "PRECISION", "VARIANT", "ALSO FITS", "IF / WHY NOT"]]
         for p in (p for p in data["plans"] if p["device"] == device["name"]):

@@ -134,13 +134,41 @@ def share_with_openblas(libomp: ctypes.CDLL) -> list[str]:
 
 
 GOMP_SPINCOUNT = "3000"
+_gnu_openmp = "not set: TRACEA_SHARE_CORES=0"  # what limit_gnu_openmp_spinning found
 
 
 def limit_gnu_openmp_spinning() -> bool:
     """GOMP_SPINCOUNT for a GNU OpenMP not loaded yet (see above); whether it was set."""
-    if not knobs.share_cores() or any(os.environ.get(v) for v in ("GOMP_SPINCOUNT", "OMP_WAIT_POLICY")):
+    global _gnu_openmp
+    if not knobs.share_cores():
         return False
-    if any("libgomp" in path for path in _loaded_libraries("libgomp")):
-        return False  # too late: it read its settings when it loaded
+    chosen = [f"{v}={os.environ[v]}" for v in ("GOMP_SPINCOUNT", "OMP_WAIT_POLICY") if os.environ.get(v)]
+    if chosen:
+        _gnu_openmp = f"yours: {', '.join(chosen)}"
+        return False
+    if _loaded_libraries("libgomp"):  # too late: it read its settings when it loaded
+        _gnu_openmp = ("default (its idle threads spin ~7 ms after each parallel op): libgomp was loaded "
+                       "before tracea; import tracea before torch")
+        return False
     os.environ["GOMP_SPINCOUNT"] = GOMP_SPINCOUNT
+    _gnu_openmp = f"GOMP_SPINCOUNT={GOMP_SPINCOUNT}, set by tracea (~70 us of spinning)"
     return True
+
+
+def status() -> dict:
+    """How other thread pools share the cores in this process (for tracea doctor)."""
+    openblas = {}
+    for path in _loaded_libraries("openblas"):
+        try:
+            library = ctypes.CDLL(path)
+        except OSError:
+            continue
+        if path in shared and _callback is not None and any(hasattr(library, n) for n in SETTERS):
+            openblas[path] = "runs its jobs on Tracea's OpenMP threads"
+        elif not any(hasattr(library, n) for n in SETTERS):
+            openblas[path] = "its own threads (before OpenBLAS 0.3.27: no threads callback)"
+        elif not knobs.share_cores():
+            openblas[path] = "its own threads (TRACEA_SHARE_CORES=0)"
+        else:
+            openblas[path] = "its own threads until a threaded Tracea kernel is loaded"
+    return {"openblas": openblas, "gnu_openmp": _gnu_openmp}
