@@ -89,6 +89,7 @@ SETTERS = ("openblas_set_threads_callback_function", "scipy_openblas_set_threads
 _lock = threading.Lock()
 _callback: tuple[object, int] | None = None  # (the JIT library that owns it, its address)
 shared: set[str] = set()  # paths of the OpenBLAS libraries whose jobs run on Tracea's threads
+_tried: set[str] = set()  # paths looked at once (shared, or without the callback)
 
 
 def _loaded_libraries(name: str) -> list[str]:
@@ -101,8 +102,17 @@ def _loaded_libraries(name: str) -> list[str]:
         return []
 
 
+def _setter(path: str):
+    """The OpenBLAS at `path`'s threads-callback setter, or None (not loadable, before 0.3.27)."""
+    try:
+        library = ctypes.CDLL(path)
+    except OSError:
+        return None
+    return next((getattr(library, name) for name in SETTERS if hasattr(library, name)), None)
+
+
 def share_with_openblas(libomp: ctypes.CDLL) -> list[str]:
-    """Point every OpenBLAS loaded in this process (and not yet shared) at Tracea's OpenMP team
+    """Point every OpenBLAS loaded in this process (and not yet tried) at Tracea's OpenMP team
     (`libomp`, loaded); returns the libraries newly shared."""
     global _callback
     if not knobs.share_cores():
@@ -110,15 +120,11 @@ def share_with_openblas(libomp: ctypes.CDLL) -> list[str]:
     newly = []
     with _lock:
         for path in _loaded_libraries("openblas"):
-            if path in shared:
+            if path in _tried:
                 continue
-            shared.add(path)  # tried once, shared or not
-            try:
-                library = ctypes.CDLL(path)
-            except OSError:
-                continue
-            setter = next((getattr(library, name) for name in SETTERS if hasattr(library, name)), None)
-            if setter is None:  # an OpenBLAS before 0.3.27
+            _tried.add(path)
+            setter = _setter(path)
+            if setter is None:
                 continue
             if _callback is None:
                 from ..targets.cpu import native
@@ -129,6 +135,7 @@ def share_with_openblas(libomp: ctypes.CDLL) -> list[str]:
             setter.argtypes = [ctypes.c_void_p]
             setter.restype = None
             setter(_callback[1])
+            shared.add(path)
             newly.append(path)
     return newly
 
@@ -159,13 +166,9 @@ def status() -> dict:
     """How other thread pools share the cores in this process (for tracea doctor)."""
     openblas = {}
     for path in _loaded_libraries("openblas"):
-        try:
-            library = ctypes.CDLL(path)
-        except OSError:
-            continue
-        if path in shared and _callback is not None and any(hasattr(library, n) for n in SETTERS):
+        if path in shared:
             openblas[path] = "runs its jobs on Tracea's OpenMP threads"
-        elif not any(hasattr(library, n) for n in SETTERS):
+        elif _setter(path) is None:
             openblas[path] = "its own threads (before OpenBLAS 0.3.27: no threads callback)"
         elif not knobs.share_cores():
             openblas[path] = "its own threads (TRACEA_SHARE_CORES=0)"

@@ -13,6 +13,7 @@ the tools that make its code.
 """
 from __future__ import annotations
 
+import functools
 import hashlib
 import importlib.metadata
 from abc import ABC, abstractmethod
@@ -33,6 +34,7 @@ class Build:
     seconds: float = 0.0
 
 
+@functools.cache  # read once: every compile call, cache hits included, hashes the toolchain
 def package_version(distribution: str) -> str:
     try:
         return f"{distribution} {importlib.metadata.version(distribution)}"

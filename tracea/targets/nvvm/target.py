@@ -190,7 +190,7 @@ class NvvmTarget(Target):
                 "ptx": parse_pipeline(ptx_lowering(options.chip))}
 
     def toolchain(self, options: NvvmOptions) -> tuple[str, ...]:
-        return (*super().toolchain(options), _ptxas_version(), str(cuda_toolkit()))
+        return (*super().toolchain(options), *_nvidia_toolchain())
 
     def device(self, options: NvvmOptions | None):
         from ...runtime.cuda_launcher import Device
@@ -231,13 +231,15 @@ class NvvmTarget(Target):
         return kernel
 
 
-@functools.cache
-def _ptxas_version() -> str:
+@functools.cache  # found once: every compile call, cache hits included, hashes the toolchain
+def _nvidia_toolchain() -> tuple[str, str]:
+    """(ptxas's version, the CUDA directory libdevice comes from)."""
     try:
         done = subprocess.run([str(ptxas_path()), "--version"], capture_output=True, text=True, timeout=20)
+        ptxas = done.stdout.strip().splitlines()[-1] if done.stdout.strip() else "ptxas without a version"
     except (CompileError, OSError, subprocess.TimeoutExpired) as e:
-        return f"ptxas unavailable ({e})"
-    return done.stdout.strip().splitlines()[-1] if done.stdout.strip() else "ptxas without a version"
+        ptxas = f"ptxas unavailable ({e})"
+    return ptxas, str(cuda_toolkit())
 
 
 KEPT_LAUNCHES = "tracea.launches"
