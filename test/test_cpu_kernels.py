@@ -3,6 +3,11 @@ enough to force every blocking path (several M, N and K blocks, edge tiles, f32 
 for f16/bf16 results), threads, and host-derived default schedules."""
 from __future__ import annotations
 
+import re
+import shutil
+import subprocess
+import tempfile
+
 import numpy as np
 import pytest
 from hypothesis import given
@@ -14,7 +19,9 @@ from tracea import dialects as td
 from tracea.targets.cpu.gemm import column_chunk
 from tracea.targets.cpu.kernels import default_gemm_schedule
 from tracea.targets.cpu.target import openmp_library
-from tracea.doctor.capabilities import host_cpu
+from tracea.doctor import PROFILES, Problem, plan
+from tracea.doctor.capabilities import CPU_PROFILES, host_cpu
+from tracea.targets.cpu.attention import pv_tile
 
 LANES = host_cpu().f32_lanes
 # The CPU kernels compute in buffers they allocate from the start; at the linalg stage, the
@@ -292,10 +299,49 @@ def test_implicit_gemm_conv_k_blocks(c, k, layout, rng):
 
 
 def test_attention_schedule_is_checked():
-    bad = td.Schedule(tile=(8, LANES + 1), lane_map=td.LaneMap("simd", (LANES,)))
-    fn = td.function(*[td.tensor((4, LANES))] * 3)(lambda a, b, c: td.attention(a, b, c, schedule=bad))
+    def compile_with(schedule):
+        return tracea.compile(td.function(*[td.tensor((4, LANES))] * 3)(
+            lambda a, b, c: td.attention(a, b, c, schedule=schedule)))
     with pytest.raises(tracea.CompileError, match="keys a multiple of the .* SIMD lanes"):
-        tracea.compile(fn)
+        compile_with(td.Schedule(tile=(8, LANES + 1), lane_map=td.LaneMap("simd", (LANES,))))
+    with pytest.raises(tracea.CompileError, match="attention register tile 32x.* needs 67 vector registers"):
+        compile_with(td.Schedule(tile=(32, 4 * LANES), warp_tile=(32, 2 * LANES), lane_map=td.LaneMap("simd", (LANES,))))
+
+
+@pytest.mark.parametrize("profile", list(CPU_PROFILES))
+def test_attention_register_tiles_fit_the_vector_registers(profile):
+    """Both register tiles of the default attention schedule (QK^T, and P V at head dims 64 and
+    128) hold their accumulators, the vectors they load and a broadcast in the profile's vector
+    registers (16 on AVX2: 16 accumulators there spilled in the innermost loops, 0.46x SDPA)."""
+    cpu = CPU_PROFILES[profile]
+    for d in (64, 128):
+        s = plan(Problem("attention", "f32", head_dim=d, value_head_dim=d), PROFILES[profile]).schedule
+        rows, keys = s.warp_tile
+        qv = keys // cpu.f32_lanes
+        assert rows * qv + qv + 1 <= cpu.vector_registers and rows * qv >= cpu.vector_registers // 2
+        pr, pg = pv_tile(s.tile[0], d // cpu.f32_lanes, rows * qv + qv + 1)
+        assert pr * pg + pg + 1 <= cpu.vector_registers and pr * pg >= cpu.vector_registers // 2
+
+
+def _vector_spills(kernel) -> int:
+    """Stores of vector registers to the stack in the kernel's machine code."""
+    objdump = shutil.which("objdump")
+    if objdump is None:
+        pytest.skip("objdump (binutils) is not installed: cannot read the machine code")
+    with tempfile.NamedTemporaryFile(suffix=".o") as f:
+        f.write(kernel.object_code)
+        f.flush()
+        asm = subprocess.run([objdump, "-d", "--no-show-raw-insn", f.name], capture_output=True, text=True,
+                             check=True).stdout
+    return len(re.findall(r"vmov\w*\s+%[xyz]mm\d+,[^\n]*\(%r[sb]p\)", asm))
+
+
+@pytest.mark.parametrize("causal", [False, True])
+def test_default_attention_keeps_its_tiles_in_registers(causal):
+    """On this host, the default attention kernel's machine code spills no vector register in its
+    loops (one store of a constant vector at entry is allowed)."""
+    fn = td.function(*[td.tensor((1, 2, 128, 64))] * 3)(lambda a, b, c: td.attention(a, b, c, causal=causal))
+    assert _vector_spills(tracea.compile(fn, threads=1)) <= 2
 
 
 @given(c=st.integers(1, LANES - 1), k=st.integers(1, 5), hw=st.integers(1, 12), stride=st.integers(1, 3),

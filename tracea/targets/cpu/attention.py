@@ -23,20 +23,24 @@ from ...codegen.loop_text import LoopText, memref_text
 from .gemm import transpose_in_registers
 from ...codegen.kernel_text import vector_exp
 
-MAX_ACCUMULATORS = 16  # vector registers a register tile keeps accumulating in (AVX-512 has 32)
 NNAN = "fastmath<nnan>"  # max without NaN handling: a single vmaxps
 
 
-def qk_tile(rows: int, keys: int, lanes: int) -> tuple[int, int]:
-    """(query rows, key vectors) of the QK^T register tile for a block of `rows` x `keys`."""
-    vectors = 2 if keys % (2 * lanes) == 0 else 1
-    tile_rows = max(r for r in range(1, rows + 1) if rows % r == 0 and r * vectors <= MAX_ACCUMULATORS)
+def qk_tile(rows: int, keys: int, lanes: int, registers: int) -> tuple[int, int]:
+    """(query rows, key vectors) of the QK^T register tile for a block of `rows` x `keys` on a host
+    with `registers` vector registers: accumulators + the key vectors + one broadcast must fit,
+    else LLVM spills accumulators to the stack in the innermost loop."""
+    vectors = 2 if keys % (2 * lanes) == 0 and registers >= 8 else 1
+    tile_rows = max(r for r in range(1, rows + 1) if rows % r == 0 and r * vectors + vectors + 1 <= registers)
     return tile_rows, vectors
 
 
-def _column_groups(n_vectors: int) -> list[tuple[int, int]]:
-    """The head dim's vectors in groups of at most 8: (first vector, count)."""
-    return [(g, min(8, n_vectors - g)) for g in range(0, n_vectors, 8)]
+def pv_tile(rows: int, head_vectors: int, registers: int) -> tuple[int, int]:
+    """(P rows, O vectors) of the P V register tile: the most accumulators that fit beside the V
+    vectors and a broadcast, then the fewest loads per FMA (rows + vectors)."""
+    fits = [(r, g) for r in range(1, rows + 1) if rows % r == 0 for g in range(1, head_vectors + 1)
+            if head_vectors % g == 0 and r * g + g + 1 <= registers]
+    return max(fits, key=lambda rg: (rg[0] * rg[1], -(rg[0] + rg[1])))
 
 
 def _for_iter(t: LoopText, iv: str, lo: str, hi: str, step: str, inits: list[str], vt: str) -> tuple[str, list[str]]:
@@ -59,8 +63,8 @@ def attention_kernel_text(name: str, v: OpView, location: str) -> str:
     s = v.attrs["schedule"]
     L = s.lane_map.shape[-1]
     BR, BC = s.tile[:2]  # queries per block, keys per block
-    QR, QV = qk_tile(BR, BC, L)
-    sub = QV * L  # keys per QK register tile
+    QR, sub = s.warp_tile  # the QK^T register tile: query rows x keys
+    QV = sub // L
     batch = 1
     for dim in q.shape[:-2]:
         batch *= dim
@@ -214,8 +218,9 @@ def attention_kernel_text(name: str, v: OpView, location: str) -> str:
 
     # O = O * alpha + P V, tiles of PR rows x a group of O's vectors; P is 0 past the keys that exist
     keys_here = t.min_(left, width)
-    for g0, gs in _column_groups(dv // L):
-        PR = max(r for r in range(1, BR + 1) if BR % r == 0 and r * gs <= MAX_ACCUMULATORS)
+    # the P V tile gets the registers the schedule's QK tile uses
+    PR, gs = pv_tile(BR, dv // L, QR * QV + QV + 1)
+    for g0 in range(0, dv // L, gs):
         t.for_("%r0", t.c(0), t.c(BR), t.c(PR))
         rows = [t.add("%r0", t.c(r)) for r in range(PR)]
         inits = []

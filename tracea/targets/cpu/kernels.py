@@ -20,7 +20,7 @@ from ...errors import OpError
 from ...doctor.capabilities import CPU, Capabilities, host, host_cpu
 from ...codegen.variants import (OPS, BackendIs, Problem, Rule, SimdWidthAtLeast, Variant, known, register_variant,
                                variant)
-from .attention import attention_kernel_text
+from .attention import attention_kernel_text, qk_tile
 from .conv import conv_nchw_kernel_text
 from ...codegen.conv_gather import implicit_gemm
 from .gemm import conv_k_block, gemm_dot_kernel_text, gemm_kernel_text
@@ -205,8 +205,17 @@ def _attention_fits(p: Problem, caps: Capabilities) -> bool | None:
 
 
 def _attention_default(p: Problem, caps: Capabilities, threads: int | None) -> Schedule:
-    lanes = caps.cpu.f32_lanes  # blocks of 16 queries x 4 vectors of keys (AVX-512: 64 keys)
-    return p.schedule or Schedule(tile=(16, 4 * lanes), lane_map=LaneMap("simd", (lanes,)))
+    """Blocks of 2 QK^T register tiles of queries x 64 keys; the register tile is as many
+    query rows x 2 key vectors as the vector registers hold (AVX2: 6 x 16 keys; AVX-512 keeps 8 x 32)."""
+    lanes = caps.cpu.f32_lanes
+    s = p.schedule
+    if s is None:
+        rows = min(8, (caps.cpu.vector_registers - 3) // 2)
+        s = Schedule(tile=(2 * rows, max(64, 4 * lanes)), lane_map=LaneMap("simd", (lanes,)))
+    if s.warp_tile is None and s.tile is not None and len(s.tile) == 2 and s.tile[1] % lanes == 0:
+        rows, vectors = qk_tile(s.tile[0], s.tile[1], lanes, caps.cpu.vector_registers)
+        s = replace(s, warp_tile=(rows, vectors * lanes))
+    return s
 
 
 def _attention_check(p: Problem, caps: Capabilities, s: Schedule) -> None:
@@ -214,6 +223,14 @@ def _attention_check(p: Problem, caps: Capabilities, s: Schedule) -> None:
     if s.tile is None or len(s.tile) != 2 or s.tile[1] % lanes:
         raise OpError(f"a CPU attention schedule needs tile = [query rows, keys] with keys a multiple of "
                       f"the {lanes} SIMD lanes; got {s.tile}")
+    if s.warp_tile is None or s.warp_tile[1] % lanes:
+        raise OpError(f"a CPU attention schedule needs warp_tile = [query rows, keys] (the QK^T register "
+                      f"tile) with keys a multiple of the {lanes} SIMD lanes; got {s.warp_tile}")
+    rows, keys = s.warp_tile
+    registers = rows * keys // lanes + keys // lanes + 1
+    if lanes == caps.cpu.f32_lanes and registers > caps.cpu.vector_registers:
+        raise OpError(f"attention register tile {rows}x{keys} needs {registers} vector registers; this CPU has "
+                      f"{caps.cpu.vector_registers} (reduce its rows or keys)")
     if p.head_dim % lanes or p.value_head_dim % lanes:
         raise OpError(f"the CPU attention kernel needs head dims that are multiples of {lanes}; "
                       "drop the schedule to use the reference lowering")
