@@ -16,7 +16,8 @@ from . import layers
 from .bridge import TensorBridge
 from .dynamic import DynamicModel, program_shapes, traceable_example
 from .partition import Placement, op_kind, partition
-from .torch_import import SCALAR_INPUTS, decomposed_program, export_model, tensor_bytes, to_linalg, warn_once
+from .torch_import import (IMPORT_REVISION, SCALAR_INPUTS, decomposed_program, export_model, tensor_bytes, to_linalg,
+                           warn_once)
 
 
 class CompiledModel:
@@ -153,7 +154,7 @@ def _import_key(exported) -> str:
         digest.update(name.encode())
         if isinstance(value, torch.Tensor):
             digest.update(tensor_bytes(value))
-    versions = f"{torch.__version__} {importlib.metadata.version('torch-mlir')}"
+    versions = f"{torch.__version__} {importlib.metadata.version('torch-mlir')} import {IMPORT_REVISION}"
     return disk_cache.entry_key(["torch-import", versions, digest.hexdigest()])
 
 
