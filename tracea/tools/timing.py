@@ -1,0 +1,23 @@
+"""Timing the way users call: implementations in turn, call by call, no pause between them."""
+from __future__ import annotations
+
+import time
+from typing import Callable
+
+
+def interleaved_times(calls: dict[str, Callable], rounds: int, seconds: float = 2.0) -> dict[str, float]:
+    """Each round calls every implementation once, back to back, no pause (each call meets the
+    thread pools the previous one left running): the median seconds of each, over at least
+    `rounds` rounds and `seconds` of them (a case of a few milliseconds fits whole in one of a
+    busy VM's spells with a core missing)."""
+    samples: dict[str, list[float]] = {name: [] for name in calls}
+    for call in calls.values():
+        call()  # warm-up
+    began, done = time.perf_counter(), 0
+    while done < rounds or time.perf_counter() - began < seconds:
+        done += 1
+        for name, call in calls.items():
+            start = time.perf_counter()
+            call()
+            samples[name].append(time.perf_counter() - start)
+    return {name: sorted(ts)[len(ts) // 2] for name, ts in samples.items()}
