@@ -149,7 +149,53 @@ def test_the_doctor_says_how_other_pools_share_the_cores(order):
     if order == "tracea first":
         assert before["gnu_openmp"].startswith("GOMP_SPINCOUNT=3000, set by tracea")
     else:
-        assert "import tracea before torch" in before["gnu_openmp"]
+        assert "Tracea's threaded kernels run on its threads" in before["gnu_openmp"]
     if after["openblas"]:  # numpy on OpenBLAS
         assert all("until a threaded Tracea kernel" in how for how in before["openblas"].values())
         assert any(how == "runs its jobs on Tracea's OpenMP threads" for how in after["openblas"].values())
+
+
+ON_TORCH_THREADS = RUNNING + textwrap.dedent("""
+    import os, sys
+    import torch  # first: its GNU OpenMP spins its default (runtime/gnu_openmp.py)
+    import numpy as np
+    import tracea
+    from tracea import dialects as td
+    torch.set_num_threads(2)
+    rng = np.random.default_rng(0)
+    torch.mm(torch.randn(256, 256), torch.randn(256, 256))  # torch's worker thread exists now
+    threads_before = len(os.listdir("/proc/self/task"))
+    runtimes = set()
+    for threads in (2, 3):  # 3: shares of unequal size, and loops with fewer iterations than threads
+        for m in (1, 5, 67, 300):
+            a, b = rng.standard_normal((m, 70)).astype(np.float32), rng.standard_normal((70, 45)).astype(np.float32)
+            k = tracea.compile(td.function(td.tensor(a.shape), td.tensor(b.shape))(td.gemm), threads=threads)
+            runtimes.add(k.openmp)
+            assert np.abs(k(a, b) - a @ b).max() < 1e-4, (threads, m)
+            x = rng.standard_normal((m, 3, 40)).astype(np.float32)
+            k = tracea.compile(td.function(td.tensor(x.shape))(td.softmax), threads=threads)
+            assert np.abs(k(x) - torch.softmax(torch.from_numpy(x), -1).numpy()).max() < 1e-6, (threads, m)
+        q = rng.standard_normal((2, 3, 37, 16)).astype(np.float32)
+        k = tracea.compile(td.function(*[td.tensor(q.shape)] * 3)(
+            lambda a, b, c: td.attention(a, b, c, causal=True)), threads=threads)
+        expected = torch.nn.functional.scaled_dot_product_attention(*[torch.from_numpy(q)] * 3, is_causal=True)
+        assert np.abs(k(q, q, q) - expected.numpy()).max() < 1e-5
+        torch.mm(torch.randn(64, 64), torch.randn(64, 64))  # interleaved with torch's own parallel ops
+    big = rng.standard_normal((512, 512)).astype(np.float32)
+    assert np.abs(big @ big.T - (big.astype(np.float64) @ big.T)).max() < 1e-2  # numpy's jobs too
+    print(sorted(runtimes), len(os.listdir("/proc/self/task")) - threads_before)
+""")
+
+
+@pytest.mark.parametrize("runtime", ["auto", "llvm"])
+def test_kernels_run_on_torchs_threads_when_torch_was_imported_first(runtime):
+    """torch first: Tracea's parallel regions run on GNU OpenMP's threads (the ones spinning after
+    each torch op), correct for every share of the static schedule, and no thread of another
+    runtime is started; TRACEA_OPENMP=llvm, the control, starts libomp's workers."""
+    pytest.importorskip("torch")
+    found, new_threads = _run(ON_TORCH_THREADS, TRACEA_OPENMP=runtime, GOMP_SPINCOUNT=None,
+                              OMP_WAIT_POLICY=None).splitlines()[-1].rsplit(" ", 1)
+    if runtime == "auto":
+        assert found == "['gnu']" and int(new_threads) <= 1, (found, new_threads)  # GNU OpenMP's third thread (threads=3)
+    else:
+        assert found == "['llvm']" and int(new_threads) >= 2, (found, new_threads)

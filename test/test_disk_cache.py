@@ -37,8 +37,37 @@ def run(env, n=29, stderr=None):
 def test_a_later_process_loads_the_kernel(tmp_path):
     env = {"TRACEA_CACHE_DIR": str(tmp_path)}
     assert run(env) == "compiled"
-    assert sorted(p.suffix for p in tmp_path.iterdir()) == [".h", ".json", ".so"]
+    assert sorted(p.suffix for p in tmp_path.iterdir()) == [".h", ".json", ".o", ".so"]
     assert run(env) == "disk cache"
+
+
+TORCH_FIRST = textwrap.dedent("""
+    import sys
+    import torch  # first: threaded kernels run on its GNU OpenMP threads (runtime/gnu_openmp.py)
+    import numpy as np, tracea
+    from tracea import dialects as td
+    fn = td.function(td.tensor((300, 64)), td.tensor((64, 45)), name="mm")(td.gemm)
+    k = tracea.compile(fn, threads=2)
+    a, b = np.ones((300, 64), np.float32), np.full((64, 45), 2, np.float32)
+    assert (k(a, b) == 128).all()
+    print(k.origin, k.openmp)
+""")
+
+
+def test_a_cached_kernel_runs_on_the_openmp_runtime_of_the_process_loading_it(tmp_path):
+    """Compiled where Tracea came first (libomp); loaded where torch did: its object code is linked
+    onto GNU OpenMP's threads. A damaged object falls back to the library (libomp), still right."""
+    pytest.importorskip("torch")
+    env = {"TRACEA_CACHE_DIR": str(tmp_path), "GOMP_SPINCOUNT": "", "OMP_WAIT_POLICY": ""}
+    assert run(env) == "compiled"
+    done = [subprocess.run([sys.executable, "-c", TORCH_FIRST], capture_output=True, text=True, timeout=120,
+                           env={**os.environ, **env}) for _ in range(2)]
+    assert [d.stdout.split() for d in done] == [["compiled", "gnu"], ["disk", "cache", "gnu"]], done[0].stderr
+    for obj in tmp_path.glob("*.o"):
+        obj.write_bytes(obj.read_bytes()[:-8] + b"damaged!")
+    again = subprocess.run([sys.executable, "-c", TORCH_FIRST], capture_output=True, text=True, timeout=120,
+                           env={**os.environ, **env})
+    assert again.stdout.split() == ["disk", "cache", "llvm"], again.stderr
 
 
 def test_a_damaged_entry_is_recompiled_and_replaced(tmp_path):

@@ -90,6 +90,8 @@ def compile_program(program, *, target: str = "cpu", entry: str | None = None, s
         disk_key = disk_cache.entry_key(parts)
         kernel = disk_cache.lookup(disk_key, target)
         if kernel is not None:
+            kernel = backend.from_cache(kernel, functools.partial(disk_cache.object_code, disk_key), options)
+            kernel.origin = "disk cache"
             if isinstance(program, Function):
                 kernel.signature.arg_names = program.arg_names
             with _CACHE_LOCK:

@@ -80,6 +80,16 @@ def parallel_runtime() -> str:
     return value
 
 
+def openmp_runtime() -> str:
+    """TRACEA_OPENMP: whose threads threaded CPU kernels run on: "auto" (the default: GNU OpenMP's,
+    torch's, when it was loaded before tracea, else LLVM's libomp), "gnu" or "llvm"
+    (runtime/gnu_openmp.py)."""
+    value = os.environ.get("TRACEA_OPENMP", "auto").strip().lower() or "auto"
+    if value not in ("auto", "gnu", "llvm"):
+        raise ValueError(f"TRACEA_OPENMP must be 'auto', 'gnu' or 'llvm', got {value!r}")
+    return value
+
+
 def cache_dir() -> Path | None:
     """TRACEA_CACHE_DIR: where compiled kernels persist across processes (default
     $XDG_CACHE_HOME/tracea/kernels or ~/.cache/tracea/kernels); TRACEA_DISK_CACHE=0 turns it off."""

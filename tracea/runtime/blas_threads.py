@@ -111,9 +111,10 @@ def _setter(path: str):
     return next((getattr(library, name) for name in SETTERS if hasattr(library, name)), None)
 
 
-def share_with_openblas(libomp: ctypes.CDLL) -> list[str]:
-    """Point every OpenBLAS loaded in this process (and not yet tried) at Tracea's OpenMP team
-    (`libomp`, loaded); returns the libraries newly shared."""
+def share_with_openblas(libomp: ctypes.CDLL | None) -> list[str]:
+    """Point every OpenBLAS loaded in this process (and not yet tried) at the OpenMP team Tracea's
+    kernels run on: `libomp`'s (loaded), or with None GNU OpenMP's (gnu_openmp.py); returns the
+    libraries newly shared."""
     global _callback
     if not knobs.share_cores():
         return []
@@ -128,8 +129,14 @@ def share_with_openblas(libomp: ctypes.CDLL) -> list[str]:
                 continue
             if _callback is None:
                 from ..targets.cpu import native
-                jit = native.JitLibrary(native.compile_llvm_ir(CALLBACK_IR, [], optimize=False), [CALLBACK, TEAM_SIZE])
-                team_size = ctypes.cast(libomp.omp_get_num_threads, ctypes.c_void_p).value
+                from . import gnu_openmp
+                code = native.compile_llvm_ir(CALLBACK_IR, [], optimize=False)
+                if libomp is None:
+                    jit = native.JitLibrary(code, [CALLBACK, TEAM_SIZE], also=[gnu_openmp.shim_object()])
+                    team_size = gnu_openmp.team_size_function()
+                else:
+                    jit = native.JitLibrary(code, [CALLBACK, TEAM_SIZE])
+                    team_size = ctypes.cast(libomp.omp_get_num_threads, ctypes.c_void_p).value
                 ctypes.c_void_p.from_address(jit.addresses[TEAM_SIZE]).value = team_size
                 _callback = (jit, jit.addresses[CALLBACK])
             setter.argtypes = [ctypes.c_void_p]
@@ -142,20 +149,22 @@ def share_with_openblas(libomp: ctypes.CDLL) -> list[str]:
 
 GOMP_SPINCOUNT = "3000"
 _gnu_openmp = "not set: TRACEA_SHARE_CORES=0"  # what limit_gnu_openmp_spinning found
+gnu_openmp_loaded_first: str | None = None  # libgomp's path when it spins its default (gnu_openmp.py)
 
 
 def limit_gnu_openmp_spinning() -> bool:
     """GOMP_SPINCOUNT for a GNU OpenMP not loaded yet (see above); whether it was set."""
-    global _gnu_openmp
+    global _gnu_openmp, gnu_openmp_loaded_first
     if not knobs.share_cores():
         return False
     chosen = [f"{v}={os.environ[v]}" for v in ("GOMP_SPINCOUNT", "OMP_WAIT_POLICY") if os.environ.get(v)]
     if chosen:
         _gnu_openmp = f"yours: {', '.join(chosen)}"
         return False
-    if _loaded_libraries("libgomp"):  # too late: it read its settings when it loaded
+    if loaded := _loaded_libraries("libgomp"):  # too late: it read its settings when it loaded
+        gnu_openmp_loaded_first = loaded[0]
         _gnu_openmp = ("default (its idle threads spin ~7 ms after each parallel op): libgomp was loaded "
-                       "before tracea; import tracea before torch")
+                       "before tracea, so Tracea's threaded kernels run on its threads")
         return False
     os.environ["GOMP_SPINCOUNT"] = GOMP_SPINCOUNT
     _gnu_openmp = f"GOMP_SPINCOUNT={GOMP_SPINCOUNT}, set by tracea (~70 us of spinning)"

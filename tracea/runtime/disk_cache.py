@@ -11,6 +11,7 @@ edited or foreign one is moved into `damaged/` with one warning and compiled aga
 from __future__ import annotations
 
 import hashlib
+import json
 import os
 import tempfile
 from functools import lru_cache
@@ -21,7 +22,9 @@ from ..errors import TraceaError, warn
 from .aot import export
 from .kernel import Kernel
 
-_SUFFIXES = (".so", ".so.h", ".so.json")  # the description last: it marks the entry complete
+# the description last: it marks the entry complete; the object code is linked anew where the
+# library's OpenMP runtime is not the one to run on (targets/cpu/target.py: from_cache)
+_SUFFIXES = (".so", ".so.h", ".o", ".so.json")
 
 
 @lru_cache(maxsize=1)
@@ -52,6 +55,18 @@ def lookup(key: str, target: str) -> Kernel | None:
     return kernel
 
 
+def object_code(key: str) -> bytes | None:
+    """The object code of an entry lookup found, or None (an entry without one, or one whose bytes
+    do not match the digest in its description)."""
+    directory = knobs.cache_dir()
+    try:
+        meta = json.loads((directory / f"{key}.so.json").read_text())
+        code = (directory / f"{key}.o").read_bytes()
+    except (OSError, ValueError, TypeError):
+        return None
+    return code if hashlib.sha256(code).hexdigest() == meta.get("object_sha256") else None
+
+
 def _set_aside(directory: Path, key: str, why: Exception) -> None:
     """Move a damaged entry's files out of the way (kept for a look), with a warning."""
     aside = directory / "damaged"
@@ -74,9 +89,14 @@ def store(key: str, kernel: Kernel) -> None:
     try:
         directory.mkdir(parents=True, exist_ok=True)
         with tempfile.TemporaryDirectory(dir=directory) as tmp:
-            export(kernel, Path(tmp) / "kernel.so", extra={"cache_key": key})
+            extra = {"cache_key": key}
+            if kernel.object_code is not None:
+                (Path(tmp) / "kernel.o").write_bytes(kernel.object_code)
+                extra["object_sha256"] = hashlib.sha256(kernel.object_code).hexdigest()
+            export(kernel, Path(tmp) / "kernel.so", extra=extra)
             for suffix in _SUFFIXES:
-                os.replace(Path(tmp) / f"kernel{suffix}", directory / f"{key}{suffix}")
+                if (Path(tmp) / f"kernel{suffix}").exists():
+                    os.replace(Path(tmp) / f"kernel{suffix}", directory / f"{key}{suffix}")
     except (TraceaError, OSError):
         return
 

@@ -117,7 +117,8 @@ class Kernel:
 
     def __init__(self, signature: Signature, entry_address: int, keep_alive: Any, target: str,
                  stages: dict[str, str] | None = None, compile_seconds: float = 0.0, entry_symbol: str = "",
-                 runtime_libraries: Sequence[str] = (), object_code: bytes | None = None, threads: int = 1):
+                 runtime_libraries: Sequence[str] = (), object_code: bytes | None = None, threads: int = 1,
+                 openmp: str | None = None):
         self.signature = signature
         self.target = target
         self.entry_symbol = entry_symbol  # the C-ABI function (pointers to memref descriptors)
@@ -127,15 +128,18 @@ class Kernel:
         self.compile_seconds = compile_seconds
         self.object_code = object_code  # the compiled code, when kept (what export links)
         self.threads = threads  # the size of its parallel regions' thread teams
+        # whose threads run its parallel regions: "llvm" (libomp), "gnu" (runtime/gnu_openmp.py), None
+        self.openmp = openmp
         self._keep_alive = keep_alive  # what owns the code: a JIT library, a shared library
         # returns the faults of the call, bit by bit (runtime/faults.py, targets/cpu/native.py: packed_entry)
         self._entry = ctypes.CFUNCTYPE(ctypes.c_int32, ctypes.c_void_p)(entry_address)
         self._in_dtypes = [to_numpy(s.dtype) for s in signature.inputs]
         self._out_dtypes = [to_numpy(s.dtype) for s in signature.outputs]
         self._frames = threading.local()  # one CallFrame per calling thread
-        openmp = [path for path in self.runtime_libraries if Path(path).name == "libomp.so"]
-        self._libomp = loaded_library(openmp[0]) if threads > 1 and openmp else None
-        if self._libomp is not None:
+        libomp = [path for path in self.runtime_libraries if Path(path).name == "libomp.so"]
+        # libomp's team is placed (runtime/placement.py); GNU OpenMP's threads are torch's own
+        self._libomp = loaded_library(libomp[0]) if threads > 1 and libomp and openmp != "gnu" else None
+        if self._libomp is not None or (threads > 1 and openmp == "gnu"):
             blas_threads.share_with_openblas(self._libomp)
         tune_malloc()
 
@@ -154,7 +158,8 @@ class Kernel:
         signature = Signature(meta["name"], [TensorSpec(tuple(s), d) for s, d in meta["inputs"]],
                               [TensorSpec(tuple(s), d) for s, d in meta["outputs"]], meta["arg_names"])
         kernel = cls(signature, library.address, library.handle, "cpu (shared library)", entry_symbol=meta["symbol"],
-                     runtime_libraries=meta["runtime_libraries"], threads=meta.get("threads", 1))
+                     runtime_libraries=meta["runtime_libraries"], threads=meta.get("threads", 1),
+                     openmp="llvm" if any(Path(p).name == "libomp.so" for p in meta["runtime_libraries"]) else None)
         kernel.origin = "shared library"
         kernel.library_path = library.path
         return kernel

@@ -18,7 +18,7 @@ import hashlib
 import importlib.metadata
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Callable
 
 from ..passes.pipeline import Pipeline
 
@@ -84,6 +84,11 @@ class Target(ABC):
     @abstractmethod
     def load(self, build: Build, options, device) -> Any:
         """The callable kernel of a build, on `device`."""
+
+    def from_cache(self, kernel, object_code: Callable[[], bytes | None], options) -> Any:
+        """A kernel the disk cache loaded, or one linked anew from its object code (`object_code()`,
+        None when the entry has none) where this process needs it linked differently."""
+        return kernel
 
 
 def register_target(cls: type[Target]) -> type[Target]:

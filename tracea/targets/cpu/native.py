@@ -15,6 +15,7 @@ import os
 import re
 import subprocess
 import tempfile
+from collections.abc import Sequence
 from pathlib import Path
 
 import mlir.ir as ir
@@ -369,10 +370,15 @@ class JitLibrary:
     process, where the runtime libraries kernels call into were loaded globally. Each has its
     own JIT session, so its library name need not be unique."""
 
-    def __init__(self, obj: bytes, exported: list[str]):
+    def __init__(self, obj: bytes, exported: list[str], also: Sequence[bytes] = ()):
+        """`also`: more objects linked into the same library, whose definitions take precedence
+        over the process's (runtime/gnu_openmp.py's OpenMP entry points)."""
         llvm = _llvm()
         self._jit = llvm.create_lljit_compiler()
-        builder = llvm.JITLibraryBuilder().add_object_img(obj).add_current_process()
+        builder = llvm.JITLibraryBuilder().add_object_img(obj)
+        for other in also:
+            builder.add_object_img(other)
+        builder.add_current_process()
         for name in exported:
             builder.export_symbol(name)
         try:

@@ -20,6 +20,7 @@ from .linalg import GENERIC_LOOPS
 from ...passes.pipeline import Pipeline, parse_pipeline
 from ...passes.registry import PassFailed, TraceaPass, register, register_pipeline
 from ...doctor.capabilities import host_cpu
+from ...runtime import gnu_openmp
 from ...runtime.kernel import Kernel
 from ...runtime.libraries import load_runtime_library
 from ..base import Build, Target, package_version, register_target
@@ -79,6 +80,12 @@ def openmp_library() -> Path | None:
     its outlining compiles faster than the async lowering's coroutines.
     TRACEA_PARALLEL_RUNTIME=async chooses the async runtime anyway (tracea.knobs)."""
     return _installed_libomp() if knobs.parallel_runtime() == "openmp" else None
+
+
+def _on_gnu_openmp(code: bytes, threads: int) -> bool:
+    """Whether a kernel's parallel regions run on GNU OpenMP's threads: torch loaded it first
+    (runtime/gnu_openmp.py)."""
+    return b"__kmpc_fork_call" in code and threads > 1 and gnu_openmp.chosen_runtime() == "gnu"
 
 
 @functools.cache
@@ -257,6 +264,14 @@ class CpuTarget(Target):
                    and (name := ir.StringAttr(op.operation.attributes["sym_name"]).value).startswith(prefix)]
         return native.object_code(module, entries, optimize=GENERIC_LOOPS in module.attributes)
 
+    def from_cache(self, kernel: Kernel, object_code, options: CpuOptions) -> Kernel:
+        """A cached library calls LLVM's OpenMP; on GNU OpenMP's threads its object code is linked
+        here instead (runtime/gnu_openmp.py)."""
+        if kernel.threads > 1 and gnu_openmp.chosen_runtime() == "gnu" and any(
+                Path(p).name == "libomp.so" for p in kernel.runtime_libraries) and (code := object_code()):
+            return self.load(Build(kernel.signature, code, {}, 0.0), options)
+        return kernel
+
     def load(self, build: Build, options: CpuOptions, device=None) -> Kernel:
         """Link the object code into this process, after the runtime libraries it calls into."""
         code, entry = build.artifact, build.signature.name
@@ -275,6 +290,8 @@ class CpuTarget(Target):
             load_runtime_library(library)
         symbol = f"_mlir_ciface_{ENTRY_PREFIX}{entry}"
         packed = native.PACKED_PREFIX + symbol
-        library = native.JitLibrary(code, [packed])
+        on_gnu = _on_gnu_openmp(code, options.threads)
+        library = native.JitLibrary(code, [packed], also=[gnu_openmp.shim_object()] if on_gnu else ())
         return Kernel(build.signature, library.addresses[packed], library, self.name, build.stages, build.seconds,
-                      symbol, [str(lib) for lib in libraries], code, options.threads)
+                      symbol, [str(lib) for lib in libraries], code, options.threads,
+                      openmp="gnu" if on_gnu else "llvm" if b"__kmpc_fork_call" in code else None)
