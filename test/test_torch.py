@@ -88,6 +88,9 @@ def test_patterns_are_raised_into_tracea_ops():
     assert '"tracea.attention"' in text and '"tracea.softmax"' not in text and '"tracea.gemm"' not in text
     assert text.count('"tracea.fused_gemm"') >= 4
     assert "i1>" not in text  # boolean masks stored as bytes
+    # GELU's tanh form as torch-mlir writes it (x^3 as math.fpowi, behind a reshape) joins its GEMM
+    text = _raised_ops(nn.Sequential(nn.Linear(64, 96), nn.GELU("tanh")), torch.randn(2, 8, 64))
+    assert text.count('"tracea.fused_gemm"') == 1 and 'approximate = "tanh"' in text and "math.tanh" not in text
 
 
 class Attention(nn.Module):

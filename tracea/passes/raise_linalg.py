@@ -33,7 +33,7 @@ _CMP = {1: np.equal, 2: np.greater, 3: np.greater_equal, 4: np.less, 5: np.less_
         8: np.equal, 9: np.greater, 10: np.greater_equal, 11: np.less, 12: np.less_equal, 13: np.not_equal}
 _BINARY = {"arith.addf": np.add, "arith.subf": np.subtract, "arith.mulf": np.multiply, "arith.divf": np.divide,
            "arith.maximumf": np.maximum, "arith.maxnumf": np.fmax, "arith.minimumf": np.minimum,
-           "arith.minnumf": np.fmin, "math.powf": np.power}
+           "arith.minnumf": np.fmin, "math.powf": np.power, "math.fpowi": np.power}
 _UNARY = {"arith.negf": np.negative, "math.exp": np.exp, "math.tanh": np.tanh, "math.sqrt": np.sqrt,
           "math.rsqrt": lambda x: 1 / np.sqrt(x), "math.log": np.log, "math.log1p": np.log1p, "math.absf": np.abs,
           "math.erf": np.vectorize(math.erf), "arith.extf": lambda x: x, "arith.truncf": lambda x: x,
@@ -116,6 +116,8 @@ def _evaluate(root: ir.Value, env: dict) -> np.ndarray:
     if constant is not None:
         return np.float64(constant)
     op = _producer(root)
+    if op is not None and op.name == "arith.constant" and isinstance(op.attributes["value"], ir.IntegerAttr):
+        return np.int64(op.attributes["value"].value)  # an exponent of math.fpowi (torch-mlir's x^3 in GELU)
     if op is None:
         raise _NotScalar
     args = [_evaluate(v, env) for v in op.operands]
