@@ -131,15 +131,18 @@ class Body:
 
 def vector_exp(t, x: str, vt: str, it: str, at_most_zero: bool = False) -> str:
     """exp(x) on an f32 vector (Cephes expf: x = n ln2 + r, exp(r) by a degree-6 polynomial,
-    2^n from exponent bits); exp(-inf) and anything below -88 give exactly 0. `t` is any writer
+    2^n from exponent bits, in two factors so that results near f32's largest and subnormal ones
+    come out right); above 88.72 the largest finite exp, below -104 (exp(-inf) too) 0. `t` is any writer
     with op(text, hint) -> SSA name. at_most_zero: the caller knows x <= 0 (a softmax's x - max),
     which saves the clamp at the top of the range."""
     def const(value: float) -> str:
         return t.op(f"arith.constant dense<{value!r}> : {vt}", "k")
 
-    if not at_most_zero:
-        x = t.op(f"arith.minimumf {x}, {const(88.0)} : {vt}", "e")
-    x = t.op(f"arith.maximumf {x}, {const(-88.0)} : {vt}", "e")
+    if not at_most_zero:  # the whole range: 2^n in two factors, so n may reach 128 (and -150)
+        x = t.op(f"arith.minimumf {x}, {const(88.72283935546875)} : {vt}", "e")
+        x = t.op(f"arith.maximumf {x}, {const(-104.0)} : {vt}", "e")
+    else:
+        x = t.op(f"arith.maximumf {x}, {const(-88.0)} : {vt}", "e")
     n = t.op(f"math.floor {t.op(f'math.fma {x}, {const(1.4426950408889634)}, {const(0.5)} : {vt}', 'e')} : {vt}", "e")
     r = t.op(f"math.fma {n}, {const(-0.693359375)}, {x} : {vt}", "e")
     r = t.op(f"math.fma {n}, {const(2.12194440e-4)}, {r} : {vt}", "e")
@@ -150,10 +153,18 @@ def vector_exp(t, x: str, vt: str, it: str, at_most_zero: bool = False) -> str:
     y = t.op(f"math.fma {y}, {r2}, {r} : {vt}", "e")
     y = t.op(f"arith.addf {y}, {const(1.0)} : {vt}", "e")
     ni = t.op(f"arith.fptosi {n} : {vt} to {it}", "e")
-    bits = t.op(f"arith.addi {ni}, {t.op(f'arith.constant dense<127> : {it}', 'k')} : {it}", "e")
-    bits = t.op(f"arith.shli {bits}, {t.op(f'arith.constant dense<23> : {it}', 'k')} : {it}", "e")
-    scale = t.op(f"arith.bitcast {bits} : {it} to {vt}", "e")
-    return t.op(f"arith.mulf {y}, {scale} : {vt}", "e")
+
+    def power_of_two(k: str) -> str:
+        bits = t.op(f"arith.addi {k}, {t.op(f'arith.constant dense<127> : {it}', 'k')} : {it}", "e")
+        bits = t.op(f"arith.shli {bits}, {t.op(f'arith.constant dense<23> : {it}', 'k')} : {it}", "e")
+        return t.op(f"arith.bitcast {bits} : {it} to {vt}", "e")
+
+    if at_most_zero:  # n in [-127, 0]: 2^-127 is 0 as bits, and so is the result
+        return t.op(f"arith.mulf {y}, {power_of_two(ni)} : {vt}", "e")
+    half = t.op(f"arith.shrsi {ni}, {t.op(f'arith.constant dense<1> : {it}', 'k')} : {it}", "e")
+    rest = t.op(f"arith.subi {ni}, {half} : {it}", "e")
+    y = t.op(f"arith.mulf {y}, {power_of_two(half)} : {vt}", "e")
+    return t.op(f"arith.mulf {y}, {power_of_two(rest)} : {vt}", "e")
 
 
 class KernelWriter:

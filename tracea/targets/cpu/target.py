@@ -184,7 +184,7 @@ def tiled_lowering(threads: int = 0) -> str:
             # unit dims dropped and elementwise producers fused into their consumers: torch's
             # decomposed layer norm becomes a few loop nests instead of ten (encoder 2.11 -> 1.90 ms)
             f"linalg-generalize-named-ops, linalg-fold-unit-extent-dims, linalg-fuse-elementwise-ops, canonicalize, "
-            f"cse, tracea-cpu-tile-linalg{t}")
+            f"cse, tracea-cpu-tile-linalg{t}, tracea-vector-exp")
 
 
 def tiled_copies(threads: int = 0) -> str:
