@@ -139,3 +139,16 @@ def test_a_failed_split_imports_the_model_whole(monkeypatch):
 def test_models_without_repeats_are_imported_whole():
     model, x = nn.Sequential(nn.Linear(4, 8), nn.ReLU(), nn.Linear(8, 2)).eval(), torch.randn(3, 4)
     assert layers.plan(_exported(model, x).program) is None
+
+
+def test_a_layers_sequential_children_stay_in_the_layer():
+    """Blocks whose MLP is an nn.Sequential (its children are indexed, like layers): the split
+    keeps each block whole, so a GEMM and its GELU land in one piece and fuse."""
+    from tracea.tools.demo import gpt_decoder
+    model = gpt_decoder(layers=4, dim=64, heads=2, vocab=100, context=16)
+    ids = torch.randint(0, 100, (1, 16))
+    pieces = layers.plan(_exported(model, ids).program)
+    assert pieces is not None
+    kinds = [{str(n.target) for n in p.nodes} for p in pieces]
+    assert not any(k <= {"aten.gelu.default"} for k in kinds)  # no piece is a GELU alone
+    assert sum("aten.gelu.default" in k for k in kinds) == 4
