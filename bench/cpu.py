@@ -25,6 +25,8 @@ from dataclasses import dataclass, field
 from typing import Callable
 
 HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, os.path.join(HERE, ".."))
+from tracea.tools.timing import interleaved_times  # noqa: E402
 
 
 @dataclass
@@ -64,37 +66,81 @@ def cases(only: str | None):
             "numpy": lambda a, b: (lambda: a @ b.T),
             "torch": lambda a, b: _torch_call(lambda ta, tb: __import__("torch").nn.functional.linear(ta, tb), a, b)}))
 
-    for name, (c, hw, f, kk, stride, pad) in {
-            "conv 3x3 N1 C64 56x56 K64 p1": (64, 56, 64, 3, 1, 1),
-            "conv 7x7 s2 p3 N1 C3 224x224 K64": (3, 224, 64, 7, 2, 3)}.items():
+    for batch, m, n, k in [(16, 256, 256, 64), (16, 256, 64, 256)]:  # attention-shaped batched products
+        def build(batch=batch, m=m, n=n, k=k):
+            fn = td.function(td.tensor((batch, m, k)), td.tensor((batch, k, n)), name="bmm")(td.gemm)
+            return fn, [arr(batch, m, k), arr(batch, k, n)]
+        out.append(Case("gemm-small", f"batched GEMM {batch}x({m}x{n}x{k})", 2.0 * batch * m * n * k, build, {
+            "numpy": lambda a, b: (lambda: a @ b),
+            "torch": lambda a, b: _torch_call(lambda ta, tb: __import__("torch").bmm(ta, tb), a, b)}))
+
+    # (channels, size, filters, kernel, stride, padding, groups, layout)
+    for name, (c, hw, f, kk, stride, pad, groups, layout) in {
+            "conv 3x3 N1 C64 56x56 K64 p1": (64, 56, 64, 3, 1, 1, 1, "nchw"),
+            "conv 7x7 s2 p3 N1 C3 224x224 K64": (3, 224, 64, 7, 2, 3, 1, "nchw"),
+            "conv 1x1 N1 C256 28x28 K128": (256, 28, 128, 1, 1, 0, 1, "nchw"),
+            "conv 3x3 depthwise N1 C128 56x56 p1": (128, 56, 128, 3, 1, 1, 128, "nchw"),
+            "conv 3x3 N1 C64 56x56 K64 p1 ": (64, 56, 64, 3, 1, 1, 1, "nhwc"),
+            "conv 1x1 N1 C256 28x28 K128 ": (256, 28, 128, 1, 1, 0, 1, "nhwc"),
+            "conv 3x3 depthwise N1 C128 56x56 p1 ": (128, 56, 128, 3, 1, 1, 128, "nhwc")}.items():
         oh = (hw + 2 * pad - kk) // stride + 1
+        x_shape = (1, c, hw, hw) if layout == "nchw" else (1, hw, hw, c)
+        w_shape = (f, c // groups, kk, kk) if layout == "nchw" else (kk, kk, c // groups, f)
 
-        def build(c=c, hw=hw, f=f, kk=kk, stride=stride, pad=pad):
-            fn = td.function(td.tensor((1, c, hw, hw)), td.tensor((f, c, kk, kk)), name="conv")(
-                lambda x, w: td.conv2d(x, w, stride=stride, padding=pad))
-            return fn, [arr(1, c, hw, hw), arr(f, c, kk, kk)]
+        def build(x_shape=x_shape, w_shape=w_shape, stride=stride, pad=pad, groups=groups, layout=layout):
+            fn = td.function(td.tensor(x_shape), td.tensor(w_shape), name="conv")(
+                lambda x, w: td.conv2d(x, w, stride=stride, padding=pad, groups=groups, layout=layout))
+            return fn, [arr(*x_shape), arr(*w_shape)]
 
-        out.append(Case("conv", name + " NCHW", 2.0 * f * oh * oh * c * kk * kk, build, {
-            "torch": lambda x, w, stride=stride, pad=pad: _torch_call(
-                lambda tx, tw: __import__("torch").nn.functional.conv2d(tx, tw, stride=stride, padding=pad), x, w)}))
+        def torch_conv(x, w, stride=stride, pad=pad, groups=groups, layout=layout):
+            import torch
+            if layout == "nhwc":  # the same memory, seen by torch as channels-last NCHW
+                return _torch_call(lambda tx, tw: torch.nn.functional.conv2d(
+                    tx.permute(0, 3, 1, 2), tw.permute(3, 2, 0, 1), stride=stride, padding=pad,
+                    groups=groups).permute(0, 2, 3, 1), x, np.ascontiguousarray(w.transpose(3, 0, 1, 2)).transpose(1, 2, 3, 0))
+            return _torch_call(lambda tx, tw: torch.nn.functional.conv2d(
+                tx, tw, stride=stride, padding=pad, groups=groups), x, w)
 
-    b, h, s, d = 1, 8, 512, 64
+        out.append(Case("conv", name.strip() + " " + layout.upper(),
+                        2.0 * f * oh * oh * (c // groups) * kk * kk, build, {"torch": torch_conv}))
 
-    def build_attention():
-        fn = td.function(*[td.tensor((b, h, s, d))] * 3, name="attention")(lambda q, k, v: td.attention(q, k, v))
-        return fn, [arr(b, h, s, d) for _ in range(3)]
+    for b, h, s, d, causal in [(1, 8, 512, 64, False), (1, 8, 512, 64, True), (1, 8, 512, 128, False),
+                               (8, 12, 128, 64, False), (1, 4, 2048, 64, True)]:
+        def build_attention(b=b, h=h, s=s, d=d, causal=causal):
+            fn = td.function(*[td.tensor((b, h, s, d))] * 3, name="attention")(
+                lambda q, k, v: td.attention(q, k, v, causal=causal))
+            return fn, [arr(b, h, s, d) for _ in range(3)]
 
-    def numpy_attention(q, k, v):
-        def run():
-            scores = q @ k.transpose(0, 1, 3, 2) / np.sqrt(d)
-            p = np.exp(scores - scores.max(-1, keepdims=True))
-            return (p / p.sum(-1, keepdims=True)) @ v
-        return run
+        def numpy_attention(q, k, v, s=s, d=d, causal=causal):
+            mask = np.triu(np.full((s, s), -np.inf, np.float32), 1) if causal else np.float32(0)
 
-    out.append(Case("attention", f"attention B{b} H{h} S{s} D{d}", 4.0 * b * h * s * s * d, build_attention, {
-        "numpy": numpy_attention,
-        "torch": lambda q, k, v: _torch_call(
-            lambda tq, tk, tv: __import__("torch").nn.functional.scaled_dot_product_attention(tq, tk, tv), q, k, v)}))
+            def run():
+                scores = q @ k.transpose(0, 1, 3, 2) / np.sqrt(d) + mask
+                p = np.exp(scores - scores.max(-1, keepdims=True))
+                return (p / p.sum(-1, keepdims=True)) @ v
+            return run
+
+        out.append(Case("attention", f"attention B{b} H{h} S{s} D{d}" + (" causal" if causal else ""),
+                        4.0 * b * h * s * s * d / (2 if causal else 1), build_attention, {
+            "numpy": numpy_attention,
+            "torch": lambda q, k, v, causal=causal: _torch_call(
+                lambda tq, tk, tv: __import__("torch").nn.functional.scaled_dot_product_attention(
+                    tq, tk, tv, is_causal=causal), q, k, v)}))
+
+    # Memory-bound ops: GFLOP/s counts a nominal 5 operations per element; the ratios are what count.
+    for rows, cols in [(4096, 1024), (512, 30522)]:
+        def build_softmax(rows=rows, cols=cols):
+            return td.function(td.tensor((rows, cols)), name="softmax")(td.softmax), [arr(rows, cols)]
+        out.append(Case("softmax", f"softmax {rows}x{cols}", 5.0 * rows * cols, build_softmax, {
+            "torch": lambda x: _torch_call(lambda tx: __import__("torch").softmax(tx, -1), x)}))
+
+    for rows, cols in [(4096, 768), (512, 4096)]:
+        def build_norm(rows=rows, cols=cols):
+            import torch  # no layer-norm op in the dialect: the torch front end's kernel
+            return torch.nn.LayerNorm(cols).eval(), [arr(rows, cols)]
+        out.append(Case("norm", f"layer norm {rows}x{cols}", 5.0 * rows * cols, build_norm, {
+            "torch": lambda x, cols=cols: _torch_call(
+                lambda tx: __import__("torch").nn.functional.layer_norm(tx, (cols,)), x)}))
     return [c for c in out if only in (None, c.group)]
 
 
@@ -153,23 +199,6 @@ def median_times(calls: dict[str, Callable], rounds: int, cycles: int = 5) -> di
     return {name: sorted(ts)[len(ts) // 2] for name, ts in samples.items()}
 
 
-def interleaved_times(calls: dict[str, Callable], rounds: int, seconds: float = 2.0) -> dict[str, float]:
-    """Each round calls every implementation once, back to back, no pause: the median of each.
-    At least `seconds` of rounds: a case of a few milliseconds fits whole in one of the VM's spells
-    with a core missing (a 2-thread GEMM 256^3 then read 3-4 ms a call instead of 0.2 ms)."""
-    samples = {name: [] for name in calls}
-    for call in calls.values():
-        call()  # warm-up
-    began, done = time.perf_counter(), 0
-    while done < rounds or time.perf_counter() - began < seconds:
-        done += 1
-        for name, call in calls.items():
-            start = time.perf_counter()
-            call()
-            samples[name].append(time.perf_counter() - start)
-    return {name: sorted(ts)[len(ts) // 2] for name, ts in samples.items()}
-
-
 def worker(threads: int, only: str | None, rounds: int, interleaved: bool = False) -> list[dict]:
     import tracea
     try:
@@ -189,24 +218,42 @@ def worker(threads: int, only: str | None, rounds: int, interleaved: bool = Fals
     for case in cases(only):
         fn, inputs = case.build()
         start = time.perf_counter()
-        kernel = tracea.compile(fn, threads=threads)
+        if isinstance(fn, tracea.dialects.Function):
+            kernel, args = tracea.compile(fn, threads=threads), inputs
+        else:  # a torch module, through the torch front end: called with tensors
+            import torch
+            args = [torch.from_numpy(a) for a in inputs]
+            kernel = tracea.compile(fn, tuple(args), threads=threads)
         compile_s = time.perf_counter() - start
-        calls = {"tracea": lambda k=kernel, a=inputs: k(*a)}
+        calls = {"tracea": lambda k=kernel, a=args: k(*a)}
         for peer, make in case.peers.items():
             if peer == "torch" and not have_torch:
                 continue
             calls[peer] = make(*inputs)
-        if have_iree:
+        if have_iree and isinstance(fn, tracea.dialects.Function):
             try:
                 calls["iree"] = _iree_call(fn, inputs, threads)
             except Exception as e:  # report, keep benchmarking the others
                 print(f"  (iree failed on {case.name}: {type(e).__name__}: {str(e)[:200]})", file=sys.stderr)
+        _check_against_peers(case.name, calls)
         times = interleaved_times(calls, rounds) if interleaved else median_times(calls, rounds)
         row = {"case": case.name, "threads": threads, "compile_s": compile_s,
                "gflops": {n: case.flops / t / 1e9 for n, t in times.items()}}
         results.append(row)
         print(_format_row(row), file=sys.stderr, flush=True)
     return results
+
+
+def _check_against_peers(name: str, calls: dict[str, Callable]) -> None:
+    """Every peer computes what Tracea computes (a peer set up wrong would make its ratio meaningless)."""
+    import numpy as np
+    ours = np.asarray(calls["tracea"](), dtype=np.float64)
+    for peer, call in calls.items():
+        theirs = np.asarray(call(), dtype=np.float64)
+        error = np.abs(ours - theirs).max() / max(1.0, np.abs(theirs).max())
+        if theirs.shape != ours.shape or not error < 1e-3:
+            raise SystemExit(f"{name}: tracea and {peer} disagree (shapes {ours.shape} / {theirs.shape}, "
+                             f"max error {error:.1e})")
 
 
 PEERS = ["numpy", "torch", "iree"]
@@ -236,7 +283,7 @@ def markdown(rows: list[dict]) -> str:
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--threads", default="1,2", help="comma-separated thread counts (default 1,2)")
-    parser.add_argument("--only", choices=["gemm", "gemm-small", "conv", "attention"], help="one group of cases")
+    parser.add_argument("--only", choices=["gemm", "gemm-small", "conv", "attention", "softmax", "norm"], help="one group of cases")
     parser.add_argument("--rounds", type=int, default=15, help="timed rounds per case (median reported)")
     parser.add_argument("--markdown", action="store_true", help="print a Markdown table at the end")
     parser.add_argument("--interleaved", action="store_true",

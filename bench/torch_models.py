@@ -1,85 +1,188 @@
-"""PyTorch models through Tracea against eager PyTorch and torch.compile (inductor), one run.
+"""Real PyTorch models through Tracea against eager PyTorch and torch.compile (inductor), one run.
 
-    .venv/bin/python bench/torch_models.py             # MLP, ResNet-style CNN, transformer encoder block
-    .venv/bin/python bench/torch_models.py --markdown
+    .venv/bin/python bench/torch_models.py                       # the zoo, batch 1 and 8, 1 and 2 threads
+    .venv/bin/python bench/torch_models.py --only bert,resnet50 --batch 1 --threads 2 --markdown
+    .venv/bin/python bench/torch_models.py --blocks              # each implementation alone (flattering)
 
-Each model is compiled with tracea.compile(model, example_inputs) and with torch.compile
-(inductor), checked against eager, then timed as bench/cpu.py times kernels: calls cycle through
-the three implementations in blocks, each after a pause and an untimed warm-up call (the first
-call after idling pays for waking threads and vCPUs); per-call medians are reported. Ratio = eager (or inductor) time / Tracea time
-(> 1: Tracea is faster). Compile times are first compiles (Tracea's kernel cache is disabled).
+The models are Hugging Face transformers and torchvision models built from configs with random
+weights (nothing is downloaded), at sizes a CPU serves: BERT-mini-like (4 layers, d256), a GPT-2
+of 4 layers d256, ViT-tiny-like (4 layers, d192, 224x224 images), a Llama of 4 layers d256 (grouped
+queries, RoPE, SwiGLU), ResNet-50 and ConvNeXt-tiny on 128x128 images, MobileNetV3-small on
+224x224. Each (thread count) runs in its own process with torch's threads set to it before
+anything runs; Tracea is imported first. Per model and batch: tracea.compile(model, inputs) and
+torch.compile(model) are checked against eager, then timed call by call in turn, no pauses
+(tracea/tools/timing.py; --blocks: in blocks after a pause, bench/cpu.py's median_times), medians.
+Ratios are eager (or inductor) time / Tracea time: > 1, Tracea is faster. Compile times are first
+compiles in the process (Tracea's disk cache off: real compiles).
 """
 from __future__ import annotations
 
 import argparse
+import json
 import os
+import subprocess
 import sys
 import time
 
-os.environ.setdefault("TRACEA_DISK_CACHE", "0")  # time real compiles
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "test"))
-from cpu import median_times  # noqa: E402  (bench/cpu.py: blocks after a pause and a warm-up call)
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, os.path.join(HERE, ".."))
+sys.path.insert(0, os.path.join(HERE, "..", "test"))
 
 
-def models():
+def _tokens(batch: int, seq: int = 128, vocab: int = 8000):
     import torch
-    from test_torch import ResidualBlock
-    nn = torch.nn
-    mlp = nn.Sequential(nn.Linear(512, 2048), nn.ReLU(), nn.Linear(2048, 2048), nn.GELU(), nn.Linear(2048, 512))
-    cnn = nn.Sequential(nn.Conv2d(3, 64, 7, stride=2, padding=3, bias=False), nn.BatchNorm2d(64), nn.ReLU(),
-                        nn.MaxPool2d(3, stride=2, padding=1), ResidualBlock(64), ResidualBlock(64),
-                        nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(64, 1000))
-    encoder = nn.TransformerEncoderLayer(256, 4, 1024, dropout=0.0, activation="gelu", batch_first=True)
+    return (torch.randint(0, vocab, (batch, seq), generator=torch.Generator().manual_seed(1)),)
+
+
+def _images(batch: int, size: int):
+    import torch
+    return (torch.randn(batch, 3, size, size, generator=torch.Generator().manual_seed(1)),)
+
+
+def zoo() -> dict:
+    """name -> (description, build(batch) -> (model, inputs))."""
+    import transformers as T
+    from model_zoo import import_torchvision
+
+    def hf(model_cls, config, inputs):
+        def build(batch):
+            return model_cls(config).eval(), inputs(batch)
+        return build
+
+    def tv(name, size, **kwargs):
+        def build(batch):
+            return getattr(import_torchvision().models, name)(**kwargs).eval(), _images(batch, size)
+        return build
+
+    small = dict(hidden_size=256, num_hidden_layers=4, num_attention_heads=4, intermediate_size=1024,
+                 vocab_size=8000)
     return {
-        "MLP 512-2048-2048-512, batch 64": (mlp, (64, 512)),
-        "ResNet-style CNN (7x7 stem, 2 residual blocks), 1x3x112x112": (cnn, (1, 3, 112, 112)),
-        "Transformer encoder block d256 h4 ff1024, 1x128": (encoder, (1, 128, 256)),
+        "bert": ("HF BERT (4 layers, d256), seq 128",
+                 hf(T.BertModel, T.BertConfig(**small, max_position_embeddings=512), _tokens)),
+        "gpt2": ("HF GPT-2 (4 layers, d256), seq 128",
+                 hf(T.GPT2LMHeadModel, T.GPT2Config(n_embd=256, n_layer=4, n_head=4, vocab_size=8000,
+                                                    n_positions=512, use_cache=False, bos_token_id=0,
+                                                    eos_token_id=0), _tokens)),
+        "vit": ("HF ViT (4 layers, d192), 224x224",
+                hf(T.ViTModel, T.ViTConfig(hidden_size=192, num_hidden_layers=4, num_attention_heads=3,
+                                           intermediate_size=768), lambda b: _images(b, 224))),
+        "llama": ("HF Llama (4 layers, d256, GQA 4/2), seq 128",
+                  hf(T.LlamaForCausalLM, T.LlamaConfig(**small, num_key_value_heads=2, max_position_embeddings=512,
+                                                       use_cache=False), _tokens)),
+        "resnet50": ("torchvision ResNet-50, 128x128", tv("resnet50", 128)),
+        "mobilenet_v3": ("torchvision MobileNetV3-small, 224x224", tv("mobilenet_v3_small", 224)),
+        "convnext": ("torchvision ConvNeXt-tiny, 128x128", tv("convnext_tiny", 128)),
     }
+
+
+def _outputs(value):
+    """The tensors of a model's output (a tensor, a tuple, a transformers ModelOutput)."""
+    import torch
+    if isinstance(value, torch.Tensor):
+        return [value]
+    if hasattr(value, "to_tuple"):
+        value = value.to_tuple()
+    return [t for v in value for t in _outputs(v)] if isinstance(value, (tuple, list)) else []
+
+
+def _error(got, expected) -> float:
+    return max(float((g - e).abs().max() / max(1.0, float(e.abs().max())))
+               for g, e in zip(_outputs(got), _outputs(expected)))
+
+
+def worker(threads: int, names: list[str], batches: list[int], rounds: int, blocks: bool) -> list[dict]:
+    import tracea  # first: see tracea/runtime/blas_threads.py
+    import torch
+    from tracea.tools.timing import interleaved_times
+    torch.set_num_threads(threads)
+    models = zoo()
+    rows = []
+    for name in names:
+        description, build = models[name]
+        for batch in batches:
+            torch.manual_seed(0)
+            model, inputs = build(batch)
+            row = {"model": description, "batch": batch, "threads": threads}
+            start = time.perf_counter()
+            try:
+                ours = tracea.compile(model, inputs, threads=threads)
+            except Exception as e:  # report it, go on with the others
+                print(f"{name} batch {batch}: tracea failed: {type(e).__name__}: {str(e)[:300]}", file=sys.stderr)
+                continue
+            row["compile_tracea"] = time.perf_counter() - start
+            with torch.inference_mode():
+                expected = model(*inputs)
+                inductor = torch.compile(model)
+                start = time.perf_counter()
+                inductor(*inputs)
+                row["compile_inductor"] = time.perf_counter() - start
+                row["error_tracea"] = _error(ours(*inputs), expected)
+                row["error_inductor"] = _error(inductor(*inputs), expected)
+                calls = {"eager": lambda: model(*inputs), "inductor": lambda: inductor(*inputs),
+                         "tracea": lambda: ours(*inputs)}
+                if blocks:
+                    from cpu import median_times
+                    times = median_times(calls, rounds)
+                else:
+                    times = interleaved_times(calls, rounds)
+            row["ms"] = {k: v * 1e3 for k, v in times.items()}
+            row["placement"] = ours.explain().splitlines()[0]
+            rows.append(row)
+            print(_line(row), file=sys.stderr, flush=True)
+            torch._dynamo.reset()
+    return rows
+
+
+def _line(row: dict) -> str:
+    ms = row["ms"]
+    return (f"{row['model']}, batch {row['batch']}, {row['threads']}T: eager {ms['eager']:.2f} ms, inductor "
+            f"{ms['inductor']:.2f}, tracea {ms['tracea']:.2f} -> {ms['eager'] / ms['tracea']:.2f}x eager, "
+            f"{ms['inductor'] / ms['tracea']:.2f}x inductor; compile tracea {row['compile_tracea']:.1f} s, inductor "
+            f"{row['compile_inductor']:.1f} s; error {row['error_tracea']:.1e} ({row['placement']})")
+
+
+def markdown(rows: list[dict]) -> str:
+    lines = ["| model | batch | threads | eager ms | inductor ms | Tracea ms | vs eager | vs inductor "
+             "| compile Tracea | compile inductor | rel. error |",
+             "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
+    for r in rows:
+        ms = r["ms"]
+        lines.append(f"| {r['model']} | {r['batch']} | {r['threads']} | {ms['eager']:.2f} | {ms['inductor']:.2f} | "
+                     f"{ms['tracea']:.2f} | **{ms['eager'] / ms['tracea']:.2f}x** | "
+                     f"**{ms['inductor'] / ms['tracea']:.2f}x** | {r['compile_tracea']:.1f} s | "
+                     f"{r['compile_inductor']:.1f} s | {r['error_tracea']:.0e} |")
+    return "\n".join(lines)
 
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--rounds", type=int, default=15, help="timed calls per implementation (median reported)")
-    parser.add_argument("--markdown", action="store_true")
+    parser.add_argument("--only", help="comma-separated models (default: all): bert, gpt2, vit, llama, resnet50, "
+                                       "mobilenet_v3, convnext")
+    parser.add_argument("--batch", default="1,8", help="comma-separated batch sizes (default 1,8)")
+    parser.add_argument("--threads", default="1,2", help="comma-separated thread counts (default 1,2)")
+    parser.add_argument("--rounds", type=int, default=11, help="timed rounds at least (median reported)")
+    parser.add_argument("--blocks", action="store_true", help="time each implementation alone in blocks after "
+                                                                "a pause (the flattering mode)")
+    parser.add_argument("--markdown", action="store_true", help="print a Markdown table at the end")
+    parser.add_argument("--worker", type=int, help=argparse.SUPPRESS)
     args = parser.parse_args()
-    import torch
-
-    import tracea
-    torch.manual_seed(0)
+    names = args.only.split(",") if args.only else list(zoo())
+    batches = [int(b) for b in args.batch.split(",")]
+    if args.worker:
+        print(json.dumps(worker(args.worker, names, batches, args.rounds, args.blocks)))
+        return 0
     rows = []
-    for name, (model, shape) in models().items():
-        model.eval()
-        x = torch.randn(*shape)
-        start = time.perf_counter()
-        ours = tracea.compile(model, (x,))
-        t_tracea = time.perf_counter() - start
-        inductor = torch.compile(model)
-        with torch.no_grad():
-            start = time.perf_counter()
-            inductor(x)
-            t_inductor = time.perf_counter() - start
-            expected = model(x)
-            for label, got in (("tracea", ours(x)), ("inductor", inductor(x))):
-                err = (got - expected).abs().max().item()
-                if err > 1e-3 * max(1.0, expected.abs().max().item()):
-                    print(f"{name}: {label} differs from eager by {err}", file=sys.stderr)
-                    return 1
-            fns = {"eager": lambda: model(x), "inductor": lambda: inductor(x), "tracea": lambda: ours(x)}
-            for fn in fns.values():
-                fn()
-            t = median_times(fns, args.rounds)
-        rows.append((name, t, t_tracea, t_inductor))
-        print(f"{name}: eager {t['eager'] * 1e3:.2f} ms, inductor {t['inductor'] * 1e3:.2f} ms, "
-              f"tracea {t['tracea'] * 1e3:.2f} ms -> {t['eager'] / t['tracea']:.2f}x eager, "
-              f"{t['inductor'] / t['tracea']:.2f}x inductor; compile tracea {t_tracea:.1f} s "
-              f"(import {ours.import_seconds:.1f} s), inductor {t_inductor:.1f} s", flush=True)
+    for threads in [int(t) for t in args.threads.split(",")]:
+        env = {**os.environ, "OMP_NUM_THREADS": str(threads), "OPENBLAS_NUM_THREADS": str(threads),
+               "TRACEA_NUM_THREADS": str(threads), "TRACEA_DISK_CACHE": "0"}
+        cmd = [sys.executable, os.path.abspath(__file__), "--worker", str(threads), "--only", ",".join(names),
+               "--batch", args.batch, "--rounds", str(args.rounds)] + (["--blocks"] if args.blocks else [])
+        done = subprocess.run(cmd, env=env, stdout=subprocess.PIPE, text=True)
+        if done.returncode:
+            return done.returncode
+        rows += json.loads(done.stdout)
     if args.markdown:
-        print(f"\nthreads: torch {torch.get_num_threads()}, tracea {os.cpu_count()}\n")
-        print("| model | eager ms | inductor ms | Tracea ms | vs eager | vs inductor | compile Tracea s | compile inductor s |")
-        print("| --- | --- | --- | --- | --- | --- | --- | --- |")
-        for name, t, ct, ci in rows:
-            print(f"| {name} | {t['eager'] * 1e3:.2f} | {t['inductor'] * 1e3:.2f} | {t['tracea'] * 1e3:.2f} | "
-                  f"{t['eager'] / t['tracea']:.2f}x | {t['inductor'] / t['tracea']:.2f}x | {ct:.1f} | {ci:.1f} |")
+        print(markdown(rows))
     return 0
 
 
