@@ -433,6 +433,18 @@ def test_leftover_linalg_split_and_vectorized(m, n, threads):
     assert "memrefCopy" not in llvm  # the pad's strided copy is a loop of its own
 
 
+@pytest.mark.parametrize("m,threads", [(5, 1), (300, 2)])
+def test_row_reductions_accumulate_vectors_of_partial_sums(m, threads):
+    """A reduction along rows of at least 4 vectors carries a vector of partial sums through its
+    loop (one reduction across lanes per row), and sums within f32 precision of float64."""
+    n = 8 * LANES
+    kernel = tracea.compile(LEFTOVER_LINALG.format(m=m, n=n, mp=m + 1, np=n + 5), threads=threads, keep_stages=True)
+    x = np.random.default_rng(m).standard_normal((m, n)).astype(np.float32) + 100  # a large mean: order matters
+    sums = kernel(x, np.zeros(n, np.float32))[1]
+    np.testing.assert_allclose(sums, x.sum(axis=1, dtype=np.float64), rtol=2e-6)
+    assert f"-> (tensor<1x{LANES}xf32>)" in kernel.stages["linalg"]
+
+
 def test_large_leftover_linalg_runs_on_every_thread():
     kernel = tracea.compile(LEFTOVER_LINALG.format(m=300, n=200, mp=301, np=205), threads=2, keep_stages=True)
     assert kernel.stages["linalg"].count("scf.forall") >= 2  # elementwise, reduction

@@ -55,6 +55,10 @@ class LinalgPlan:
     ranges: tuple[int, ...]
     split_dim: int | None  # loop split among threads
     vector: int | None  # vector length along the innermost loop
+    # the innermost loop is the only reduction: it accumulates into a vector of partial results
+    # (reduced across its lanes once, at the end), not into a scalar through a chain of ordered
+    # adds per vector (a layer norm's row sums ran at a few cycles per element)
+    partial_vector: bool = False
 
     def script(self, index: int, threads: int) -> str:
         op = f"%op{index}"
@@ -65,7 +69,22 @@ class LinalgPlan:
             lines.append(f"%par{index}, %forall{index} = transform.structured.tile_using_forall {op} "
                          f"num_threads {counts} : (!transform.any_op) -> (!transform.any_op, !transform.any_op)")
             op = f"%par{index}"
-        if self.vector is not None:
+        if self.vector is not None and self.partial_vector:
+            outer = [1 if r > 1 else 0 for r in self.ranges[:-1]]
+            if any(outer):
+                loops = sum(outer)
+                lines.append(f"%rows{index}, %rowloops{index}:{loops} = transform.structured.tile_using_for {op} "
+                             f"tile_sizes {outer + [0]} : (!transform.any_op) -> "
+                             f"({', '.join(['!transform.any_op'] * (loops + 1))})")
+                op = f"%rows{index}"
+            lines.append(f"%fill{index}, %part{index}, %merge{index}, %red{index} = "
+                         f"transform.structured.tile_reduction_using_for {op} by tile_sizes = "
+                         f"{[0] * len(outer) + [self.vector]} : (!transform.any_op) -> (!transform.any_op, "
+                         "!transform.any_op, !transform.any_op, !transform.any_op)")
+            vector_sizes = [1] * len(outer) + [self.vector]
+            for handle in (f"%part{index}", f"%merge{index}"):
+                lines.append(f"transform.structured.vectorize {handle} vector_sizes {vector_sizes} : !transform.any_op")
+        elif self.vector is not None:
             sizes = [1 if r > 1 else 0 for r in self.ranges[:-1]] + [self.vector]
             loops = sum(1 for s in sizes if s)
             lines.append(f"%vec{index}, %loops{index}:{loops} = transform.structured.tile_using_for {op} "
@@ -116,7 +135,9 @@ def plan_for(op: ir.Operation, threads: int, lanes: int, min_work: int) -> Linal
             vector = None  # a masked reduction has no lowering here; masks stay on reads and writes
     if split_dim is None and vector is None:
         return None
-    return LinalgPlan(ranges, split_dim, vector)
+    partial = (vector is not None and not iterators[-1] and all(iterators[:-1]) and len(op.results) == 1
+               and ranges[-1] >= 4 * vector)
+    return LinalgPlan(ranges, split_dim, vector, partial)
 
 
 _COMBINERS = {f"arith.{name}" for name in ("addf", "addi", "mulf", "muli", "andi", "ori", "xori", "maximumf",
