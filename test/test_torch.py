@@ -149,6 +149,28 @@ def test_gelu_matches_float64_to_a_few_ulps(approximate):
     assert ulps.max() <= 256  # eager torch itself is up to 170 ulps off here (1 - tanh cancels)
 
 
+class TwoBranches(nn.Module):
+    """A ResNet bottleneck's shape: one input read by two convolutions, a ReLU between the first
+    and the next one (which bufferization may write over a buffer no longer read as a tensor)."""
+
+    def __init__(self, c=16, out=32):
+        super().__init__()
+        self.main = nn.Sequential(nn.Conv2d(c, c, 1), nn.ReLU(), nn.Conv2d(c, out, 1))
+        self.shortcut = nn.Conv2d(c, out, 1)
+
+    def forward(self, x):
+        x = torch.relu(x)
+        return self.main(x) + self.shortcut(x)
+
+
+@pytest.mark.parametrize("batch", [1, 2])
+def test_an_input_read_by_two_kernels_is_not_overwritten_between_them(batch):
+    torch.manual_seed(0)
+    model, x = TwoBranches().eval(), torch.randn(batch, 16, 8, 8)
+    with torch.no_grad():
+        torch.testing.assert_close(tracea.compile(model, (x,))(x), model(x), rtol=1e-5, atol=1e-5)
+
+
 class Unsupported(nn.Module):
     def forward(self, x):
         return torch.sort(x, dim=1).values
