@@ -54,17 +54,13 @@ class VectorExpPass(TraceaPass):
     def run(self, module: ir.Operation) -> None:
         found = []
 
-        def visit(op):
-            for region in op.regions:
-                for block in region.blocks:
-                    for inner in block.operations:
-                        inner = inner.operation
-                        if inner.name == "math.exp" and isinstance(inner.results[0].type, ir.VectorType):
-                            vt = ir.VectorType(inner.results[0].type)
-                            if vt.rank == 1 and str(vt.element_type) == "f32":
-                                found.append((inner, vt.shape[0]))
-                        visit(inner)
+        def collect(op):
+            if op.name == "math.exp" and isinstance(op.results[0].type, ir.VectorType):
+                vt = ir.VectorType(op.results[0].type)
+                if vt.rank == 1 and str(vt.element_type) == "f32":
+                    found.append((op, vt.shape[0]))
+            return ir.WalkResult.ADVANCE
 
-        visit(module)
+        module.walk(collect)
         for op, lanes in found:
             inline_kernel(op, exp_function(lanes))
