@@ -164,7 +164,7 @@ def limit_gnu_openmp_spinning() -> bool:
     if loaded := _loaded_libraries("libgomp"):  # too late: it read its settings when it loaded
         gnu_openmp_loaded_first = loaded[0]
         _gnu_openmp = ("default (its idle threads spin ~7 ms after each parallel op): libgomp was loaded "
-                       "before tracea, so Tracea's threaded kernels run on its threads")
+                       "before tracea")
         return False
     os.environ["GOMP_SPINCOUNT"] = GOMP_SPINCOUNT
     _gnu_openmp = f"GOMP_SPINCOUNT={GOMP_SPINCOUNT}, set by tracea (~70 us of spinning)"
@@ -183,4 +183,9 @@ def status() -> dict:
             openblas[path] = "its own threads (TRACEA_SHARE_CORES=0)"
         else:
             openblas[path] = "its own threads until a threaded Tracea kernel is loaded"
-    return {"openblas": openblas, "gnu_openmp": _gnu_openmp}
+    from . import gnu_openmp
+    gnu = _gnu_openmp
+    if gnu_openmp_loaded_first:
+        gnu += (", so Tracea's threaded kernels run on its threads" if gnu_openmp.chosen_runtime() == "gnu"
+                else "; Tracea's threaded kernels keep libomp (TRACEA_OPENMP=llvm): import tracea before torch")
+    return {"openblas": openblas, "gnu_openmp": gnu}
