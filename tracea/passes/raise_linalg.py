@@ -502,7 +502,9 @@ def _softmax_over_keys(p: ir.Value) -> ir.Operation | None:
             or (flag is not None and not _is_all_ninf_rows(flag, softmax.operands[0])):
         return None
     rank = len(value.type.shape)
-    return softmax if ir.IntegerAttr(softmax.attributes["axis"]).value % rank == rank - 1 else None
+    # a softmax written with Tracea's API leaves the default axis (-1) out of its attributes
+    axis = ir.IntegerAttr(softmax.attributes["axis"]).value if "axis" in softmax.attributes else -1
+    return softmax if axis % rank == rank - 1 else None
 
 
 def _raise_attention(op: ir.Operation) -> bool:
