@@ -165,43 +165,38 @@ def _shim_ir(parallel: int, barrier: int, thread_num: int, num_threads: int) -> 
                         parallel=parallel, barrier=barrier, thread_num=thread_num, num_threads=num_threads)
 
 
-def libgomp_loaded_first() -> str | None:
-    """The path of the GNU OpenMP that was loaded before tracea could shorten its spinning (see
-    blas_threads.limit_gnu_openmp_spinning), else None."""
-    from . import blas_threads
-    return blas_threads.gnu_openmp_loaded_first
-
-
 def chosen_runtime() -> str:
     """"gnu" when threaded kernels run on GNU OpenMP's threads, else "llvm"."""
+    from . import blas_threads
     choice = knobs.openmp_runtime()
     if choice == "auto":
-        return "gnu" if libgomp_loaded_first() and knobs.share_cores() else "llvm"
+        return "gnu" if blas_threads.gnu_openmp_loaded_first and knobs.share_cores() else "llvm"
     if choice == "gnu" and _libgomp_path() is None:
         return "llvm"  # nothing to run on: GNU OpenMP is not loaded
     return choice
 
 
 def _libgomp_path() -> str | None:
-    from .blas_threads import _loaded_libraries
+    from .blas_threads import _loaded_libraries, gnu_openmp_loaded_first
     found = [p for p in _loaded_libraries("libgomp") if "libgomp" in p.rsplit("/", 1)[-1]]
-    return found[0] if found else None
+    return gnu_openmp_loaded_first or (found[0] if found else None)
+
+
+@functools.cache
+def _address(name: str) -> int:
+    """The address of libgomp's `name` (by address: libomp exports the same names)."""
+    return ctypes.cast(getattr(ctypes.CDLL(_libgomp_path()), name), ctypes.c_void_p).value
 
 
 @functools.cache
 def shim_object() -> bytes:
     """Object code of the six entry points over the loaded libgomp (its addresses built in)."""
     from ..targets.cpu import native
-    library = ctypes.CDLL(_libgomp_path())
-
-    def address(name: str) -> int:
-        return ctypes.cast(getattr(library, name), ctypes.c_void_p).value
-
-    text = _shim_ir(address("GOMP_parallel"), address("GOMP_barrier"), address("omp_get_thread_num"),
-                    address("omp_get_num_threads"))
+    text = _shim_ir(_address("GOMP_parallel"), _address("GOMP_barrier"), _address("omp_get_thread_num"),
+                    _address("omp_get_num_threads"))
     return native.compile_llvm_ir(text, [], optimize=False)
 
 
 def team_size_function() -> int:
-    """The address of the chosen runtime's omp_get_num_threads (GNU OpenMP's)."""
-    return ctypes.cast(ctypes.CDLL(_libgomp_path()).omp_get_num_threads, ctypes.c_void_p).value
+    """The address of GNU OpenMP's omp_get_num_threads."""
+    return _address("omp_get_num_threads")

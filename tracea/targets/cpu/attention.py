@@ -26,12 +26,18 @@ from ...codegen.kernel_text import vector_exp
 NNAN = "fastmath<nnan>"  # max without NaN handling: a single vmaxps
 
 
+def tile_registers(rows: int, vectors: int) -> int:
+    """Vector registers a register tile of `rows` x `vectors` needs: its accumulators, the vectors it
+    loads per step and one broadcast."""
+    return rows * vectors + vectors + 1
+
+
 def qk_tile(rows: int, keys: int, lanes: int, registers: int) -> tuple[int, int]:
     """(query rows, key vectors) of the QK^T register tile for a block of `rows` x `keys` on a host
     with `registers` vector registers: accumulators + the key vectors + one broadcast must fit,
     else LLVM spills accumulators to the stack in the innermost loop."""
     vectors = 2 if keys % (2 * lanes) == 0 and registers >= 8 else 1
-    tile_rows = max(r for r in range(1, rows + 1) if rows % r == 0 and r * vectors + vectors + 1 <= registers)
+    tile_rows = max(r for r in range(1, rows + 1) if rows % r == 0 and tile_registers(r, vectors) <= registers)
     return tile_rows, vectors
 
 
@@ -39,7 +45,7 @@ def pv_tile(rows: int, head_vectors: int, registers: int) -> tuple[int, int]:
     """(P rows, O vectors) of the P V register tile: the most accumulators that fit beside the V
     vectors and a broadcast, then the fewest loads per FMA (rows + vectors)."""
     fits = [(r, g) for r in range(1, rows + 1) if rows % r == 0 for g in range(1, head_vectors + 1)
-            if head_vectors % g == 0 and r * g + g + 1 <= registers]
+            if head_vectors % g == 0 and tile_registers(r, g) <= registers]
     return max(fits, key=lambda rg: (rg[0] * rg[1], -(rg[0] + rg[1])))
 
 
@@ -219,7 +225,7 @@ def attention_kernel_text(name: str, v: OpView, location: str) -> str:
     # O = O * alpha + P V, tiles of PR rows x a group of O's vectors; P is 0 past the keys that exist
     keys_here = t.min_(left, width)
     # the P V tile gets the registers the schedule's QK tile uses
-    PR, gs = pv_tile(BR, dv // L, QR * QV + QV + 1)
+    PR, gs = pv_tile(BR, dv // L, tile_registers(QR, QV))
     for g0 in range(0, dv // L, gs):
         t.for_("%r0", t.c(0), t.c(BR), t.c(PR))
         rows = [t.add("%r0", t.c(r)) for r in range(PR)]

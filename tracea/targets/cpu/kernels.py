@@ -20,7 +20,7 @@ from ...errors import OpError
 from ...doctor.capabilities import CPU, Capabilities, host, host_cpu
 from ...codegen.variants import (OPS, BackendIs, Problem, Rule, SimdWidthAtLeast, Variant, known, register_variant,
                                variant)
-from .attention import attention_kernel_text, qk_tile
+from .attention import attention_kernel_text, qk_tile, tile_registers
 from .conv import conv_nchw_kernel_text
 from ...codegen.conv_gather import implicit_gemm
 from .gemm import conv_k_block, gemm_dot_kernel_text, gemm_kernel_text
@@ -227,7 +227,7 @@ def _attention_check(p: Problem, caps: Capabilities, s: Schedule) -> None:
         raise OpError(f"a CPU attention schedule needs warp_tile = [query rows, keys] (the QK^T register "
                       f"tile) with keys a multiple of the {lanes} SIMD lanes; got {s.warp_tile}")
     rows, keys = s.warp_tile
-    registers = rows * keys // lanes + keys // lanes + 1
+    registers = tile_registers(rows, keys // lanes)
     if lanes == caps.cpu.f32_lanes and registers > caps.cpu.vector_registers:
         raise OpError(f"attention register tile {rows}x{keys} needs {registers} vector registers; this CPU has "
                       f"{caps.cpu.vector_registers} (reduce its rows or keys)")

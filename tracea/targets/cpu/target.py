@@ -267,8 +267,8 @@ class CpuTarget(Target):
     def from_cache(self, kernel: Kernel, object_code, options: CpuOptions) -> Kernel:
         """A cached library calls LLVM's OpenMP; on GNU OpenMP's threads its object code is linked
         here instead (runtime/gnu_openmp.py)."""
-        if kernel.threads > 1 and gnu_openmp.chosen_runtime() == "gnu" and any(
-                Path(p).name == "libomp.so" for p in kernel.runtime_libraries) and (code := object_code()):
+        if kernel.threads > 1 and kernel.openmp == "llvm" and gnu_openmp.chosen_runtime() == "gnu" \
+                and (code := object_code()):
             return self.load(Build(kernel.signature, code, {}, 0.0), options)
         return kernel
 
