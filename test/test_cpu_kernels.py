@@ -435,14 +435,85 @@ def test_leftover_linalg_split_and_vectorized(m, n, threads):
 
 @pytest.mark.parametrize("m,threads", [(5, 1), (300, 2)])
 def test_row_reductions_accumulate_vectors_of_partial_sums(m, threads):
-    """A reduction along rows of at least 4 vectors carries a vector of partial sums through its
-    loop (one reduction across lanes per row), and sums within f32 precision of float64."""
+    """A reduction along rows of at least 4 vectors carries vectors of partial sums (4 independent
+    chains of adds) through its loop in registers (one reduction across lanes per row), and sums
+    within f32 precision of float64."""
     n = 8 * LANES
     kernel = tracea.compile(LEFTOVER_LINALG.format(m=m, n=n, mp=m + 1, np=n + 5), threads=threads, keep_stages=True)
     x = np.random.default_rng(m).standard_normal((m, n)).astype(np.float32) + 100  # a large mean: order matters
     sums = kernel(x, np.zeros(n, np.float32))[1]
     np.testing.assert_allclose(sums, x.sum(axis=1, dtype=np.float64), rtol=2e-6)
-    assert f"-> (tensor<1x{LANES}xf32>)" in kernel.stages["linalg"]
+    assert re.search(rf"iter_args\(.*\) -> \(.*vector<{4 * LANES}xf32>\)", kernel.stages["linalg"])
+
+
+LAYER_NORM = """
+#id = affine_map<(d0, d1) -> (d0, d1)>
+#row = affine_map<(d0, d1) -> (d0)>
+#col = affine_map<(d0, d1) -> (d1)>
+func.func @layer_norm(%x: tensor<{m}x{n}xf32>, %w: tensor<{n}xf32>, %b: tensor<{n}xf32>) -> tensor<{m}x{n}xf32> {{
+  %zero = arith.constant 0.0 : f32
+  %count = arith.constant {n}.0 : f32
+  %eps = arith.constant 1.0e-5 : f32
+  %e1 = tensor.empty() : tensor<{m}xf32>
+  %init = linalg.fill ins(%zero : f32) outs(%e1 : tensor<{m}xf32>) -> tensor<{m}xf32>
+  %sum = linalg.generic {{indexing_maps = [#id, #row], iterator_types = ["parallel", "reduction"]}}
+      ins(%x : tensor<{m}x{n}xf32>) outs(%init : tensor<{m}xf32>) {{
+  ^bb0(%a: f32, %o: f32):
+    %s = arith.addf %a, %o : f32
+    linalg.yield %s : f32
+  }} -> tensor<{m}xf32>
+  %e = tensor.empty() : tensor<{m}x{n}xf32>
+  %centered = linalg.generic {{indexing_maps = [#id, #row, #id], iterator_types = ["parallel", "parallel"]}}
+      ins(%x, %sum : tensor<{m}x{n}xf32>, tensor<{m}xf32>) outs(%e : tensor<{m}x{n}xf32>) {{
+  ^bb0(%a: f32, %s: f32, %o: f32):
+    %mean = arith.divf %s, %count : f32
+    %d = arith.subf %a, %mean : f32
+    linalg.yield %d : f32
+  }} -> tensor<{m}x{n}xf32>
+  %var = linalg.generic {{indexing_maps = [#id, #row], iterator_types = ["parallel", "reduction"]}}
+      ins(%centered : tensor<{m}x{n}xf32>) outs(%init : tensor<{m}xf32>) {{
+  ^bb0(%a: f32, %o: f32):
+    %sq = arith.mulf %a, %a : f32
+    %s = arith.addf %sq, %o : f32
+    linalg.yield %s : f32
+  }} -> tensor<{m}xf32>
+  %y = linalg.generic {{indexing_maps = [#id, #row, #col, #col, #id], iterator_types = ["parallel", "parallel"]}}
+      ins(%centered, %var, %w, %b : tensor<{m}x{n}xf32>, tensor<{m}xf32>, tensor<{n}xf32>, tensor<{n}xf32>)
+      outs(%e : tensor<{m}x{n}xf32>) {{
+  ^bb0(%d: f32, %v: f32, %g: f32, %c: f32, %o: f32):
+    %mv = arith.divf %v, %count : f32
+    %ve = arith.addf %mv, %eps : f32
+    %r = math.rsqrt %ve : f32
+    %n0 = arith.mulf %d, %r : f32
+    %n1 = arith.mulf %n0, %g : f32
+    %n2 = arith.addf %n1, %c : f32
+    linalg.yield %n2 : f32
+  }} -> tensor<{m}x{n}xf32>
+  return %y : tensor<{m}x{n}xf32>
+}}
+"""
+
+
+@pytest.mark.parametrize("m,n,threads", [(300, 8 * LANES, 2), (7, 8 * LANES, 1), (5, 100, 2), (1, 3, 2)])
+def test_row_reductions_fuse_with_their_consumers(m, n, threads):
+    """A layer norm (torch-mlir's form: sum, x - mean, sum of squares, normalize) runs as one loop
+    over rows: the reductions and the centered row are computed row by row inside it (no
+    tensor of the input's size besides the result), on every thread, and match float64."""
+    kernel = tracea.compile(LAYER_NORM.format(m=m, n=n), threads=threads, keep_stages=True)
+    rng = np.random.default_rng(m + n)
+    x = (rng.standard_normal((m, n)) * 3 + 50).astype(np.float32)  # a large mean: two passes needed
+    x[0] = 2.0  # a constant row: variance 0, rsqrt(eps)
+    w, b = np.linspace(-2, 2, n, dtype=np.float32), np.linspace(1, 0, n, dtype=np.float32)
+    x64 = x.astype(np.float64)
+    centered = x64 - x64.mean(axis=1, keepdims=True)
+    expected = centered / np.sqrt((centered ** 2).mean(axis=1, keepdims=True) + 1e-5) * w + b
+    got = kernel(x, w, b)
+    assert np.abs(got - expected).max() <= 2e-5 * np.abs(expected).max(), np.abs(got - expected).max()
+    linalg, bufferized = kernel.stages["linalg"], kernel.stages["bufferized"]
+    assert linalg.count("scf.forall (") == (1 if threads > 1 and m >= threads else 0)
+    allocs = re.findall(r"memref.alloc\(\)(?: \{[^}]*\})? : memref<(\d+)x", bufferized)
+    copies = re.findall(r"memref.copy [^\n]* to (memref<[^>]*>)", bufferized)
+    assert all(rows == "1" for rows in allocs) and set(copies) <= {"memref<1xf32>"}, (allocs, copies)
 
 
 def test_large_leftover_linalg_runs_on_every_thread():

@@ -149,6 +149,43 @@ def test_gelu_matches_float64_to_a_few_ulps(approximate):
     assert ulps.max() <= 256  # eager torch itself is up to 170 ulps off here (1 - tanh cancels)
 
 
+class Norms(nn.Module):
+    """nn.LayerNorm, and an RMS norm written out as Llama writes it."""
+
+    def __init__(self, d):
+        super().__init__()
+        self.ln = nn.LayerNorm(d)
+        self.w = nn.Parameter(torch.linspace(0.5, 2.0, d))
+        with torch.no_grad():
+            self.ln.weight.copy_(torch.linspace(-2.0, 2.0, d))
+            self.ln.bias.copy_(torch.linspace(1.0, 0.0, d))
+
+    def forward(self, x):
+        return self.ln(x), x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + 1e-6) * self.w
+
+
+@pytest.mark.parametrize("shape", [(64, 768), (2, 9, 100), (3, 1, 37), (1, 4096)])
+def test_layer_and_rms_norms_are_as_accurate_as_eager(shape):
+    """Row norms (fused row by row into one loop, in f32) on rows with a large mean, a constant
+    row (variance 0), an outlier; against float64, no further off than eager float32 is (plus f32
+    rounding of the output)."""
+    torch.manual_seed(0)
+    x = torch.randn(shape) * 3 + 40
+    rows = x.view(-1, shape[-1])
+    rows[0] = 2.0
+    rows[-1, -1] = 1e4
+    model = Norms(shape[-1]).eval()
+    compiled = tracea.compile(model, (x,), keep_stages=True)
+    assert "xf64>" not in compiled.kernel.stages["linalg"]  # in f32 as eager (torch-mlir's var_mean: f64)
+    with torch.no_grad():
+        eager = model(x)
+        exact = Norms(shape[-1]).double()(x.double())
+        for got, ours, expected in zip(compiled(x), eager, exact):
+            scale = expected.abs().max()
+            error = (got.double() - expected).abs().max()
+            assert error <= 2 * (ours.double() - expected).abs().max() + 4e-7 * scale, (error, scale)
+
+
 class TwoBranches(nn.Module):
     """A ResNet bottleneck's shape: one input read by two convolutions, a ReLU between the first
     and the next one (which bufferization may write over a buffer no longer read as a tensor)."""

@@ -40,7 +40,7 @@ def compile(program, example_inputs=None, *, target: str = "cpu", entry: str | N
                       "in training (in PyTorch where Tracea cannot compile them); for inference, call "
                       "model.eval() before tracea.compile")
         return compile_model(program, example_inputs, target=target, threads=threads, strategy=strategy,
-                             export_fallback=DynamoModel, dynamic_dims=dynamic_dims)
+                             export_fallback=DynamoModel, dynamic_dims=dynamic_dims, keep_stages=keep_stages)
     if dynamic_dims is not None:
         raise TypeError("dynamic_dims is for torch.nn.Module programs; in IR, write '?' for a dynamic size")
     if example_inputs is not None:

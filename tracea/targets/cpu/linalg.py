@@ -50,6 +50,9 @@ transform.apply_patterns to %funcs {
 } : !transform.any_op"""
 
 
+REDUCTION_CHAINS = 4
+
+
 @dataclass(frozen=True)
 class LinalgPlan:
     ranges: tuple[int, ...]
@@ -93,6 +96,19 @@ class LinalgPlan:
             lines.append(f"transform.structured.vectorize %vec{index} vector_sizes {vector_sizes} : !transform.any_op")
         return "\n".join(lines)
 
+    def hoisting(self, index: int) -> str:
+        """Once the masks are folded: what the vectors along a row share (a layer norm's scale from
+        the row's variance) is computed once per row, not per vector (tensors' reads are pure, so
+        they hoist), and partial sums stay in registers across the loop (its tensor argument, read
+        and written whole each step, becomes a vector argument)."""
+        if self.vector is None:
+            return ""
+        if self.partial_vector:
+            return (f"transform.loop.hoist_loop_invariant_subsets %red{index} : !transform.any_op\n"
+                    f"transform.apply_licm to %red{index} : !transform.any_op")
+        loops = sum(1 for r in self.ranges[:-1] if r > 1) + 1
+        return f"transform.apply_licm to %loops{index}#{loops - 1} : !transform.any_op"
+
 
 def _loop_ranges(op: ir.Operation, maps: list[ir.AffineMap]) -> tuple[int, ...] | None:
     """Static loop ranges from the operands' shapes (None when a shape is dynamic or a loop is
@@ -114,7 +130,7 @@ def _loop_ranges(op: ir.Operation, maps: list[ir.AffineMap]) -> tuple[int, ...] 
 
 
 def plan_for(op: ir.Operation, threads: int, lanes: int, min_work: int) -> LinalgPlan | None:
-    maps = [ir.AffineMapAttr(a).value for a in ir.ArrayAttr(op.attributes["indexing_maps"])]
+    maps = _maps(op)
     iterators = ["parallel" in str(a) for a in ir.ArrayAttr(op.attributes["iterator_types"])]
     ranges = _loop_ranges(op, maps)
     if ranges is None or 0 in ranges:  # no work (tiling an empty range trips an MLIR assertion)
@@ -137,6 +153,10 @@ def plan_for(op: ir.Operation, threads: int, lanes: int, min_work: int) -> Linal
         return None
     partial = (vector is not None and not iterators[-1] and all(iterators[:-1]) and len(op.results) == 1
                and ranges[-1] >= 4 * vector)
+    if partial and ranges[-1] % (REDUCTION_CHAINS * vector) == 0 and ranges[-1] >= 2 * REDUCTION_CHAINS * vector:
+        # several vectors of partial sums: independent add chains, so the loop runs at the adds'
+        # throughput instead of their latency (a 768-long row sum: ~3 -> ~1 cycle a vector)
+        vector *= REDUCTION_CHAINS
     return LinalgPlan(ranges, split_dim, vector, partial)
 
 
@@ -172,6 +192,184 @@ def _innermost_or_unused(amap: ir.AffineMap, dim: int) -> bool:
     return dim not in positions or positions[-1] == dim
 
 
+ROW_TAG = "tracea.row_group"
+# A row's temporaries (a layer norm's row in f64, say) stay in L1 / L2 up to this many elements
+MAX_FUSED_ROW = 16384
+
+
+def _dims(amap: ir.AffineMap) -> list[int]:
+    return [e.position if isinstance(e, ir.AffineDimExpr) else -1 for e in amap.results]
+
+
+def _row_projection(amap: ir.AffineMap, rows: int) -> bool:
+    """A map reading a row-local slice: its results are the row loops d0..d(rows-1) in order,
+    then at most the column loop."""
+    return _dims(amap) in (list(range(rows)), list(range(rows + 1)))
+
+
+def _row_local(op: ir.Operation, rows: int) -> bool:
+    """A generic computing each row from that row alone: its leading `rows` loops are parallel and
+    its output keeps them in place (an elementwise op over rows, a row reduction, a fill); its
+    other operands are row-local too or one value per column shared by every row (a layer norm's
+    weight and bias)."""
+    if op.name != "linalg.generic" or len(op.results) != 1:
+        return False
+    maps = _maps(op)
+    iterators = ["parallel" in str(a) for a in ir.ArrayAttr(op.attributes["iterator_types"])]
+    if maps[0].n_dims not in (rows, rows + 1) or not all(iterators[:rows]):
+        return False
+    return _row_projection(maps[-1], rows) and all(_row_projection(m, rows) or _dims(m) == [rows]
+                                                    for m in maps[:-1])
+
+
+def _maps(op: ir.Operation) -> list[ir.AffineMap]:
+    return [ir.AffineMapAttr(a).value for a in ir.ArrayAttr(op.attributes["indexing_maps"])]
+
+
+def row_group(consumer: ir.Operation) -> list[ir.Operation] | None:
+    """The producers to compute row by row inside `consumer`'s loop over rows, when it reads a
+    row reduction (layer norm, RMS norm, a softmax no kernel took): consumer and producers
+    row-local, each producer used only inside the group. A reduction read once per row would
+    otherwise run as its own loop over the whole tensor, its result and its inputs (a layer
+    norm's row in f64) written to memory between the loops."""
+    if consumer.name != "linalg.generic" or len(consumer.results) != 1:
+        return None
+    shape = ir.ShapedType(consumer.results[0].type)
+    if not shape.has_static_shape or shape.rank < 2 or not (0 < shape.shape[-1] <= MAX_FUSED_ROW) \
+            or 0 in shape.shape:
+        return None
+    rows = shape.rank - 1
+    iterators = ["parallel" in str(a) for a in ir.ArrayAttr(consumer.attributes["iterator_types"])]
+    if len(iterators) != shape.rank or not all(iterators) or not _row_local(consumer, rows):
+        return None
+    group, frontier = [consumer], [consumer]
+    while frontier:
+        op = frontier.pop()
+        for operand in op.operands:
+            if not isinstance(operand, ir.OpResult):
+                continue
+            producer = operand.owner.operation
+            if producer.name != "linalg.generic" or any(producer == g for g in group):
+                continue
+            if producer.parent != consumer.parent or not _row_local(producer, rows):
+                continue
+            if not all(any(use.owner == g for g in group + [op]) for use in producer.results[0].uses):
+                continue
+            group.append(producer)
+            frontier.append(producer)
+    reduces = any(not all("parallel" in str(a) for a in ir.ArrayAttr(g.attributes["iterator_types"]))
+                  for g in group)
+    return group[1:] if reduces else None
+
+
+def fuse_row_groups(module: ir.Operation, threads: int) -> None:
+    """Each row group becomes one loop over rows split among the threads (scf.forall), each
+    thread's rows one at a time (scf.for) with the group's producers fused in."""
+    scripts, tags = [], 0
+    fuse = ("transform.structured.fuse_into_containing_op {} into {} : (!transform.any_op, !transform.any_op) "
+            "-> (!transform.any_op, !transform.any_op)")
+    claimed: list[ir.Operation] = []
+    # last first: a consumer that is itself a producer of a later group (a layer norm's x - mean)
+    # belongs to that group
+    for op in reversed(_function_body_ops(module)):
+        producers = row_group(op) if not any(op == c for c in claimed) else None
+        if producers is None or any(p == c for p in producers for c in claimed):
+            continue
+        claimed += [op] + producers
+        for member in [op] + producers:
+            _own_empty_init(member)
+        i = len(scripts)
+        handles = []
+        # program order, last first: each fused producer's own producers are then in the loop
+        for producer in [op] + sorted(producers, key=_position, reverse=True):
+            producer.attributes[ROW_TAG] = ir.IntegerAttr.get(ir.IntegerType.get_signless(64), tags)
+            handles.append(f"%g{tags}")
+            scripts.append(f"%g{tags} = transform.structured.match attributes{{{ROW_TAG} = {tags} : i64}} in %root "
+                           ": (!transform.any_op) -> !transform.any_op")
+            tags += 1
+        consumer, producers = handles[0], handles[1:]
+        shape = ir.ShapedType(op.results[0].type).shape
+        split = next((d for d, r in enumerate(shape[:-1]) if r >= threads), None) if threads > 1 else None
+        lines = []
+        if split is not None:
+            counts = [threads if d == split else 0 for d in range(len(shape))]
+            lines.append(f"%t{i}, %forall{i}_0 = transform.structured.tile_using_forall {consumer} num_threads "
+                         f"{counts} : (!transform.any_op) -> (!transform.any_op, !transform.any_op)")
+            consumer = f"%t{i}"
+            for j, p in enumerate(producers):  # (fusing consumes the loop's handle, and returns it anew)
+                lines.append(f"{p}f, %forall{i}_{j + 1} = " + fuse.format(p, f"%forall{i}_{j}"))
+            producers = [f"{p}f" for p in producers]
+        # then each row: the loop over them inside each thread's share
+        ones = [1] * (len(shape) - 1) + [0]
+        lines.append(f"%r{i}, %rows{i}_0:{len(shape) - 1} = transform.structured.tile_using_for {consumer} "
+                     f"tile_sizes {ones} : (!transform.any_op) -> ({', '.join(['!transform.any_op'] * len(shape))})")
+        row_loop = f"%rows{i}_0#{len(shape) - 2}"
+        for j, p in enumerate(producers):
+            lines.append(f"{p}r, %rows{i}_{j + 1} = " + fuse.format(p, row_loop))
+            row_loop = f"%rows{i}_{j + 1}"
+        scripts.append("\n".join(lines))
+    if not scripts:
+        return
+    _apply(module, "\n".join(scripts) + "\n" + _CLEAN_UP, "fusing row reductions into their consumers")
+
+
+def _reductions(module: ir.Operation) -> list[ir.Operation]:
+    found = []
+
+    def visit(op):
+        if op.name == "vector.reduction":
+            found.append(op)
+        return ir.WalkResult.ADVANCE
+
+    module.walk(visit)
+    return found
+
+
+def _fused_ops(module: ir.Operation) -> list[ir.Operation]:
+    """The row groups' ops, now inside their loops over rows (tagged still)."""
+    found = []
+
+    def visit(op):
+        if ROW_TAG in op.attributes and op.parent.name != "func.func":
+            found.append(op)
+        return ir.WalkResult.ADVANCE
+
+    module.walk(visit)
+    return found
+
+
+def _own_empty_init(op: ir.Operation) -> None:
+    """A tensor.empty shared as the output of several ops (torch-mlir's x - mean and the layer
+    norm after it) gets a copy per op: fused into one loop, bufferization would otherwise see
+    them write one buffer and copy it whole for each thread and row."""
+    init = op.operands[len(op.operands) - 1]
+    if isinstance(init, ir.OpResult) and init.owner.name == "tensor.empty" and len(list(init.uses)) > 1:
+        op.operands[len(op.operands) - 1] = init.owner.operation.clone(ir.InsertionPoint(op)).results[0]
+
+
+def _position(op: ir.Operation) -> int:
+    return next(i for i, o in enumerate(op.block.operations) if o == op)
+
+
+_CLEAN_UP = """%funcs_c = transform.structured.match ops{["func.func"]} in %root : (!transform.any_op) -> !transform.any_op
+transform.apply_patterns to %funcs_c {
+  transform.apply_patterns.canonicalization
+  transform.apply_patterns.tensor.fold_tensor_empty
+} : !transform.any_op
+transform.apply_cse to %funcs_c : !transform.any_op"""
+
+
+def _apply(module: ir.Operation, body: str, what: str) -> None:
+    text = ("module attributes {transform.with_named_sequence} {\n"
+            "transform.named_sequence @__transform_main(%root: !transform.any_op {transform.readonly}) {\n"
+            + body + "\ntransform.yield\n}\n}")
+    script = ir.Module.parse(text, module.context)
+    try:
+        interpreter.apply_named_sequence(module, script.body.operations[0], script)
+    except Exception as e:  # the interpreter reports through diagnostics and an exception
+        raise PassFailed(f"{what} failed: {e}") from None
+
+
 @register
 @dataclass(frozen=True)
 class CpuTileLinalgPass(TraceaPass):
@@ -185,9 +383,19 @@ class CpuTileLinalgPass(TraceaPass):
     def run(self, module: ir.Operation) -> None:
         host = host_cpu()
         threads = self.threads or host.cores
-        scripts = []
-        for op in _function_body_ops(module):
+        fuse_row_groups(module, threads)
+        scripts, hoisting = [], []
+        for op in _function_body_ops(module) + _fused_ops(module):
             if op.name != "linalg.generic":
+                continue
+            if ROW_TAG in op.attributes:  # one row of a row group, on its thread
+                del op.attributes[ROW_TAG]
+                module.attributes[GENERIC_LOOPS] = ir.UnitAttr.get()
+                plan = plan_for(op, 1, host.f32_lanes, self.min_work)
+                if plan is not None:
+                    op.attributes[TAG] = ir.IntegerAttr.get(ir.IntegerType.get_signless(64), len(scripts))
+                    hoisting.append(plan.hoisting(len(scripts)))
+                    scripts.append(plan.script(len(scripts), 1))
                 continue
             dims = transposed_dims(op)
             if dims is not None:
@@ -200,17 +408,18 @@ class CpuTileLinalgPass(TraceaPass):
             if plan is None:
                 continue
             op.attributes[TAG] = ir.IntegerAttr.get(ir.IntegerType.get_signless(64), len(scripts))
+            hoisting.append(plan.hoisting(len(scripts)))
             scripts.append(plan.script(len(scripts), threads))
         if not scripts:
             return
-        text = ("module attributes {transform.with_named_sequence} {\n"
-                "transform.named_sequence @__transform_main(%root: !transform.any_op {transform.readonly}) {\n"
-                + "\n".join(scripts) + "\n" + _FOLD_MASKS + "\ntransform.yield\n}\n}")
-        script = ir.Module.parse(text, module.context)
-        try:
-            interpreter.apply_named_sequence(module, script.body.operations[0], script)
-        except Exception as e:  # the interpreter reports through diagnostics and an exception
-            raise PassFailed(f"tiling the leftover linalg ops failed: {e}") from None
+        kernels_own = _reductions(module)
+        _apply(module, "\n".join(scripts + [_FOLD_MASKS] + hoisting), "tiling the leftover linalg ops")
+        # the partial sums' final reduction across lanes: the order of the sum is the vectorizer's
+        # already, so it may be a tree (an ordered one is a chain of dependent adds, ~100 cycles
+        # for 32 lanes)
+        for op in _reductions(module):
+            if op not in kernels_own and str(op.attributes["fastmath"]) == "#arith.fastmath<none>":
+                op.attributes["fastmath"] = ir.Attribute.parse("#arith.fastmath<reassoc>")
 
         def untag(op):
             if TAG in op.attributes:
@@ -218,6 +427,41 @@ class CpuTileLinalgPass(TraceaPass):
             return ir.WalkResult.ADVANCE
 
         module.walk(untag)
+
+
+_CASTS = {f"arith.{name}" for name in ("extf", "truncf", "sitofp", "uitofp", "fptosi", "fptoui", "extsi", "extui",
+                                         "trunci")}
+
+
+@register
+@dataclass(frozen=True)
+class SplitCastsPass(TraceaPass):
+    NAME = "tracea-split-casts"
+    SUMMARY = ("give each linalg.generic reading an elementwise cast (torch's f32 -> f64 before a variance) a "
+               "copy of its own, so that linalg-fuse-elementwise-ops fuses the cast into every reader instead "
+               "of writing the converted tensor to memory")
+
+    def run(self, module: ir.Operation) -> None:
+        for op in _function_body_ops(module):
+            if not _elementwise_cast(op):
+                continue
+            uses = list(op.results[0].uses)
+            if len(uses) < 2 or not all(use.owner.name == "linalg.generic" for use in uses):
+                continue
+            for use in uses[1:]:
+                copy = op.clone(ir.InsertionPoint(use.owner))
+                use.owner.operands[use.operand_number] = copy.results[0]
+
+
+def _elementwise_cast(op: ir.Operation) -> bool:
+    if op.name != "linalg.generic" or len(op.results) != 1:
+        return False
+    if not all("parallel" in str(a) for a in ir.ArrayAttr(op.attributes["iterator_types"])):
+        return False
+    if not all(m.is_permutation for m in _maps(op)):
+        return False
+    body = [o.name for o in op.regions[0].blocks[0].operations]
+    return len(body) == 2 and body[0] in _CASTS
 
 
 @register

@@ -183,7 +183,8 @@ def tiled_lowering(threads: int = 0) -> str:
             f"tracea-cpu-conv{t}, tracea-cpu-kernels{t}, tracea-lower-to-linalg, {TORCH_NUMERICS}, "
             # unit dims dropped and elementwise producers fused into their consumers: torch's
             # decomposed layer norm becomes a few loop nests instead of ten (encoder 2.11 -> 1.90 ms)
-            f"linalg-generalize-named-ops, linalg-fold-unit-extent-dims, linalg-fuse-elementwise-ops, canonicalize, "
+            f"linalg-generalize-named-ops, linalg-fold-unit-extent-dims, tracea-split-casts, linalg-fuse-elementwise-ops, "
+            "canonicalize, "
             f"cse, tracea-cpu-tile-linalg{t}, tracea-vector-exp")
 
 
@@ -201,6 +202,8 @@ register_pipeline("tracea-cpu-bufferize", "C entry points, inlining, one-shot bu
                   "tracea-cpu-abi, inline{default-pipeline=}, symbol-dce, canonicalize, eliminate-empty-tensors, "
                   "one-shot-bufferize{bufferize-function-boundaries "
                   "function-boundary-type-conversion=identity-layout-map}, "
+                  # a row group's temporaries (targets/cpu/linalg.py) allocated once per thread, not per row
+                  "func.func(buffer-loop-hoisting), "
                   # functions a model's layers were imported into (frontend/layers.py) are called
                   # with buffers for their results: returned buffers made the deallocation check
                   # aliasing at run time in i1 memrefs, which this LLVM build cannot lower
