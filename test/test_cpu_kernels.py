@@ -14,6 +14,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 import reference as ref
+from tracea.targets.cpu.softmax import ROW_IN_CACHE
 import tracea
 from tracea import dialects as td
 from tracea.targets.cpu.gemm import column_chunk
@@ -262,6 +263,17 @@ def test_vectorized_softmax(shape, dtype, threads, scale):
     kernel = tracea.compile(fn, threads=threads, keep_stages=True)
     assert KERNEL_MARK in kernel.stages["linalg"]
     ref.assert_close(kernel(x), ref.softmax(x), dtype)
+
+
+@pytest.mark.parametrize("n", [ROW_IN_CACHE - 3, ROW_IN_CACHE + 5])
+def test_softmax_rows_in_and_beyond_the_cache(n):
+    """Both row plans (three passes in cache, the running max beyond): sharp rows (scores of
+    tens) whose largest value comes last, -inf entries, a ragged tail."""
+    x = ref.random(np.random.default_rng(n), (3, n), "f32", scale=30.0)
+    x[:, -1] = x.max() + 5  # the max in the masked tail
+    x[1, ::7] = -np.inf
+    out = tracea.compile(td.function(td.tensor(x.shape))(td.softmax), threads=2)(x)
+    ref.assert_close(out, ref.softmax(x), "f32")
 
 
 def test_softmax_of_infinities():
