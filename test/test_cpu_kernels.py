@@ -390,6 +390,37 @@ def test_direct_nchw_conv(n, c, k, kh, kw, hw, stride, dilation, pads, bias, thr
     ref.assert_close(out, ref.conv2d(x, f, b if bias else None, stride, pads, dilation, 1, "nchw"), "f32", c * kh * kw)
 
 
+@given(n=st.integers(1, 2), c=st.integers(1, 12), kh=st.integers(1, 7), kw=st.integers(1, 7),
+       hw=st.tuples(st.integers(1, 20), st.integers(1, 40)), stride=st.tuples(st.integers(1, 3), st.integers(1, 3)),
+       dilation=st.tuples(st.integers(1, 2), st.integers(1, 2)), pads=st.tuples(*[st.integers(0, 3)] * 4),
+       bias=st.booleans(), threads=st.sampled_from([1, 2]))
+def test_depthwise_nchw_conv(n, c, kh, kw, hw, stride, dilation, pads, bias, threads):
+    """One filter per channel (groups = C) on its own kernel: every stride, dilation, asymmetric
+    padding, filters up to 7x7, rows shorter and longer than a vector (a register tile's columns
+    past the row dropped)."""
+    h, w = hw
+    if h + pads[0] + pads[1] < dilation[0] * (kh - 1) + 1 or w + pads[2] + pads[3] < dilation[1] * (kw - 1) + 1:
+        return
+    rng = np.random.default_rng(n + c * 10 + kh * 1000 + h * 7 + w)
+    x, f, b = ref.random(rng, (n, c, h, w)), ref.random(rng, (c, 1, kh, kw)), ref.random(rng, (c,))
+    opts = dict(stride=stride, padding=pads, dilation=dilation, groups=c)
+    args = [td.tensor(x.shape), td.tensor(f.shape)] + ([td.tensor(b.shape)] if bias else [])
+    kernel = tracea.compile(td.function(*args)(lambda *a: td.conv2d(*a, **opts)), threads=threads, keep_stages=True)
+    assert "vector.fma" in kernel.stages["linalg"]  # the depthwise kernel, not the reference loops
+    out = kernel(x, f, *([b] if bias else []))
+    ref.assert_close(out, ref.conv2d(x, f, b if bias else None, stride, pads, dilation, c, "nchw"), "f32", kh * kw)
+
+
+@pytest.mark.parametrize("w,k,stride", [(113, 3, 1), (250, 5, 2), (8 * LANES * 3, 7, 1)])
+def test_depthwise_nchw_conv_rows_of_several_register_tiles(w, k, stride):
+    x = ref.random(np.random.default_rng(w), (1, 3, 5, w))
+    f = ref.random(np.random.default_rng(k), (3, 1, k, k))
+    fn = td.function(td.tensor(x.shape), td.tensor(f.shape))(
+        lambda a, b: td.conv2d(a, b, stride=stride, padding=k // 2, groups=3))
+    out = tracea.compile(fn, threads=2)(x, f)
+    ref.assert_close(out, ref.conv2d(x, f, None, (stride, stride), (k // 2,) * 4, (1, 1), 3, "nchw"), "f32", k * k)
+
+
 LEFTOVER_LINALG = """
 #id = affine_map<(d0, d1) -> (d0, d1)>
 #row = affine_map<(d0, d1) -> (d1)>

@@ -48,7 +48,15 @@ def _randomize_batch_norms(model):
     return model
 
 
-MODELS = {"mlp": (mlp, (8, 64)), "cnn": (cnn, (2, 3, 32, 32)), "encoder": (encoder, (2, 16, 64))}
+def mobile():
+    """A MobileNet inverted residual: expand 1x1, depthwise 3x3 (stride 2) and 5x5, project 1x1."""
+    return nn.Sequential(nn.Conv2d(16, 48, 1), nn.BatchNorm2d(48), nn.Hardswish(),
+                         nn.Conv2d(48, 48, 3, stride=2, padding=1, groups=48), nn.BatchNorm2d(48), nn.ReLU(),
+                         nn.Conv2d(48, 48, 5, padding=2, groups=48, bias=False), nn.Conv2d(48, 24, 1))
+
+
+MODELS = {"mlp": (mlp, (8, 64)), "cnn": (cnn, (2, 3, 32, 32)), "encoder": (encoder, (2, 16, 64)),
+          "mobile": (mobile, (2, 16, 20, 20))}
 
 
 @pytest.mark.parametrize("name", MODELS)
@@ -83,6 +91,9 @@ def test_patterns_are_raised_into_tracea_ops():
     assert 'kind = "relu"' in text and 'kind = "gelu"' in text and text.count('kind = "bias_add"') == 3
     text = _raised_ops(cnn(), torch.randn(1, 3, 32, 32))
     assert text.count('"tracea.conv2d"') == 3 and "linalg.conv_2d" not in text
+    depthwise = nn.Sequential(nn.Conv2d(8, 8, 3, stride=2, padding=1, groups=8), nn.ReLU(), nn.Conv2d(8, 8, 5, groups=8))
+    text = _raised_ops(depthwise, torch.randn(1, 8, 16, 16))
+    assert text.count('"tracea.conv2d"') == 2 and text.count("groups = 8") == 2 and "depthwise" not in text
     text = _raised_ops(encoder(), torch.randn(2, 16, 64))
     # the attention's Q K^T, safe softmax and P V are one fused op; its four linear layers fused GEMMs
     assert '"tracea.attention"' in text and '"tracea.softmax"' not in text and '"tracea.gemm"' not in text

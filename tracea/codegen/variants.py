@@ -42,6 +42,7 @@ class Problem:
     # conv2d
     layout: str | None = None
     groups: int | None = None
+    depthwise: bool | None = None  # one filter per input channel (groups = channels = filters)
     # softmax: along the last (contiguous) axis
     last_axis: bool | None = None
     schedule: Any = None  # the op's own schedule (dialects.schedule.Schedule), if it has one
@@ -70,7 +71,10 @@ class Problem:
         if kind == "attention":
             return Problem(**base, head_dim=v.operands["query"].shape[-1], value_head_dim=v.operands["value"].shape[-1])
         if kind == "conv2d":
-            return Problem(**base, layout=v.attrs["layout"], groups=v.attrs["groups"])
+            channels = v.operands["input"].shape[1 if v.attrs["layout"] == "nchw" else 3]
+            filters = v.result.shape[1 if v.attrs["layout"] == "nchw" else 3]
+            return Problem(**base, layout=v.attrs["layout"], groups=v.attrs["groups"],
+                           depthwise=v.attrs["groups"] == channels == filters)
         if kind == "softmax":
             return Problem(**base, last_axis=v.attrs["axis"] % v.result.rank == v.result.rank - 1)
         raise ValueError(f"no kernel variants for {v.op.name}")

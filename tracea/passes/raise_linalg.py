@@ -340,8 +340,13 @@ def _raise_conv(op: ir.Operation) -> bool:
     stride, dilation = (_int_pair(op.attributes[n] if n in op.attributes else None) for n in ("strides", "dilations"))
     if stride is None or dilation is None:
         return False
+    groups = 1
     with op.location, td.located(op.location), ir.InsertionPoint(op):
-        new = td.conv2d(x, w, bias, stride=stride, padding=padding, dilation=dilation)
+        if op.name == "linalg.depthwise_conv_2d_nchw_chw":  # filter [C, KH, KW]: one per channel
+            groups, kh, kw = w.type.shape
+            w = tensor.expand_shape(ir.RankedTensorType.get([groups, 1, kh, kw], w.type.element_type), w,
+                                    [[0, 1], [2], [3]], [], [groups, 1, kh, kw])
+        new = td.conv2d(x, w, bias, stride=stride, padding=padding, dilation=dilation, groups=groups)
     op.results[0].replace_all_uses_with(new)
     return True
 
@@ -549,8 +554,8 @@ def _static(op: ir.Operation) -> bool:
 @dataclass(frozen=True)
 class RaiseLinalgPass(TraceaPass):
     NAME = "tracea-raise-linalg"
-    SUMMARY = ("raise linalg patterns (matmul + elementwise epilogue, padded conv + bias, decomposed "
-               "softmax) into tracea ops so they take the fast kernels")
+    SUMMARY = ("raise linalg patterns (matmul + elementwise epilogue, padded conv + bias, depthwise conv, "
+               "decomposed softmax) into tracea ops so they take the fast kernels")
 
     def run(self, module: ir.Operation) -> None:
         for func_op in module.regions[0].blocks[0].operations:
@@ -563,7 +568,7 @@ class RaiseLinalgPass(TraceaPass):
                     continue  # tracea ops take static shapes: dynamic ones keep the generic lowering
                 if op.name in _DEFAULT_MAPS:
                     _raise_gemm(op)
-                elif op.name == "linalg.conv_2d_nchw_fchw":
+                elif op.name in ("linalg.conv_2d_nchw_fchw", "linalg.depthwise_conv_2d_nchw_chw"):
                     _raise_conv(op)
                 elif op.name == "linalg.generic":
                     _raise_softmax(op)

@@ -38,6 +38,46 @@ def register_tile(filters: int, accumulators: int) -> tuple[int, int]:
     return min(tiles, key=lambda t: (-(-filters // t[0]) * t[0] * (1 + 2 / t[0] + 1 / t[1]), -t[1]))
 
 
+def copy_to_phase_planes(t: LoopText, X: str, X_t: str, XS: str, XS_t: str, hw: tuple[int, int],
+                         top_left: tuple[int, int], stride: tuple[int, int], ws: int, plane: int, L: int) -> None:
+    """Image %n's channel %ch zero-padded into its phase planes XS[%nc] (pitch ws, `plane`
+    elements each)."""
+    (h, w), (top, left), (sh, sw) = hw, top_left, stride
+    vt, mt = f"vector<{L}xf32>", f"vector<{L}xi1>"
+    zv = t.op(f"arith.constant dense<0.0> : {vt}", "z")
+    t.for_("%p", t.c(0), t.c(sh * sw), t.c(1))
+    t.for_("%i", t.c(0), t.c(plane), t.c(L))
+    t.line(f"vector.store {zv}, {XS}[%nc, %p, %i] : {XS_t}, {vt}")
+    t.close()
+    t.close()
+    t.for_("%ih", t.c(0), t.c(h), t.c(1))
+    hp = t.add("%ih", t.c(top))
+    ph = t.op(f"arith.remui {hp}, {t.c(sh)} : index", "i")
+    row = t.mul(t.op(f"arith.divui {hp}, {t.c(sh)} : index", "i"), t.c(ws))
+    if sw == 1:  # rows stay contiguous: vector copies, the last one masked (masked moves are slow)
+        full = w // L * L
+        if full:
+            t.for_("%iw", t.c(0), t.c(full), t.c(L))
+            xv = t.op(f"vector.load {X}[%n, %ch, %ih, %iw] : {X_t}, {vt}", "x")
+            t.line(f"vector.store {xv}, {XS}[%nc, {ph}, {t.add(row, t.add('%iw', t.c(left)))}] : {XS_t}, {vt}")
+            t.close()
+        if full < w:
+            mask = t.op(f"vector.constant_mask [{w - full}] : {mt}", "k")
+            xv = t.op(f"vector.maskedload {X}[%n, %ch, %ih, {t.c(full)}], {mask}, {zv} : {X_t}, {mt}, {vt} into {vt}",
+                      "x")
+            t.line(f"vector.maskedstore {XS}[%nc, {ph}, {t.add(row, t.c(full + left))}], {mask}, {xv} "
+                   f": {XS_t}, {mt}, {vt}")
+    else:  # columns go to sw planes in turn
+        t.for_("%iw", t.c(0), t.c(w), t.c(1))
+        wp = t.add("%iw", t.c(left))
+        p = t.add(t.mul(ph, t.c(sw)), t.op(f"arith.remui {wp}, {t.c(sw)} : index", "i"))
+        at = t.add(row, t.op(f"arith.divui {wp}, {t.c(sw)} : index", "i"))
+        t.line(f"memref.store {t.op(f'memref.load {X}[%n, %ch, %ih, %iw] : {X_t}', 'x')}, {XS}[%nc, {p}, {at}] "
+               f": {XS_t}")
+        t.close()
+    t.close()
+
+
 def conv_nchw_kernel_text(name: str, v: OpView, location: str, lanes: int, accumulators: int,
                           threads: int) -> str:
     x, f, out = v.operands["input"], v.operands["filter"], v.result
@@ -77,31 +117,7 @@ def conv_nchw_kernel_text(name: str, v: OpView, location: str, lanes: int, accum
     t.parallel("%nc", t.c(0), t.c(n * c), t.c(1))
     t.line(f"%n = arith.divui %nc, {t.c(c)} : index")
     t.line(f"%ch = arith.remui %nc, {t.c(c)} : index")
-    t.for_("%p", t.c(0), t.c(phases), t.c(1))
-    t.for_("%i", t.c(0), t.c(plane), t.c(L))
-    t.line(f"vector.store {zv}, {XS}[%nc, %p, %i] : {XS_t}, {vt}")
-    t.close()
-    t.close()
-    t.for_("%ih", t.c(0), t.c(h), t.c(1))
-    hp = t.add("%ih", t.c(top))
-    ph = t.op(f"arith.remui {hp}, {t.c(sh)} : index", "i")
-    row = t.mul(t.op(f"arith.divui {hp}, {t.c(sh)} : index", "i"), t.c(ws))
-    if sw == 1:  # rows stay contiguous: vector copies, the last one masked
-        t.for_("%iw", t.c(0), t.c(w), t.c(L))
-        mask = t.op(f"vector.create_mask {t.min_(t.op(f'arith.subi {t.c(w)}, %iw : index', 'i'), t.c(L))} : {mt}", "k")
-        xv = t.op(f"vector.maskedload {X}[%n, %ch, %ih, %iw], {mask}, {zv} : {X_t}, {mt}, {vt} into {vt}", "x")
-        t.line(f"vector.maskedstore {XS}[%nc, {ph}, {t.add(row, t.add('%iw', t.c(left)))}], {mask}, {xv} "
-               f": {XS_t}, {mt}, {vt}")
-        t.close()
-    else:  # columns go to sw planes in turn
-        t.for_("%iw", t.c(0), t.c(w), t.c(1))
-        wp = t.add("%iw", t.c(left))
-        p = t.add(t.mul(ph, t.c(sw)), t.op(f"arith.remui {wp}, {t.c(sw)} : index", "i"))
-        at = t.add(row, t.op(f"arith.divui {wp}, {t.c(sw)} : index", "i"))
-        t.line(f"memref.store {t.op(f'memref.load {X}[%n, %ch, %ih, %iw] : {X_t}', 'x')}, {XS}[%nc, {p}, {at}] "
-               f": {XS_t}")
-        t.close()
-    t.close()
+    copy_to_phase_planes(t, X, X_t, XS, XS_t, (h, w), (top, left), (sh, sw), ws, plane, L)
     t.close_parallel()
 
     # --- the filter in blocks of MR, zero past K ------------------------------------------------
@@ -206,3 +222,91 @@ def conv_nchw_kernel_text(name: str, v: OpView, location: str, lanes: int, accum
     t.close_parallel()
     params = ", ".join(f"%arg{i}: {spec}" for i, spec in enumerate([x, f] + ([bias] if bias is not None else [])))
     return t.function_text(name, params, O, out, location)
+
+
+def depthwise_tile(ow: int, lanes: int, accumulators: int) -> tuple[int, int]:
+    """(NV vectors of output columns per register tile, tiles per output row): a row's vectors in
+    as few tiles as the accumulators allow, split evenly (56 columns: one tile of 7 vectors)."""
+    vectors = -(-ow // lanes)
+    tiles = -(-vectors // accumulators)
+    return -(-vectors // tiles), tiles
+
+
+def conv_depthwise_nchw_kernel_text(name: str, v: OpView, location: str, lanes: int, accumulators: int) -> str:
+    """A depthwise NCHW f32 conv (groups = channels = filters): per (image, channel), in
+    parallel, the channel's zero-padded phase planes (as the direct kernel's), then each output
+    row in tiles of NV vectors of columns, each tap a broadcast filter value times NV loads."""
+    x, f, out = v.operands["input"], v.operands["filter"], v.result
+    bias = v.operands.get("bias")
+    n, c, h, w = x.shape
+    _, _, kh_n, kw_n = f.shape
+    _, _, oh_n, ow_n = out.shape
+    sh, sw = v.attrs["stride"]
+    dh, dw = v.attrs["dilation"]
+    top, bottom, left, right = Conv2dDef.pads(v.attrs)
+    L = lanes
+    NV, tiles = depthwise_tile(ow_n, L, accumulators)
+    hs, ws = -(-(h + top + bottom) // sh), -(-(w + left + right) // sw)
+    last_read = (oh_n - 1) * ws + tiles * NV * L - 1 + ((kh_n - 1) * dh // sh) * ws + (kw_n - 1) * dw // sw
+    plane = -(-max(last_read + 1, hs * ws) // L) * L
+    vt, mt = f"vector<{L}xf32>", f"vector<{L}xi1>"
+    t = LoopText()
+    X, X_t = t.to_buffer("%arg0", x), memref_text(x.shape, "f32")
+    W, W_t = t.to_buffer("%arg1", f), memref_text(f.shape, "f32")
+    if bias is not None:
+        B, B_t = t.to_buffer("%arg2", bias), memref_text(bias.shape, "f32")
+    O_t = memref_text(out.shape, "f32")
+    O = t.op(f"memref.alloc() {{alignment = 64 : i64}} : {O_t}", "m")
+    XS_t = memref_text((n * c, sh * sw, plane), "f32")
+    XS = t.op(f"memref.alloc() {{alignment = 64 : i64}} : {XS_t}", "m")
+    zv = t.op(f"arith.constant dense<0.0> : {vt}", "z")
+
+    t.parallel("%nc", t.c(0), t.c(n * c), t.c(1))
+    t.line(f"%n = arith.divui %nc, {t.c(c)} : index")
+    t.line(f"%ch = arith.remui %nc, {t.c(c)} : index")
+    copy_to_phase_planes(t, X, X_t, XS, XS_t, (h, w), (top, left), (sh, sw), ws, plane, L)
+    start = zv
+    if bias is not None:
+        start = t.op(f"vector.broadcast {t.op(f'memref.load {B}[%ch] : {B_t}', 'b')} : f32 to {vt}", "b")
+    accs_t = ", ".join([vt] * NV)
+    t.for_("%oh", t.c(0), t.c(oh_n), t.c(1))
+    for tile in range(tiles):  # written out: each column's store known whole, partial or past the row
+        _depthwise_tile(t, tile, NV, L, kh_n, kw_n, (sh, sw), (dh, dw), ws, ow_n, start, W, W_t, XS, XS_t, O, O_t)
+    t.close()
+    t.close_parallel()
+    params = ", ".join(f"%arg{i}: {spec}" for i, spec in enumerate([x, f] + ([bias] if bias is not None else [])))
+    return t.function_text(name, params, O, out, location)
+
+
+def _depthwise_tile(t: LoopText, tile: int, NV: int, L: int, kh_n: int, kw_n: int, stride, dilation, ws: int,
+                    ow_n: int, start: str, W: str, W_t: str, XS: str, XS_t: str, O: str, O_t: str) -> None:
+    """Output row %oh's columns tile * NV * L onwards: NV accumulators over every tap."""
+    (sh, sw), (dh, dw) = stride, dilation
+    vt, mt = f"vector<{L}xf32>", f"vector<{L}xi1>"
+    accs_t = ", ".join([vt] * NV)
+    q0 = t.add(t.mul("%oh", t.c(ws)), t.c(tile * NV * L))
+    acc = t.fresh("acc")
+    t.open(f"{acc}:{NV} = scf.for %kh = {t.c(0)} to {t.c(kh_n)} step {t.c(1)} iter_args("
+           + ", ".join(f"%a{j} = {start}" for j in range(NV)) + f") -> ({accs_t})")
+    hoff = t.mul("%kh", t.c(dh))
+    ph = t.op(f"arith.remui {hoff}, {t.c(sh)} : index", "i")
+    base = t.add(q0, t.mul(t.op(f"arith.divui {hoff}, {t.c(sh)} : index", "i"), t.c(ws)))
+    accs = [f"%a{j}" for j in range(NV)]
+    for kw in range(kw_n):  # unrolled: a filter row is at most a few taps
+        woff = kw * dw
+        pl = t.add(t.mul(ph, t.c(sw)), t.c(woff % sw))
+        at = t.add(base, t.c(woff // sw))
+        wb = t.op(f"vector.broadcast {t.op(f'memref.load {W}[%ch, {t.c(0)}, %kh, {t.c(kw)}] : {W_t}', 'w')} "
+                  f": f32 to {vt}", "w")
+        for j in range(NV):
+            xv = t.op(f"vector.load {XS}[%nc, {pl}, {t.add(at, t.c(j * L))}] : {XS_t}, {vt}", "x")
+            accs[j] = t.op(f"vector.fma {wb}, {xv}, {accs[j]} : {vt}", "f")
+    t.line(f"scf.yield {', '.join(accs)} : {accs_t}")
+    t.close()
+    for j in range(NV):  # columns past the row (computed from the next row's pixels) are dropped
+        col = (tile * NV + j) * L
+        if col + L <= ow_n:
+            t.line(f"vector.store {acc}#{j}, {O}[%n, %ch, %oh, {t.c(col)}] : {O_t}, {vt}")
+        elif col < ow_n:
+            mask = t.op(f"vector.constant_mask [{ow_n - col}] : {mt}", "k")
+            t.line(f"vector.maskedstore {O}[%n, %ch, %oh, {t.c(col)}], {mask}, {acc}#{j} : {O_t}, {mt}, {vt}")
