@@ -390,25 +390,40 @@ def test_direct_nchw_conv(n, c, k, kh, kw, hw, stride, dilation, pads, bias, thr
     ref.assert_close(out, ref.conv2d(x, f, b if bias else None, stride, pads, dilation, 1, "nchw"), "f32", c * kh * kw)
 
 
-@given(n=st.integers(1, 2), c=st.integers(1, 12), kh=st.integers(1, 7), kw=st.integers(1, 7),
+@given(n=st.integers(1, 2), c=st.integers(1, 20), kh=st.integers(1, 7), kw=st.integers(1, 7),
        hw=st.tuples(st.integers(1, 20), st.integers(1, 40)), stride=st.tuples(st.integers(1, 3), st.integers(1, 3)),
        dilation=st.tuples(st.integers(1, 2), st.integers(1, 2)), pads=st.tuples(*[st.integers(0, 3)] * 4),
-       bias=st.booleans(), threads=st.sampled_from([1, 2]))
-def test_depthwise_nchw_conv(n, c, kh, kw, hw, stride, dilation, pads, bias, threads):
-    """One filter per channel (groups = C) on its own kernel: every stride, dilation, asymmetric
-    padding, filters up to 7x7, rows shorter and longer than a vector (a register tile's columns
-    past the row dropped)."""
+       bias=st.booleans(), threads=st.sampled_from([1, 2]), layout=st.sampled_from(["nchw", "nhwc"]))
+def test_depthwise_conv(n, c, kh, kw, hw, stride, dilation, pads, bias, threads, layout):
+    """One filter per channel (groups = C) on its own kernel, NCHW and NHWC: every stride,
+    dilation, asymmetric padding, filters up to 7x7, rows and channels shorter and longer than a
+    vector (a register tile's columns past the row dropped, masked channel tails), output pixels
+    whose taps all fall in the padding."""
     h, w = hw
     if h + pads[0] + pads[1] < dilation[0] * (kh - 1) + 1 or w + pads[2] + pads[3] < dilation[1] * (kw - 1) + 1:
         return
     rng = np.random.default_rng(n + c * 10 + kh * 1000 + h * 7 + w)
     x, f, b = ref.random(rng, (n, c, h, w)), ref.random(rng, (c, 1, kh, kw)), ref.random(rng, (c,))
-    opts = dict(stride=stride, padding=pads, dilation=dilation, groups=c)
+    if layout == "nhwc":
+        x, f = x.transpose(0, 2, 3, 1).copy(), f.transpose(2, 3, 1, 0).copy()
+    opts = dict(stride=stride, padding=pads, dilation=dilation, groups=c, layout=layout)
     args = [td.tensor(x.shape), td.tensor(f.shape)] + ([td.tensor(b.shape)] if bias else [])
     kernel = tracea.compile(td.function(*args)(lambda *a: td.conv2d(*a, **opts)), threads=threads, keep_stages=True)
-    assert "vector.fma" in kernel.stages["linalg"]  # the depthwise kernel, not the reference loops
+    assert "linalg.generic" not in kernel.stages["linalg"]  # the depthwise kernel, not the reference loops
     out = kernel(x, f, *([b] if bias else []))
-    ref.assert_close(out, ref.conv2d(x, f, b if bias else None, stride, pads, dilation, c, "nchw"), "f32", kh * kw)
+    ref.assert_close(out, ref.conv2d(x, f, b if bias else None, stride, pads, dilation, c, layout), "f32", kh * kw)
+
+
+@pytest.mark.parametrize("layout", ["nchw", "nhwc"])
+def test_depthwise_conv_with_unequal_strides_dilations_and_pads(layout):
+    x, f = ref.random(np.random.default_rng(0), (2, 11, 9, 13)), ref.random(np.random.default_rng(1), (11, 1, 3, 5))
+    opts = dict(stride=(2, 1), dilation=(1, 2), padding=(2, 1, 3, 0))
+    expected = ref.conv2d(x, f, None, opts["stride"], opts["padding"], opts["dilation"], 11, "nchw")
+    if layout == "nhwc":
+        x, f, expected = x.transpose(0, 2, 3, 1).copy(), f.transpose(2, 3, 1, 0).copy(), expected.transpose(0, 2, 3, 1)
+    fn = td.function(td.tensor(x.shape), td.tensor(f.shape))(lambda a, b: td.conv2d(a, b, groups=11, layout=layout,
+                                                                                    **opts))
+    ref.assert_close(tracea.compile(fn, threads=2)(x, f), expected, "f32", 15)
 
 
 @pytest.mark.parametrize("w,k,stride", [(113, 3, 1), (250, 5, 2), (8 * LANES * 3, 7, 1)])

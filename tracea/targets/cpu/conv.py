@@ -310,3 +310,95 @@ def _depthwise_tile(t: LoopText, tile: int, NV: int, L: int, kh_n: int, kw_n: in
         elif col < ow_n:
             mask = t.op(f"vector.constant_mask [{ow_n - col}] : {mt}", "k")
             t.line(f"vector.maskedstore {O}[%n, %ch, %oh, {t.c(col)}], {mask}, {acc}#{j} : {O_t}, {mt}, {vt}")
+
+
+def conv_depthwise_nhwc_kernel_text(name: str, v: OpView, location: str, lanes: int, accumulators: int) -> str:
+    """A depthwise NHWC f32 conv (filter [KH, KW, 1, C]): rows of output pixels in parallel; per
+    pixel, blocks of channel vectors accumulate the taps inside the image (each tap a vector of
+    the filter times a vector of the input: channels are contiguous in both)."""
+    x, f, out = v.operands["input"], v.operands["filter"], v.result
+    bias = v.operands.get("bias")
+    n, h, w, c = x.shape
+    kh_n, kw_n = f.shape[:2]
+    _, oh_n, ow_n, _ = out.shape
+    sh, sw = v.attrs["stride"]
+    dh, dw = v.attrs["dilation"]
+    top, _, left, _ = Conv2dDef.pads(v.attrs)
+    L = lanes
+    vt, mt = f"vector<{L}xf32>", f"vector<{L}xi1>"
+    t = LoopText()
+    X, X_t = t.to_buffer("%arg0", x), memref_text(x.shape, "f32")
+    W, W_t = t.to_buffer("%arg1", f), memref_text(f.shape, "f32")
+    if bias is not None:
+        B, B_t = t.to_buffer("%arg2", bias), memref_text(bias.shape, "f32")
+    O_t = memref_text(out.shape, "f32")
+    O = t.op(f"memref.alloc() {{alignment = 64 : i64}} : {O_t}", "m")
+    zv = t.op(f"arith.constant dense<0.0> : {vt}", "z")
+
+    def valid(origin: str, dilation: int, end: int, taps_n: int) -> tuple[str, str]:
+        """The taps [lo, hi) whose pixel origin + tap * dilation lies inside [0, end)."""
+        before = t.op(f"arith.maxsi {t.op(f'arith.subi {t.c(0)}, {origin} : index', 'i')}, {t.c(0)} : index", "i")
+        lo = t.op(f"arith.ceildivsi {before}, {t.c(dilation)} : index", "i")
+        room = t.op(f"arith.subi {t.c(end)}, {origin} : index", "i")
+        hi = t.op(f"arith.ceildivsi {room}, {t.c(dilation)} : index", "i")
+        return lo, t.op(f"arith.maxsi {t.min_(hi, t.c(taps_n))}, {lo} : index", "i")
+
+    vectors = [(j * L, None if (j + 1) * L <= c else c - j * L) for j in range(-(-c // L))]
+    CV = min(len(vectors), accumulators)
+    full_blocks = sum(1 for _, m in vectors if m is None) // CV
+    t.parallel("%row", t.c(0), t.c(n * oh_n), t.c(1))
+    t.line(f"%n = arith.divui %row, {t.c(oh_n)} : index")
+    t.line(f"%oh = arith.remui %row, {t.c(oh_n)} : index")
+    ih0 = t.op(f"arith.subi {t.mul('%oh', t.c(sh))}, {t.c(top)} : index", "i")
+    kh_lo, kh_hi = valid(ih0, dh, h, kh_n)
+    t.for_("%ow", t.c(0), t.c(ow_n), t.c(1))
+    iw0 = t.op(f"arith.subi {t.mul('%ow', t.c(sw))}, {t.c(left)} : index", "i")
+    kw_lo, kw_hi = valid(iw0, dw, w, kw_n)
+
+    def block(c0: str, vecs: list[tuple[int, int | None]]) -> None:
+        """Channels c0 + each vector's offset (its lane count when partial) of pixel (%oh, %ow)."""
+        cols = [t.add(c0, t.c(off)) for off, _ in vecs]
+        masks = [None if m is None else t.op(f"vector.constant_mask [{m}] : {mt}", "k") for _, m in vecs]
+
+        def load(mem, mem_t, idx, mask):
+            if mask is None:
+                return t.op(f"vector.load {mem}[{idx}] : {mem_t}, {vt}", "x")
+            return t.op(f"vector.maskedload {mem}[{idx}], {mask}, {zv} : {mem_t}, {mt}, {vt} into {vt}", "x")
+
+        starts = [load(B, B_t, col, m) if bias is not None else zv for col, m in zip(cols, masks)]
+        k = len(vecs)
+        accs_t = ", ".join([vt] * k)
+        acc = t.fresh("acc")
+        t.open(f"{acc}:{k} = scf.for %kh = {kh_lo} to {kh_hi} step {t.c(1)} iter_args("
+               + ", ".join(f"%h{j} = {s}" for j, s in enumerate(starts)) + f") -> ({accs_t})")
+        ih = t.add(ih0, t.mul("%kh", t.c(dh)))
+        inner = t.fresh("accw")
+        t.open(f"{inner}:{k} = scf.for %kw = {kw_lo} to {kw_hi} step {t.c(1)} iter_args("
+               + ", ".join(f"%w{j} = %h{j}" for j in range(k)) + f") -> ({accs_t})")
+        iw = t.add(iw0, t.mul("%kw", t.c(dw)))
+        new = []
+        for j, (col, m) in enumerate(zip(cols, masks)):
+            xv = load(X, X_t, f"%n, {ih}, {iw}, {col}", m)
+            wv = load(W, W_t, f"%kh, %kw, {t.c(0)}, {col}", m)
+            new.append(t.op(f"vector.fma {wv}, {xv}, %w{j} : {vt}", "f"))
+        t.line(f"scf.yield {', '.join(new)} : {accs_t}")
+        t.close()
+        t.line(f"scf.yield {', '.join(f'{inner}#{j}' for j in range(k))} : {accs_t}")
+        t.close()
+        for j, (col, m) in enumerate(zip(cols, masks)):
+            if m is None:
+                t.line(f"vector.store {acc}#{j}, {O}[%n, %oh, %ow, {col}] : {O_t}, {vt}")
+            else:
+                t.line(f"vector.maskedstore {O}[%n, %oh, %ow, {col}], {m}, {acc}#{j} : {O_t}, {mt}, {vt}")
+
+    if full_blocks:
+        t.for_("%cb", t.c(0), t.c(full_blocks * CV * L), t.c(CV * L))
+        block("%cb", vectors[:CV])
+        t.close()
+    rest = vectors[full_blocks * CV:]
+    for i in range(0, len(rest), CV):
+        block(t.c(0), rest[i:i + CV])
+    t.close()
+    t.close_parallel()
+    params = ", ".join(f"%arg{i}: {spec}" for i, spec in enumerate([x, f] + ([bias] if bias is not None else [])))
+    return t.function_text(name, params, O, out, location)

@@ -21,7 +21,7 @@ from ...doctor.capabilities import CPU, Capabilities, host, host_cpu
 from ...codegen.variants import (OPS, BackendIs, Problem, Rule, SimdWidthAtLeast, Variant, known, register_variant,
                                variant)
 from .attention import attention_kernel_text, qk_tile, tile_registers
-from .conv import conv_depthwise_nchw_kernel_text, conv_nchw_kernel_text
+from .conv import conv_depthwise_nchw_kernel_text, conv_depthwise_nhwc_kernel_text, conv_nchw_kernel_text
 from ...codegen.conv_gather import implicit_gemm
 from .gemm import conv_k_block, gemm_dot_kernel_text, gemm_kernel_text
 from .softmax import softmax_kernel_text
@@ -262,6 +262,11 @@ for _variant in (
         else p.layout == "nchw" and p.depthwise and all(d == "f32" for d in (p.dtypes or (p.dtype,))))), 30,
         "per channel: zero-padded phase planes, each output row in register tiles of column vectors",
         frozenset({"simd"})),
+    Variant("cpu.conv2d.depthwise_nhwc", "cpu", ("conv2d",), (ON_CPU, SIMD, Rule(
+        "NHWC, one filter per channel (groups = channels = filters), f32 throughout",
+        lambda p, caps: False if p.dtype != "f32" else None if p.depthwise is None
+        else p.layout == "nhwc" and p.depthwise and all(d == "f32" for d in (p.dtypes or (p.dtype,))))), 30,
+        "per output pixel, blocks of channel vectors over the taps inside the image", frozenset({"simd"})),
     Variant("cpu.conv2d.implicit_gemm", "cpu", ("conv2d",), (ON_CPU, SIMD, Rule(
         "groups = 1", lambda p, caps: None if p.groups is None else p.groups == 1)), 20,
         "the packed GEMM over im2col rows gathered from the NHWC image", frozenset({"simd"}),
@@ -302,6 +307,10 @@ def _emit(module: ir.Operation, op: ir.Operation, v: OpView, variant_id: str, in
         cpu = host_cpu()
         inline_kernel(op, conv_depthwise_nchw_kernel_text(f"__tracea_conv_{index}", v, str(op.location),
                                                           cpu.f32_lanes, cpu.vector_registers - 4))
+    elif variant_id == "cpu.conv2d.depthwise_nhwc":
+        cpu = host_cpu()
+        inline_kernel(op, conv_depthwise_nhwc_kernel_text(f"__tracea_conv_{index}", v, str(op.location),
+                                                          cpu.f32_lanes, cpu.vector_registers // 2))
     elif variant_id == "cpu.conv2d.implicit_gemm":
         writer = KernelWriter(f"__tracea_conv_{index}", v.operands, v.result)
         gemm, result = conv_as_gemm(writer, v, f"__tracea_conv_gemm_{index}", threads)
