@@ -75,6 +75,7 @@ class GemmPlan:
     kc: int
     lanes: int
     threads: int
+    a_batched: bool = True  # else one A for every batch (a 1x1 NCHW conv's filter, kernels.py)
 
     @staticmethod
     def from_view(v: OpView, threads: int = 1) -> "GemmPlan":
@@ -87,11 +88,11 @@ class GemmPlan:
             batch *= d
         mc, nc, kc = s.tile
         mr, nr = s.warp_tile[:2]
-        return GemmPlan(batch, m, n, k, v.attrs["transpose_a"], v.attrs["transpose_b"], b.rank == a.rank,
+        return GemmPlan(batch, m, n, k, v.attrs["transpose_a"], v.attrs["transpose_b"], b.rank == v.result.rank,
                         a.dtype, b.dtype, v.result.dtype, tuple(v.attrs.get("epilogue", ())),
                         v.operands["bias"].dtype if "bias" in v.operands else None,
                         v.operands["residual"].dtype if "residual" in v.operands else None,
-                        mr, nr, mc, nc, kc, s.lane_map.shape[-1], threads)
+                        mr, nr, mc, nc, kc, s.lane_map.shape[-1], threads, a.rank == v.result.rank)
 
     @property
     def n_chunk(self) -> int:
@@ -408,6 +409,7 @@ def gemm_kernel_text(name: str, v: OpView, location: str, gather: ConvGather | N
 
     t.for_("%bb", t.c(0), t.c(p.batch), t.c(1))
     b_batch = "%bb" if p.b_batched else t.c(0)
+    a_batch = "%bb" if p.a_batched else t.c(0)
     t.for_("%jc", t.c(0), t.c(p.n), t.c(p.nc))
     nc = t.min_(t.op(f"arith.subi {t.c(p.n)}, %jc : index", "i"), t.c(p.nc))
     t.for_("%pc", t.c(0), t.c(p.k), t.c(p.kc))
@@ -499,7 +501,7 @@ def gemm_kernel_text(name: str, v: OpView, location: str, gather: ConvGather | N
             t.for_("%k", t.c(0), kc, t.c(1))
             t.for_("%r", t.c(0), t.c(MR), t.c(1))
             row = t.add(row0, "%r")
-            x = guarded_load(t.cmp("ult", row, t.c(p.m)), A, A_t, ["%bb", t.add("%pc", "%k"), row], p.a_dtype)
+            x = guarded_load(t.cmp("ult", row, t.c(p.m)), A, A_t, [a_batch, t.add("%pc", "%k"), row], p.a_dtype)
             t.line(f"memref.store {x}, {Ap}[{t.add(t.add(aoff, t.mul('%k', t.c(MR))), '%r')}] : {Ap_t}")
             t.close()
             t.close()
@@ -512,13 +514,13 @@ def gemm_kernel_text(name: str, v: OpView, location: str, gather: ConvGather | N
             t.open(f"scf.if {t.cmp('ult', row, t.c(p.m))}")
             t.for_("%k", t.c(0), kc_vec, t.c(L))
             vt_in = f"vector<{L}x{p.a_dtype}>"
-            x = t.op(f"vector.load {A}[%bb, {row}, {t.add('%pc', '%k')}] : {A_t}, {vt_in}", "v")
+            x = t.op(f"vector.load {A}[{a_batch}, {row}, {t.add('%pc', '%k')}] : {A_t}, {vt_in}", "v")
             if p.a_dtype != "f32":
                 x = t.op(f"arith.extf {x} : {vt_in} to {vf32}", "v")
             t.line(f"vector.store {x}, {Ap}[{t.add(base, '%k')}] : {Ap_t}, {vf32}")
             t.close()
             t.for_("%k", kc_vec, kc, t.c(1))
-            x = t.load_f32(A, A_t, ["%bb", row, t.add("%pc", "%k")], p.a_dtype)
+            x = t.load_f32(A, A_t, [a_batch, row, t.add("%pc", "%k")], p.a_dtype)
             t.line(f"memref.store {x}, {Ap}[{t.add(base, '%k')}] : {Ap_t}")
             t.close()
             t.else_()
@@ -667,13 +669,14 @@ def gemm_dot_kernel_text(name: str, v: OpView, location: str, threads: int = 1) 
 
     t.for_("%bb", t.c(0), t.c(p.batch), t.c(1))
     b_batch = "%bb" if p.b_batched else t.c(0)
+    a_batch = "%bb" if p.a_batched else t.c(0)
     t.parallel("%ar", t.c(0), t.c(p.m), t.c(1))
     t.for_("%k", t.c(0), t.c(k_vec), t.c(L))
-    t.line(f"vector.store {load(A, A_t, '%bb', '%ar', '%k', p.a_dtype, None)}, {Ap}[{t.c(0)}, %ar, %k] "
+    t.line(f"vector.store {load(A, A_t, a_batch, '%ar', '%k', p.a_dtype, None)}, {Ap}[{t.c(0)}, %ar, %k] "
            f": {Ap_t}, {vf32}")
     t.close()
     t.for_("%k", t.c(k_vec), t.c(p.k), t.c(1))
-    t.line(f"memref.store {t.load_f32(A, A_t, ['%bb', '%ar', '%k'], p.a_dtype)}, {Ap}[{t.c(0)}, %ar, %k] : {Ap_t}")
+    t.line(f"memref.store {t.load_f32(A, A_t, [a_batch, '%ar', '%k'], p.a_dtype)}, {Ap}[{t.c(0)}, %ar, %k] : {Ap_t}")
     t.close()
     t.close_parallel()
     t.open(f"scf.parallel (%ic, %jb) = ({t.c(0)}, {t.c(0)}) to ({t.c(p.m)}, {t.c(p.n)}) "

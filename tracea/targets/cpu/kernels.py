@@ -13,7 +13,7 @@ from dataclasses import dataclass, replace
 
 import mlir.ir as ir
 
-from ...dialects.ops import OP_DEFS, Epilogue, OpView, TensorSpec, view
+from ...dialects.ops import OP_DEFS, Conv2dDef, Epilogue, OpView, TensorSpec, view
 from ...dialects.schedule import LaneMap, Schedule
 from ...dialects.verify import tracea_ops
 from ...errors import OpError
@@ -150,6 +150,43 @@ def conv_as_gemm(w: KernelWriter, v: OpView, name: str, threads: int) -> tuple[s
     return text, result
 
 
+def pointwise_nchw(v: OpView) -> bool:
+    """A 1x1 NCHW conv with stride 1 and no padding, f32, over enough pixels per image that
+    packing the filter once per image costs little next to the GEMM (1 / (2 H W) of its work)."""
+    f = v.operands["filter"]
+    return (v.attrs["layout"] == "nchw" and v.attrs["groups"] == 1 and f.shape[2:] == (1, 1)
+            and tuple(v.attrs["stride"]) == (1, 1) and Conv2dDef.pads(v.attrs) == (0, 0, 0, 0)
+            and v.result.shape[2] * v.result.shape[3] >= POINTWISE_MIN_PIXELS
+            and all(s.dtype == "f32" for s in list(v.operands.values()) + [v.result]))
+
+
+POINTWISE_MIN_PIXELS = 64
+
+
+def conv_pointwise_nchw(w: KernelWriter, v: OpView, name: str, threads: int) -> tuple[str, str]:
+    """A 1x1 NCHW conv as one GEMM per image, with nothing moved: out[n] (K x HW) = W (K x C) @
+    x[n] (C x HW), the filter shared by every image (packed per image), the bias added after
+    (an elementwise op on the result, which linalg fuses with the ops that follow)."""
+    x, f, out = v.operands["input"], v.operands["filter"], v.result
+    n, c, h, wd = x.shape
+    k = f.shape[0]
+    image = w.reshape(w.arg["input"], [[0], [1], [2, 3]], (n, c, h * wd))
+    filt = w.reshape(w.arg["filter"], [[0], [1, 2, 3]], (k, c))
+    schedule = v.attrs.get("schedule") or default_gemm_schedule(k, h * wd, c, host_cpu(), threads)
+    gemm_view = OpView(v.op, OP_DEFS["tracea.gemm"], {"a": TensorSpec((k, c), "f32"), "b": TensorSpec((n, c, h * wd), "f32")},
+                       TensorSpec((n, k, h * wd), "f32"),
+                       {"transpose_a": False, "transpose_b": False, "schedule": schedule, "epilogue": ()})
+    text = gemm_kernel_text(name, gemm_view, str(v.op.location), None, threads)
+    result = w.emit(gemm_view.result, f"func.call @{name}({filt}, {image}) : ({w.types[filt]}, {w.types[image]}) "
+                                      f"-> {gemm_view.result}")
+    result = w.reshape(result, [[0], [1], [2, 3]], out.shape)
+    if "bias" in w.arg:
+        result = w.generic([(result, ["d0", "d1", "d2", "d3"]), (w.arg["bias"], ["d1"])],
+                           (w.empty(out.shape, "f32"), ["d0", "d1", "d2", "d3"]), 4, (),
+                           lambda b: b.add(b.args[0], b.args[1]))
+    return text, result
+
+
 # -- the CPU's kernel variants ---------------------------------------------------------------
 
 def _simd_schedule(p: Problem) -> bool | None:
@@ -252,6 +289,11 @@ for _variant in (
                                                         "[MR, NR, 1]", _packed)), 20,
             "BLIS-style cache blocks, packed panels, an MR x NR register tile of FMAs", frozenset({"simd"}),
             _gemm_default(default_gemm_schedule), _gemm_space, _gemm_check),
+    Variant("cpu.conv2d.pointwise_nchw", "cpu", ("conv2d",), (ON_CPU, SIMD, Rule(
+        f"NCHW 1x1, stride 1, no padding, groups = 1, f32, >= {POINTWISE_MIN_PIXELS} pixels",
+        # (decided on the op itself: planned without shapes, a conv is not assumed to be 1x1)
+        lambda p, caps: p.view is not None and pointwise_nchw(p.view))), 40,
+        "one GEMM per image on the packed kernel (filter x image as they lie)", frozenset({"simd"})),
     Variant("cpu.conv2d.direct_nchw", "cpu", ("conv2d",), (ON_CPU, SIMD, Rule(
         "NCHW, groups = 1, f32 throughout", lambda p, caps: False if p.dtype != "f32" else None if p.layout is None
         else p.layout == "nchw" and p.groups == 1 and all(d == "f32" for d in (p.dtypes or (p.dtype,))))), 30,
@@ -311,9 +353,10 @@ def _emit(module: ir.Operation, op: ir.Operation, v: OpView, variant_id: str, in
         cpu = host_cpu()
         inline_kernel(op, conv_depthwise_nhwc_kernel_text(f"__tracea_conv_{index}", v, str(op.location),
                                                           cpu.f32_lanes, cpu.vector_registers // 2))
-    elif variant_id == "cpu.conv2d.implicit_gemm":
+    elif variant_id in ("cpu.conv2d.implicit_gemm", "cpu.conv2d.pointwise_nchw"):
         writer = KernelWriter(f"__tracea_conv_{index}", v.operands, v.result)
-        gemm, result = conv_as_gemm(writer, v, f"__tracea_conv_gemm_{index}", threads)
+        lower = conv_pointwise_nchw if variant_id == "cpu.conv2d.pointwise_nchw" else conv_as_gemm
+        gemm, result = lower(writer, v, f"__tracea_conv_gemm_{index}", threads)
         # The GEMM kernel stays a function of the module; the inliner dissolves it later.
         kernel_module = ir.Module.parse(gemm, op.context)
         kernel_module.body.operations[0].operation.move_before(module.regions[0].blocks[0].operations[0])
