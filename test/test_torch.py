@@ -219,6 +219,27 @@ def test_an_input_read_by_two_kernels_is_not_overwritten_between_them(batch):
         torch.testing.assert_close(tracea.compile(model, (x,))(x), model(x), rtol=1e-5, atol=1e-5)
 
 
+class Scans(nn.Module):
+    """cumsum as Hugging Face's masks take it (of a comparison, int64) and of floats, on either
+    axis; one too long to rewrite (it runs in PyTorch)."""
+
+    def forward(self, x, ids, long):
+        return (ids != 1).cumsum(-1), torch.cumsum(x, dim=0), x.cumsum(1) * 2, long.cumsum(-1)
+
+
+def test_short_cumsums_compile_with_the_model_and_long_ones_run_in_pytorch():
+    from tracea.frontend import torch_import
+    torch_import._warned.clear()
+    torch.manual_seed(0)
+    x, ids, long = torch.randn(5, 33), torch.randint(0, 3, (2, 40)), torch.randn(2, 1 << 21)
+    with pytest.warns(RuntimeWarning, match=r"aten.cumsum.default runs in PyTorch") as warned:
+        compiled = tracea.compile(Scans().eval(), (x, ids, long))
+    assert len([w for w in warned if "cumsum" in str(w.message)]) == 1
+    for got, expected in zip(compiled(x, ids, long), Scans()(x, ids, long)):
+        assert got.dtype == expected.dtype
+        torch.testing.assert_close(got, expected, rtol=1e-5, atol=1e-5 * expected.abs().max().item())
+
+
 class Unsupported(nn.Module):
     def forward(self, x):
         return torch.sort(x, dim=1).values

@@ -32,7 +32,7 @@ CASES = {
                   (rand(5, 7),), None),
     "fallback_with_outputs": (lambda x: (torch.sort(x, 1).values * 2, x.sum(0), x.amax(1)),  # each in its place
                               (rand(5, 7),), {"aten.sort.default"}),
-    "cumsum": (lambda x: torch.cumsum(x * 3, 1).tanh(), (rand(4, 9),), {"aten.cumsum.default"}),
+    "cumsum": (lambda x: torch.cumsum(x * 3, 1).tanh(), (rand(4, 9),), set()),
     "complex": (lambda x: torch.view_as_real(torch.fft.rfft(x)).sum(-1) * 2, (rand(4, 16),), None),
     # these compile
     "broadcast_0d": (lambda a, b: a + b, (rand(3, 4), rand()), set()),

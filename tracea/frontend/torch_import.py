@@ -337,7 +337,27 @@ def decomposition_table() -> dict:
     from torch_mlir.extras.fx_decomp_util import get_decomposition_table
     table = get_decomposition_table()
     table.pop(torch.ops.aten.native_layer_norm.default, None)
+    table[torch.ops.aten.cumsum.default] = _cumsum_as_triangular_sum
     return table
+
+
+# Scans torch-mlir lowers to tm_tensor.scan (no linalg): a model with one was cut in two around it
+# (Hugging Face's causal masks take a cumsum of position ids)
+CUMSUM_MAX_WORK = 1 << 22
+
+
+def _cumsum_as_triangular_sum(x, dim, dtype=None):
+    """cumsum along `dim` (n long) as y[..., i] = sum_j x[..., j] * (j <= i): n times the work, so
+    only while numel * n stays under CUMSUM_MAX_WORK (else torch-mlir's scan, run in PyTorch)."""
+    import torch
+    n = x.shape[dim]
+    if not isinstance(n, int) or x.numel() * n > CUMSUM_MAX_WORK:
+        return NotImplemented
+    if dtype is None:  # torch's promotion: integers and booleans sum in int64
+        dtype = x.dtype if x.is_floating_point() or x.is_complex() else torch.int64
+    index = torch.arange(n, device=x.device)
+    lower = (index.unsqueeze(0) <= index.unsqueeze(1)).to(dtype)
+    return (x.to(dtype).movedim(dim, -1).unsqueeze(-2) * lower).sum(-1).movedim(-1, dim)
 
 
 def decomposed_program(program):
@@ -410,7 +430,8 @@ def _imported(importer, what: str) -> str:
 # around x = -2.5), which a 4-layer GPT-2-style decoder carried to 1.4e-3 on its logits (eager: 7e-5).
 _TORCH_MLIR_GELU_BETA = 0.7977240352174656
 # Part of the disk cache's key for imported graphs: raise it when what the import writes changes
-# for the same graph and tool versions (2: the GELU constant corrected; 3: layer norm in f32).
+# for the same graph and tool versions (2: the GELU constant corrected; 3: layer norm in f32, cumsum
+# as a sum).
 IMPORT_REVISION = 3
 
 
