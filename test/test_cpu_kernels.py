@@ -657,3 +657,21 @@ def test_exp_in_leftover_linalg_is_a_vector_polynomial_with_ieee_edges():
     assert ulps.max() <= 2
     np.testing.assert_array_equal(got[-7:-2], [np.inf, 0.0, np.nan, np.inf, np.inf])
     assert got[-2] == 1.0 and got[-1] == 1.0
+
+
+def test_tanh_in_leftover_linalg_is_a_vector_polynomial_accurate_near_zero():
+    """tanh outside the kernels (a GELU written out, as Hugging Face's GPT-2): vectorized without
+    libm, within 2 ulps of float64 from subnormals to saturation (relative precision near 0,
+    both sides of the 0.625 switch), tanh(-0) = -0, +-1 at +-inf, NaN for NaN."""
+    tiny = np.logspace(-38, 1, 1500).astype(np.float32)
+    x = np.concatenate([np.linspace(-20, 20, 4001, dtype=np.float32), tiny, -tiny,
+                        np.float32([0.625, np.nextafter(np.float32(0.625), 0), 44, 1e30, np.inf, -np.inf, np.nan,
+                                    -0.0])])
+    kernel = tracea.compile(EXP_PROGRAM.replace("math.exp", "math.tanh").format(n=x.size), keep_stages=True)
+    assert "tanh" not in kernel.stages["llvm"]
+    got, want = kernel(x), np.tanh(x.astype(np.float64))
+    finite = ~np.isnan(x)
+    ulps = np.abs(got[finite] - want[finite]) / np.spacing(np.abs(want[finite]).astype(np.float32))
+    assert ulps.max() <= 2, x[finite][ulps.argmax()]
+    np.testing.assert_array_equal(got[-5:-1], [1.0, 1.0, -1.0, np.nan])
+    assert got[-1] == 0 and np.signbit(got[-1])

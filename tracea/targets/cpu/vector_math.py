@@ -1,12 +1,14 @@
-"""`tracea-vector-exp`: `math.exp` on f32 vectors as a polynomial in arith ops.
+"""`tracea-vector-exp`: `math.exp` and `math.tanh` on f32 vectors as polynomials in arith ops.
 
 MLIR lowers a vector `math.exp` to LLVM's exp intrinsic, which the x86 code generator scalarizes
 into one libm call per lane: once tracea-cpu-tile-linalg vectorized the elementwise loop nests a
 model leaves outside the kernels, a sigmoid over 1024x1024 took 3.1 ms where eager torch takes
 1.0 ms. Here each becomes `vector_exp` (codegen/kernel_text.py, Cephes expf, ~1 ulp), with
 IEEE's edges kept: +inf above 88.72 (the polynomial clamps), NaN in, NaN out. Below -87.3 the
-result is 0 where libm gives a subnormal. (tanh and erf keep libm: the polynomials the GEMM
-epilogues use lose relative precision near 0, fine inside GELU, not for the functions alone.)
+result is 0 where libm gives a subnormal. tanh (a GELU written out, as Hugging Face's GPT-2 does:
+a fifth of its time went to libm's tanhf) is Cephes tanhf: an odd polynomial below |x| = 0.625,
+1 - 2 / (exp(2|x|) + 1) with x's sign above (~2 ulp; the GEMM epilogues' (e - 1) / (e + 1) loses
+relative precision near 0). erf keeps libm.
 """
 from __future__ import annotations
 
@@ -45,17 +47,55 @@ def exp_function(lanes: int) -> str:
     return f"func.func private @exp(%x: {vt}) -> {vt} {{\n  {body}\n  return {y} : {vt}\n}}"
 
 
+# Cephes tanhf: tanh x = x + x^3 P(x^2) for |x| < 0.625
+TANH_SMALL = 0.625
+TANH_POLYNOMIAL = (-5.70498872745e-3, 2.06390887954e-2, -5.37397155531e-2, 1.33314422036e-1, -3.33332819422e-1)
+
+
+def tanh_function(lanes: int) -> str:
+    vt, it, bt = f"vector<{lanes}xf32>", f"vector<{lanes}xi32>", f"vector<{lanes}xi1>"
+    t = _Text()
+
+    def const(value: float) -> str:
+        return t.op(f"arith.constant dense<{value!r}> : {vt}", "k")
+
+    ax = t.op(f"math.absf %x : {vt}", "a")
+    z = t.op(f"arith.mulf %x, %x : {vt}", "z")
+    p = const(TANH_POLYNOMIAL[0])
+    for c in TANH_POLYNOMIAL[1:]:
+        p = t.op(f"math.fma {p}, {z}, {const(c)} : {vt}", "p")
+    small = t.op(f"math.fma {t.op(f'arith.mulf {p}, {z} : {vt}', 'p')}, %x, %x : {vt}", "y")
+    small = t.op(f"math.copysign {small}, %x : {vt}", "y")  # tanh(-0) = -0
+    # exp(2|x|) saturates (to the largest finite f32) past |x| = 44: 2 / (e + 1) is then 0
+    e = vector_exp(t, t.op(f"arith.addf {ax}, {ax} : {vt}", "e"), vt, it)
+    two = const(2.0)
+    one = const(1.0)
+    e_plus_one = t.op(f"arith.addf {e}, {one} : {vt}", "e")
+    large = t.op(f"arith.subf {one}, {t.op(f'arith.divf {two}, {e_plus_one} : {vt}', 'e')} : {vt}", "y")
+    large = t.op(f"math.copysign {large}, %x : {vt}", "y")
+    y = t.op(f"arith.select {t.op(f'arith.cmpf olt, {ax}, {const(TANH_SMALL)} : {vt}', 'c')}, {small}, {large} "
+             f": {bt}, {vt}", "y")
+    nan = t.op(f"arith.cmpf uno, %x, %x : {vt}", "c")
+    y = t.op(f"arith.select {nan}, %x, {y} : {bt}, {vt}", "y")
+    body = "\n  ".join(t.lines)
+    return f"func.func private @tanh(%x: {vt}) -> {vt} {{\n  {body}\n  return {y} : {vt}\n}}"
+
+
+_FUNCTIONS = {"math.exp": exp_function, "math.tanh": tanh_function}
+
+
 @register
 @dataclass(frozen=True)
 class VectorExpPass(TraceaPass):
     NAME = "tracea-vector-exp"
-    SUMMARY = "math.exp on 1-D f32 vectors as a polynomial in arith ops (LLVM would call libm once per lane)"
+    SUMMARY = ("math.exp and math.tanh on 1-D f32 vectors as polynomials in arith ops (LLVM would call libm "
+               "once per lane)")
 
     def run(self, module: ir.Operation) -> None:
         found = []
 
         def collect(op):
-            if op.name == "math.exp" and isinstance(op.results[0].type, ir.VectorType):
+            if op.name in _FUNCTIONS and isinstance(op.results[0].type, ir.VectorType):
                 vt = ir.VectorType(op.results[0].type)
                 if vt.rank == 1 and str(vt.element_type) == "f32":
                     found.append((op, vt.shape[0]))
@@ -63,4 +103,4 @@ class VectorExpPass(TraceaPass):
 
         module.walk(collect)
         for op, lanes in found:
-            inline_kernel(op, exp_function(lanes))
+            inline_kernel(op, _FUNCTIONS[op.name](lanes))
