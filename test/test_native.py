@@ -49,6 +49,23 @@ def test_kernel_keeps_its_object_code():
     assert kernel.entry_symbol.encode() in kernel.object_code
 
 
+def test_perf_map_names_every_function_of_a_jit_kernel(monkeypatch):
+    """TRACEA_PERF_MAP=1: /tmp/perf-<pid>.map places every function of the kernel's object (the
+    outlined loop nests too) where the JIT put it, so perf names them."""
+    import os
+    monkeypatch.setenv("TRACEA_PERF_MAP", "1")
+    monkeypatch.setenv("TRACEA_DISK_CACHE", "0")
+    kernel = tracea.compile(td.function(td.tensor((48, 40)), td.tensor((40, 24)), name="mapped")(td.gemm))
+    functions = {name for name, *_ in native.elf_functions(kernel.object_code)}
+    assert kernel.entry_symbol in functions and any(n.startswith("_tracea_loop_") for n in functions)
+    with open(f"/tmp/perf-{os.getpid()}.map") as f:
+        lines = [line.split() for line in f]
+    placed = {name.removeprefix("tracea:"): int(start, 16) for start, _, name in lines}
+    assert functions <= set(placed)
+    for name, address in kernel._keep_alive.addresses.items():  # what the JIT itself reports
+        assert placed[name] == address
+
+
 def test_unresolved_symbol_is_a_compile_error():
     with pytest.raises(CompileError, match="linking the kernel's object code failed"):
         _jit("""

@@ -107,3 +107,9 @@ def show_progress() -> bool:
     stderr as they start, =0 never; by default only when stderr is a terminal."""
     import sys
     return _flag("TRACEA_PROGRESS", sys.stderr.isatty())
+
+
+def perf_map() -> bool:
+    """TRACEA_PERF_MAP=1 writes each JIT-linked kernel's functions (the outlined loop nests
+    included) to /tmp/perf-<pid>.map, so that `perf record` / `perf report` name them."""
+    return _flag("TRACEA_PERF_MAP", False)

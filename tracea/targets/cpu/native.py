@@ -386,3 +386,38 @@ class JitLibrary:
         except RuntimeError as e:
             raise CompileError(f"linking the kernel's object code failed: {e}") from None
         self.addresses = {name: self._tracker[name] for name in exported}
+        from ... import knobs
+        if knobs.perf_map() and exported:
+            write_perf_map(obj, exported[0], self.addresses[exported[0]])
+
+
+def elf_functions(obj: bytes) -> list[tuple[str, int, int, int]]:
+    """(name, section index, offset, size) of each function an ELF64 little-endian object defines."""
+    import struct
+    shoff, = struct.unpack_from("<Q", obj, 0x28)
+    shentsize, shnum = struct.unpack_from("<HH", obj, 0x3A)
+    sections = [struct.unpack_from("<IIQQQQIIQQ", obj, shoff + i * shentsize) for i in range(shnum)]
+    found = []
+    for kind, link, offset, size, entsize in ((s[1], s[6], s[4], s[5], s[9]) for s in sections):
+        if kind != 2:  # SHT_SYMTAB
+            continue
+        strtab = sections[link][4]
+        for at in range(offset, offset + size, entsize):
+            name_at, info, _, shndx, value, sym_size = struct.unpack_from("<IBBHQQ", obj, at)
+            if info & 0xF == 2 and shndx:  # STT_FUNC, defined here
+                name = obj[strtab + name_at:obj.index(b"\0", strtab + name_at)].decode()
+                found.append((name, shndx, value, sym_size))
+    return found
+
+
+def write_perf_map(obj: bytes, known: str, address: int) -> None:
+    """Append the object's functions to /tmp/perf-<pid>.map, placed by `known`'s address (the
+    JIT loads each section whole, so functions keep their offsets within it)."""
+    functions = elf_functions(obj)
+    anchor = next((f for f in functions if f[0] == known), None)
+    if anchor is None:
+        return
+    with open(f"/tmp/perf-{os.getpid()}.map", "a") as out:
+        for name, section, offset, size in functions:
+            if section == anchor[1]:
+                out.write(f"{address - anchor[2] + offset:x} {size:x} tracea:{name}\n")
