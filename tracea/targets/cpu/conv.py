@@ -78,16 +78,18 @@ def copy_to_phase_planes(t: LoopText, X: str, X_t: str, XS: str, XS_t: str, hw: 
     t.close()
 
 
+def nchw_geometry(v: OpView):
+    """(input, filter, bias or None, output), the input's (N, C, H, W), the filter's (K, KH, KW),
+    the output's (OH, OW), stride, dilation, pads (top, bottom, left, right) of an NCHW conv."""
+    x, f, out = v.operands["input"], v.operands["filter"], v.result
+    return ((x, f, v.operands.get("bias"), out), x.shape, (f.shape[0],) + f.shape[2:], out.shape[2:],
+            tuple(v.attrs["stride"]), tuple(v.attrs["dilation"]), Conv2dDef.pads(v.attrs))
+
+
 def conv_nchw_kernel_text(name: str, v: OpView, location: str, lanes: int, accumulators: int,
                           threads: int) -> str:
-    x, f, out = v.operands["input"], v.operands["filter"], v.result
-    bias = v.operands.get("bias")
-    n, c, h, w = x.shape
-    k, _, kh_n, kw_n = f.shape
-    _, _, oh_n, ow_n = out.shape
-    sh, sw = v.attrs["stride"]
-    dh, dw = v.attrs["dilation"]
-    top, bottom, left, right = Conv2dDef.pads(v.attrs)
+    (x, f, bias, out), (n, c, h, w), (k, kh_n, kw_n), (oh_n, ow_n), (sh, sw), (dh, dw), pads = nchw_geometry(v)
+    top, bottom, left, right = pads
     L = lanes
     MR, NV = register_tile(k, accumulators)
     seg = NV * L
@@ -224,6 +226,15 @@ def conv_nchw_kernel_text(name: str, v: OpView, location: str, lanes: int, accum
     return t.function_text(name, params, O, out, location)
 
 
+def _operand_buffers(t: LoopText, x, f, bias, out) -> list[tuple[str | None, str | None]]:
+    """(memref, its type) of the input, the filter, the bias (None, None without one) and a new
+    output buffer."""
+    found = [(t.to_buffer(f"%arg{i}", spec), memref_text(spec.shape, "f32")) for i, spec in enumerate((x, f))]
+    found.append((t.to_buffer("%arg2", bias), memref_text(bias.shape, "f32")) if bias is not None else (None, None))
+    out_t = memref_text(out.shape, "f32")
+    return found + [(t.op(f"memref.alloc() {{alignment = 64 : i64}} : {out_t}", "m"), out_t)]
+
+
 def depthwise_tile(ow: int, lanes: int, accumulators: int) -> tuple[int, int]:
     """(NV vectors of output columns per register tile, tiles per output row): a row's vectors in
     as few tiles as the accumulators allow, split evenly (56 columns: one tile of 7 vectors)."""
@@ -236,14 +247,8 @@ def conv_depthwise_nchw_kernel_text(name: str, v: OpView, location: str, lanes: 
     """A depthwise NCHW f32 conv (groups = channels = filters): per (image, channel), in
     parallel, the channel's zero-padded phase planes (as the direct kernel's), then each output
     row in tiles of NV vectors of columns, each tap a broadcast filter value times NV loads."""
-    x, f, out = v.operands["input"], v.operands["filter"], v.result
-    bias = v.operands.get("bias")
-    n, c, h, w = x.shape
-    _, _, kh_n, kw_n = f.shape
-    _, _, oh_n, ow_n = out.shape
-    sh, sw = v.attrs["stride"]
-    dh, dw = v.attrs["dilation"]
-    top, bottom, left, right = Conv2dDef.pads(v.attrs)
+    (x, f, bias, out), (n, c, h, w), (_, kh_n, kw_n), (oh_n, ow_n), (sh, sw), (dh, dw), pads = nchw_geometry(v)
+    top, bottom, left, right = pads
     L = lanes
     NV, tiles = depthwise_tile(ow_n, L, accumulators)
     hs, ws = -(-(h + top + bottom) // sh), -(-(w + left + right) // sw)
@@ -251,12 +256,7 @@ def conv_depthwise_nchw_kernel_text(name: str, v: OpView, location: str, lanes: 
     plane = -(-max(last_read + 1, hs * ws) // L) * L
     vt, mt = f"vector<{L}xf32>", f"vector<{L}xi1>"
     t = LoopText()
-    X, X_t = t.to_buffer("%arg0", x), memref_text(x.shape, "f32")
-    W, W_t = t.to_buffer("%arg1", f), memref_text(f.shape, "f32")
-    if bias is not None:
-        B, B_t = t.to_buffer("%arg2", bias), memref_text(bias.shape, "f32")
-    O_t = memref_text(out.shape, "f32")
-    O = t.op(f"memref.alloc() {{alignment = 64 : i64}} : {O_t}", "m")
+    (X, X_t), (W, W_t), (B, B_t), (O, O_t) = _operand_buffers(t, x, f, bias, out)
     XS_t = memref_text((n * c, sh * sw, plane), "f32")
     XS = t.op(f"memref.alloc() {{alignment = 64 : i64}} : {XS_t}", "m")
     zv = t.op(f"arith.constant dense<0.0> : {vt}", "z")
@@ -327,12 +327,7 @@ def conv_depthwise_nhwc_kernel_text(name: str, v: OpView, location: str, lanes: 
     L = lanes
     vt, mt = f"vector<{L}xf32>", f"vector<{L}xi1>"
     t = LoopText()
-    X, X_t = t.to_buffer("%arg0", x), memref_text(x.shape, "f32")
-    W, W_t = t.to_buffer("%arg1", f), memref_text(f.shape, "f32")
-    if bias is not None:
-        B, B_t = t.to_buffer("%arg2", bias), memref_text(bias.shape, "f32")
-    O_t = memref_text(out.shape, "f32")
-    O = t.op(f"memref.alloc() {{alignment = 64 : i64}} : {O_t}", "m")
+    (X, X_t), (W, W_t), (B, B_t), (O, O_t) = _operand_buffers(t, x, f, bias, out)
     zv = t.op(f"arith.constant dense<0.0> : {vt}", "z")
 
     def valid(origin: str, dilation: int, end: int, taps_n: int) -> tuple[str, str]:

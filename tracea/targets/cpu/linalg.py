@@ -313,29 +313,25 @@ def fuse_row_groups(module: ir.Operation, threads: int) -> None:
     _apply(module, "\n".join(scripts) + "\n" + _CLEAN_UP, "fusing row reductions into their consumers")
 
 
-def _reductions(module: ir.Operation) -> list[ir.Operation]:
+def _ops_where(module: ir.Operation, keep) -> list[ir.Operation]:
     found = []
 
     def visit(op):
-        if op.name == "vector.reduction":
+        if keep(op):
             found.append(op)
         return ir.WalkResult.ADVANCE
 
     module.walk(visit)
     return found
+
+
+def _reductions(module: ir.Operation) -> list[ir.Operation]:
+    return _ops_where(module, lambda op: op.name == "vector.reduction")
 
 
 def _fused_ops(module: ir.Operation) -> list[ir.Operation]:
     """The row groups' ops, now inside their loops over rows (tagged still)."""
-    found = []
-
-    def visit(op):
-        if ROW_TAG in op.attributes and op.parent.name != "func.func":
-            found.append(op)
-        return ir.WalkResult.ADVANCE
-
-    module.walk(visit)
-    return found
+    return _ops_where(module, lambda op: ROW_TAG in op.attributes and op.parent.name != "func.func")
 
 
 def _own_empty_init(op: ir.Operation) -> None:
@@ -421,12 +417,8 @@ class CpuTileLinalgPass(TraceaPass):
             if op not in kernels_own and str(op.attributes["fastmath"]) == "#arith.fastmath<none>":
                 op.attributes["fastmath"] = ir.Attribute.parse("#arith.fastmath<reassoc>")
 
-        def untag(op):
-            if TAG in op.attributes:
-                del op.attributes[TAG]
-            return ir.WalkResult.ADVANCE
-
-        module.walk(untag)
+        for op in _ops_where(module, lambda op: TAG in op.attributes):
+            del op.attributes[TAG]
 
 
 _CASTS = {f"arith.{name}" for name in ("extf", "truncf", "sitofp", "uitofp", "fptosi", "fptoui", "extsi", "extui",
