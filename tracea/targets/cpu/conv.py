@@ -45,11 +45,29 @@ def copy_to_phase_planes(t: LoopText, X: str, X_t: str, XS: str, XS_t: str, hw: 
     (h, w), (top, left), (sh, sw) = hw, top_left, stride
     vt, mt = f"vector<{L}xf32>", f"vector<{L}xi1>"
     zv = t.op(f"arith.constant dense<0.0> : {vt}", "z")
-    t.for_("%p", t.c(0), t.c(sh * sw), t.c(1))
-    t.for_("%i", t.c(0), t.c(plane), t.c(L))
-    t.line(f"vector.store {zv}, {XS}[%nc, %p, %i] : {XS_t}, {vt}")
-    t.close()
-    t.close()
+    gap_vectors = -(-(ws - w) // L)  # a row's right padding and the next one's left, in vectors
+    if (sh, sw) == (1, 1) and (top + h - 2) * ws + left + w + gap_vectors * L <= plane:
+        # only the padding is zeroed (a whole 112 x 112 plane took 5 % of MobileNetV3's time in
+        # memset); these stores may spill into pixels, which the copies below then write
+        def zeros(lo: int, hi: int) -> None:
+            t.for_("%i", t.c(lo), t.c(hi), t.c(L))
+            t.line(f"vector.store {zv}, {XS}[%nc, {t.c(0)}, %i] : {XS_t}, {vt}")
+            t.close()
+
+        zeros(0, -(-(top * ws + left) // L) * L)
+        if gap_vectors and h > 1:
+            t.for_("%r", t.c(0), t.c(h - 1), t.c(1))
+            start = t.add(t.mul(t.add("%r", t.c(top)), t.c(ws)), t.c(left + w))
+            for j in range(gap_vectors):
+                t.line(f"vector.store {zv}, {XS}[%nc, {t.c(0)}, {t.add(start, t.c(j * L))}] : {XS_t}, {vt}")
+            t.close()
+        zeros(((top + h - 1) * ws + left + w) // L * L, plane)
+    else:
+        t.for_("%p", t.c(0), t.c(sh * sw), t.c(1))
+        t.for_("%i", t.c(0), t.c(plane), t.c(L))
+        t.line(f"vector.store {zv}, {XS}[%nc, %p, %i] : {XS_t}, {vt}")
+        t.close()
+        t.close()
     t.for_("%ih", t.c(0), t.c(h), t.c(1))
     hp = t.add("%ih", t.c(top))
     ph = t.op(f"arith.remui {hp}, {t.c(sh)} : index", "i")
