@@ -277,6 +277,16 @@ def test_unsupported_op_runs_in_pytorch_and_is_named():
     assert only_sort.placement.regions == 0 and only_sort.kernel is None
 
 
+def test_explain_reports_placement_and_the_kernel_plan():
+    torch.manual_seed(0)
+    x = torch.randn(8, 64)
+    plain = tracea.compile(mlp().eval(), (x,))
+    assert "in 1 Tracea kernel(s), 0 op(s) in eager PyTorch" in plain.explain()
+    assert "compile with keep_stages=True" in plain.explain()
+    text = tracea.compile(mlp().eval(), (x,), keep_stages=True).explain()
+    assert "3 x fused_gemm on cpu.gemm." in text.split("kernel plan:")[1]
+
+
 def test_compiled_model_checks_its_inputs():
     model = mlp().eval()
     compiled = tracea.compile(model, (torch.randn(8, 64),))

@@ -11,6 +11,7 @@ import time
 
 from ..compiler import compile_program
 from ..errors import ArgumentError, CompileError, InternalCompilerError
+from ..passes.plan import read_plan
 from ..runtime import disk_cache
 from . import layers
 from .bridge import TensorBridge
@@ -43,8 +44,15 @@ class CompiledModel:
             self._run = runner  # the partitioned graph's
 
     def explain(self) -> str:
-        """What ran in Tracea kernels and what in PyTorch (and why), op kind by op kind."""
-        return self.placement.explain()
+        """What ran in Tracea kernels and what in PyTorch (and why), op kind by op kind; then the
+        kernel's plan (which kernel variant each tracea op runs on, row groups, the loop nests
+        left to the generic lowering) when it was compiled with keep_stages=True."""
+        text = self.placement.explain()
+        stages = getattr(self.kernel, "stages", None) or {}
+        if "linalg" not in stages:
+            return text + ("\nkernel plan: compile with keep_stages=True to see it" if self.kernel else "")
+        plan = read_plan(stages["linalg"])
+        return "\n".join([text, "kernel plan:"] + [f"  {n:4d} x {what}" for what, n in plan.items()])
 
     def accepts(self, inputs) -> bool:
         """Whether these inputs have shapes this compiled model takes."""

@@ -28,6 +28,7 @@ from .softmax import softmax_kernel_text
 from ...codegen.kernel_text import KernelWriter
 from ...passes.lower_to_linalg import inline_kernel
 from ...passes.registry import PassFailed, TraceaPass, option, register
+from ...passes.plan import count
 from ...passes.select_variant import select
 
 GEMM_OPS = ("tracea.gemm", "tracea.fused_gemm")
@@ -319,7 +320,8 @@ for _variant in (
         frozenset({"simd"}), _attention_default, None, _attention_check),
     Variant("cpu.softmax.online", "cpu", ("softmax",), (ON_CPU, SIMD, Rule(
         "along the last axis", lambda p, caps: None if p.last_axis is None else _softmax_fits(p, caps))), 20,
-        "rows in parallel, one pass for the running max and sum", frozenset({"simd"}),
+        "rows in parallel: three passes (one exp per element) for rows in cache, else a running max and sum",
+        frozenset({"simd"}),
         lambda p, caps, threads: p.schedule or Schedule(lane_map=LaneMap("simd", (caps.cpu.f32_lanes,)))),
     Variant("cpu.reference", "cpu", OPS, (ON_CPU,), 0,
             "linalg loops (tracea-lower-to-linalg), split among the threads and vectorized: any shape and dtype"),
@@ -373,6 +375,7 @@ def _emit_kernels(module: ir.Operation, kinds: tuple[str, ...], threads: int) ->
             continue
         try:
             variant_id = select(op, host(), threads)
+            count(module, f"{op.name.removeprefix('tracea.')} on {variant_id}")
             if variant_id != "cpu.reference":
                 _emit(module, op, view(op), variant_id, index, threads)
         except OpError as e:

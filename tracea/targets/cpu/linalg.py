@@ -26,6 +26,7 @@ from ...doctor.capabilities import host_cpu
 from .transpose import transpose_kernel_text, transposed_dims
 from ...passes.int_division import INTEGER_DIVISIONS
 from ...passes.lower_to_linalg import inline_kernel
+from ...passes.plan import count
 from ...passes.registry import PassFailed, TraceaPass, option, register
 
 TAG = "tracea.tile_linalg"
@@ -310,6 +311,7 @@ def fuse_row_groups(module: ir.Operation, threads: int) -> None:
         scripts.append("\n".join(lines))
     if not scripts:
         return
+    count(module, "row groups (a reduction and its row-local ops in one loop over rows)", len(scripts))
     _apply(module, "\n".join(scripts) + "\n" + _CLEAN_UP, "fusing row reductions into their consumers")
 
 
@@ -398,6 +400,7 @@ class CpuTileLinalgPass(TraceaPass):
                 parallel = threads > 1 and math.prod(ir.ShapedType(op.results[0].type).shape) >= self.min_work
                 inline_kernel(op, transpose_kernel_text(f"__tracea_transpose_{len(scripts)}", op, dims,
                                                         host.f32_lanes, parallel, str(op.location)))
+                count(module, "transposes (register-block kernel)")
                 continue
             module.attributes[GENERIC_LOOPS] = ir.UnitAttr.get()
             plan = plan_for(op, threads, host.f32_lanes, self.min_work)
@@ -406,6 +409,7 @@ class CpuTileLinalgPass(TraceaPass):
             op.attributes[TAG] = ir.IntegerAttr.get(ir.IntegerType.get_signless(64), len(scripts))
             hoisting.append(plan.hoisting(len(scripts)))
             scripts.append(plan.script(len(scripts), threads))
+        count(module, "generic loop nests (split among threads and/or vectorized)", len(scripts))
         if not scripts:
             return
         kernels_own = _reductions(module)
