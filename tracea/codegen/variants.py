@@ -71,8 +71,8 @@ class Problem:
         if kind == "attention":
             return Problem(**base, head_dim=v.operands["query"].shape[-1], value_head_dim=v.operands["value"].shape[-1])
         if kind == "conv2d":
-            channels = v.operands["input"].shape[1 if v.attrs["layout"] == "nchw" else 3]
-            filters = v.result.shape[1 if v.attrs["layout"] == "nchw" else 3]
+            axis = 1 if v.attrs["layout"] == "nchw" else 3  # of the channels
+            channels, filters = v.operands["input"].shape[axis], v.result.shape[axis]
             return Problem(**base, layout=v.attrs["layout"], groups=v.attrs["groups"],
                            depthwise=v.attrs["groups"] == channels == filters)
         if kind == "softmax":

@@ -104,6 +104,11 @@ def nchw_geometry(v: OpView):
             tuple(v.attrs["stride"]), tuple(v.attrs["dilation"]), Conv2dDef.pads(v.attrs))
 
 
+def _conv_params(x, f, bias) -> str:
+    """A conv kernel's parameters: input, filter and the bias when there is one."""
+    return ", ".join(f"%arg{i}: {spec}" for i, spec in enumerate([x, f] + ([bias] if bias is not None else [])))
+
+
 def conv_nchw_kernel_text(name: str, v: OpView, location: str, lanes: int, accumulators: int,
                           threads: int) -> str:
     (x, f, bias, out), (n, c, h, w), (k, kh_n, kw_n), (oh_n, ow_n), (sh, sw), (dh, dw), pads = nchw_geometry(v)
@@ -240,8 +245,7 @@ def conv_nchw_kernel_text(name: str, v: OpView, location: str, lanes: int, accum
     t.line(f"vector.maskedstore {O}[%n, %k, %oh, %ow], {mask}, {ov} : {O_t}, {mt}, {vt}")
     t.close()
     t.close_parallel()
-    params = ", ".join(f"%arg{i}: {spec}" for i, spec in enumerate([x, f] + ([bias] if bias is not None else [])))
-    return t.function_text(name, params, O, out, location)
+    return t.function_text(name, _conv_params(x, f, bias), O, out, location)
 
 
 def _operand_buffers(t: LoopText, x, f, bias, out) -> list[tuple[str | None, str | None]]:
@@ -272,7 +276,7 @@ def conv_depthwise_nchw_kernel_text(name: str, v: OpView, location: str, lanes: 
     hs, ws = -(-(h + top + bottom) // sh), -(-(w + left + right) // sw)
     last_read = (oh_n - 1) * ws + tiles * NV * L - 1 + ((kh_n - 1) * dh // sh) * ws + (kw_n - 1) * dw // sw
     plane = -(-max(last_read + 1, hs * ws) // L) * L
-    vt, mt = f"vector<{L}xf32>", f"vector<{L}xi1>"
+    vt = f"vector<{L}xf32>"
     t = LoopText()
     (X, X_t), (W, W_t), (B, B_t), (O, O_t) = _operand_buffers(t, x, f, bias, out)
     XS_t = memref_text((n * c, sh * sw, plane), "f32")
@@ -286,14 +290,12 @@ def conv_depthwise_nchw_kernel_text(name: str, v: OpView, location: str, lanes: 
     start = zv
     if bias is not None:
         start = t.op(f"vector.broadcast {t.op(f'memref.load {B}[%ch] : {B_t}', 'b')} : f32 to {vt}", "b")
-    accs_t = ", ".join([vt] * NV)
     t.for_("%oh", t.c(0), t.c(oh_n), t.c(1))
     for tile in range(tiles):  # written out: each column's store known whole, partial or past the row
         _depthwise_tile(t, tile, NV, L, kh_n, kw_n, (sh, sw), (dh, dw), ws, ow_n, start, W, W_t, XS, XS_t, O, O_t)
     t.close()
     t.close_parallel()
-    params = ", ".join(f"%arg{i}: {spec}" for i, spec in enumerate([x, f] + ([bias] if bias is not None else [])))
-    return t.function_text(name, params, O, out, location)
+    return t.function_text(name, _conv_params(x, f, bias), O, out, location)
 
 
 def _depthwise_tile(t: LoopText, tile: int, NV: int, L: int, kh_n: int, kw_n: int, stride, dilation, ws: int,
@@ -413,5 +415,4 @@ def conv_depthwise_nhwc_kernel_text(name: str, v: OpView, location: str, lanes: 
         block(t.c(0), rest[i:i + CV])
     t.close()
     t.close_parallel()
-    params = ", ".join(f"%arg{i}: {spec}" for i, spec in enumerate([x, f] + ([bias] if bias is not None else [])))
-    return t.function_text(name, params, O, out, location)
+    return t.function_text(name, _conv_params(x, f, bias), O, out, location)

@@ -278,6 +278,12 @@ def _softmax_fits(p: Problem, caps: Capabilities) -> bool | None:
     return _simd_schedule(p) is not False and p.last_axis
 
 
+def _depthwise(layout: str) -> Rule:
+    return Rule(f"{layout.upper()}, one filter per channel (groups = channels = filters), f32 throughout",
+                lambda p, caps: False if p.dtype != "f32" else None if p.depthwise is None
+                else p.layout == layout and p.depthwise and all(d == "f32" for d in (p.dtypes or (p.dtype,))))
+
+
 ON_CPU, SIMD = BackendIs("cpu"), SimdWidthAtLeast(128)  # vectors of 4 f32 lanes at least (LLVM splits wider)
 GEMMS = ("gemm", "fused_gemm")
 for _variant in (
@@ -299,16 +305,10 @@ for _variant in (
         "NCHW, groups = 1, f32 throughout", lambda p, caps: False if p.dtype != "f32" else None if p.layout is None
         else p.layout == "nchw" and p.groups == 1 and all(d == "f32" for d in (p.dtypes or (p.dtype,))))), 30,
         "direct convolution over phase planes (no transposes, no im2col)", frozenset({"simd"})),
-    Variant("cpu.conv2d.depthwise_nchw", "cpu", ("conv2d",), (ON_CPU, SIMD, Rule(
-        "NCHW, one filter per channel (groups = channels = filters), f32 throughout",
-        lambda p, caps: False if p.dtype != "f32" else None if p.depthwise is None
-        else p.layout == "nchw" and p.depthwise and all(d == "f32" for d in (p.dtypes or (p.dtype,))))), 30,
+    Variant("cpu.conv2d.depthwise_nchw", "cpu", ("conv2d",), (ON_CPU, SIMD, _depthwise("nchw")), 30,
         "per channel: zero-padded phase planes, each output row in register tiles of column vectors",
         frozenset({"simd"})),
-    Variant("cpu.conv2d.depthwise_nhwc", "cpu", ("conv2d",), (ON_CPU, SIMD, Rule(
-        "NHWC, one filter per channel (groups = channels = filters), f32 throughout",
-        lambda p, caps: False if p.dtype != "f32" else None if p.depthwise is None
-        else p.layout == "nhwc" and p.depthwise and all(d == "f32" for d in (p.dtypes or (p.dtype,))))), 30,
+    Variant("cpu.conv2d.depthwise_nhwc", "cpu", ("conv2d",), (ON_CPU, SIMD, _depthwise("nhwc")), 30,
         "per output pixel, blocks of channel vectors over the taps inside the image", frozenset({"simd"})),
     Variant("cpu.conv2d.implicit_gemm", "cpu", ("conv2d",), (ON_CPU, SIMD, Rule(
         "groups = 1", lambda p, caps: None if p.groups is None else p.groups == 1)), 20,

@@ -132,7 +132,7 @@ def _loop_ranges(op: ir.Operation, maps: list[ir.AffineMap]) -> tuple[int, ...] 
 
 def plan_for(op: ir.Operation, threads: int, lanes: int, min_work: int) -> LinalgPlan | None:
     maps = _maps(op)
-    iterators = ["parallel" in str(a) for a in ir.ArrayAttr(op.attributes["iterator_types"])]
+    iterators = _parallel_loops(op)
     ranges = _loop_ranges(op, maps)
     if ranges is None or 0 in ranges:  # no work (tiling an empty range trips an MLIR assertion)
         return None
@@ -216,7 +216,7 @@ def _row_local(op: ir.Operation, rows: int) -> bool:
     if op.name != "linalg.generic" or len(op.results) != 1:
         return False
     maps = _maps(op)
-    iterators = ["parallel" in str(a) for a in ir.ArrayAttr(op.attributes["iterator_types"])]
+    iterators = _parallel_loops(op)
     if maps[0].n_dims not in (rows, rows + 1) or not all(iterators[:rows]):
         return False
     return _row_projection(maps[-1], rows) and all(_row_projection(m, rows) or _dims(m) == [rows]
@@ -225,6 +225,11 @@ def _row_local(op: ir.Operation, rows: int) -> bool:
 
 def _maps(op: ir.Operation) -> list[ir.AffineMap]:
     return [ir.AffineMapAttr(a).value for a in ir.ArrayAttr(op.attributes["indexing_maps"])]
+
+
+def _parallel_loops(op: ir.Operation) -> list[bool]:
+    """Per loop of a linalg op: whether it is parallel (else a reduction)."""
+    return ["parallel" in str(a) for a in ir.ArrayAttr(op.attributes["iterator_types"])]
 
 
 def row_group(consumer: ir.Operation) -> list[ir.Operation] | None:
@@ -240,7 +245,7 @@ def row_group(consumer: ir.Operation) -> list[ir.Operation] | None:
             or 0 in shape.shape:
         return None
     rows = shape.rank - 1
-    iterators = ["parallel" in str(a) for a in ir.ArrayAttr(consumer.attributes["iterator_types"])]
+    iterators = _parallel_loops(consumer)
     if len(iterators) != shape.rank or not all(iterators) or not _row_local(consumer, rows):
         return None
     group, frontier = [consumer], [consumer]
@@ -258,8 +263,7 @@ def row_group(consumer: ir.Operation) -> list[ir.Operation] | None:
                 continue
             group.append(producer)
             frontier.append(producer)
-    reduces = any(not all("parallel" in str(a) for a in ir.ArrayAttr(g.attributes["iterator_types"]))
-                  for g in group)
+    reduces = any(not all(_parallel_loops(g)) for g in group)
     return group[1:] if reduces else None
 
 
@@ -386,29 +390,23 @@ class CpuTileLinalgPass(TraceaPass):
         for op in _function_body_ops(module) + _fused_ops(module):
             if op.name != "linalg.generic":
                 continue
-            if ROW_TAG in op.attributes:  # one row of a row group, on its thread
+            in_row_group = ROW_TAG in op.attributes  # then one row of the group, on its thread
+            if in_row_group:
                 del op.attributes[ROW_TAG]
-                module.attributes[GENERIC_LOOPS] = ir.UnitAttr.get()
-                plan = plan_for(op, 1, host.f32_lanes, self.min_work)
-                if plan is not None:
-                    op.attributes[TAG] = ir.IntegerAttr.get(ir.IntegerType.get_signless(64), len(scripts))
-                    hoisting.append(plan.hoisting(len(scripts)))
-                    scripts.append(plan.script(len(scripts), 1))
-                continue
-            dims = transposed_dims(op)
-            if dims is not None:
+            elif (dims := transposed_dims(op)) is not None:
                 parallel = threads > 1 and math.prod(ir.ShapedType(op.results[0].type).shape) >= self.min_work
                 inline_kernel(op, transpose_kernel_text(f"__tracea_transpose_{len(scripts)}", op, dims,
                                                         host.f32_lanes, parallel, str(op.location)))
                 count(module, "transposes (register-block kernel)")
                 continue
             module.attributes[GENERIC_LOOPS] = ir.UnitAttr.get()
-            plan = plan_for(op, threads, host.f32_lanes, self.min_work)
+            op_threads = 1 if in_row_group else threads
+            plan = plan_for(op, op_threads, host.f32_lanes, self.min_work)
             if plan is None:
                 continue
             op.attributes[TAG] = ir.IntegerAttr.get(ir.IntegerType.get_signless(64), len(scripts))
             hoisting.append(plan.hoisting(len(scripts)))
-            scripts.append(plan.script(len(scripts), threads))
+            scripts.append(plan.script(len(scripts), op_threads))
         count(module, "generic loop nests (split among threads and/or vectorized)", len(scripts))
         if not scripts:
             return
@@ -452,7 +450,7 @@ class SplitCastsPass(TraceaPass):
 def _elementwise_cast(op: ir.Operation) -> bool:
     if op.name != "linalg.generic" or len(op.results) != 1:
         return False
-    if not all("parallel" in str(a) for a in ir.ArrayAttr(op.attributes["iterator_types"])):
+    if not all(_parallel_loops(op)):
         return False
     if not all(m.is_permutation for m in _maps(op)):
         return False

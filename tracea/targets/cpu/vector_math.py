@@ -35,16 +35,25 @@ class _Text:
         return name
 
 
-def exp_function(lanes: int) -> str:
+def _vector_function(name: str, lanes: int, compute) -> str:
+    """func @name(%x) on f32 vectors: compute(t, vt, it, bt) -> its value, NaN passed through."""
     vt, it, bt = f"vector<{lanes}xf32>", f"vector<{lanes}xi32>", f"vector<{lanes}xi1>"
     t = _Text()
-    y = vector_exp(t, "%x", vt, it)
-    big = t.op(f"arith.cmpf ogt, %x, {t.op(f'arith.constant dense<{OVERFLOW!r}> : {vt}', 'k')} : {vt}", "p")
-    y = t.op(f"arith.select {big}, {t.op(f'arith.constant dense<0x7F800000> : {vt}', 'k')}, {y} : {bt}, {vt}", "s")
+    y = compute(t, vt, it, bt)
     nan = t.op(f"arith.cmpf uno, %x, %x : {vt}", "p")
     y = t.op(f"arith.select {nan}, %x, {y} : {bt}, {vt}", "s")
     body = "\n  ".join(t.lines)
-    return f"func.func private @exp(%x: {vt}) -> {vt} {{\n  {body}\n  return {y} : {vt}\n}}"
+    return f"func.func private @{name}(%x: {vt}) -> {vt} {{\n  {body}\n  return {y} : {vt}\n}}"
+
+
+def exp_function(lanes: int) -> str:
+    def compute(t, vt, it, bt):
+        y = vector_exp(t, "%x", vt, it)
+        big = t.op(f"arith.cmpf ogt, %x, {t.op(f'arith.constant dense<{OVERFLOW!r}> : {vt}', 'k')} : {vt}", "p")
+        return t.op(f"arith.select {big}, {t.op(f'arith.constant dense<0x7F800000> : {vt}', 'k')}, {y} : {bt}, {vt}",
+                    "s")
+
+    return _vector_function("exp", lanes, compute)
 
 
 # Cephes tanhf: tanh x = x + x^3 P(x^2) for |x| < 0.625
@@ -53,32 +62,27 @@ TANH_POLYNOMIAL = (-5.70498872745e-3, 2.06390887954e-2, -5.37397155531e-2, 1.333
 
 
 def tanh_function(lanes: int) -> str:
-    vt, it, bt = f"vector<{lanes}xf32>", f"vector<{lanes}xi32>", f"vector<{lanes}xi1>"
-    t = _Text()
+    def compute(t, vt, it, bt):
+        def const(value: float) -> str:
+            return t.op(f"arith.constant dense<{value!r}> : {vt}", "k")
 
-    def const(value: float) -> str:
-        return t.op(f"arith.constant dense<{value!r}> : {vt}", "k")
+        ax = t.op(f"math.absf %x : {vt}", "a")
+        z = t.op(f"arith.mulf %x, %x : {vt}", "z")
+        p = const(TANH_POLYNOMIAL[0])
+        for c in TANH_POLYNOMIAL[1:]:
+            p = t.op(f"math.fma {p}, {z}, {const(c)} : {vt}", "p")
+        small = t.op(f"math.fma {t.op(f'arith.mulf {p}, {z} : {vt}', 'p')}, %x, %x : {vt}", "y")
+        small = t.op(f"math.copysign {small}, %x : {vt}", "y")  # tanh(-0) = -0
+        # exp(2|x|) saturates (to the largest finite f32) past |x| = 44: 2 / (e + 1) is then 0
+        e = vector_exp(t, t.op(f"arith.addf {ax}, {ax} : {vt}", "e"), vt, it)
+        one = const(1.0)
+        e_plus_one = t.op(f"arith.addf {e}, {one} : {vt}", "e")
+        large = t.op(f"arith.subf {one}, {t.op(f'arith.divf {const(2.0)}, {e_plus_one} : {vt}', 'e')} : {vt}", "y")
+        large = t.op(f"math.copysign {large}, %x : {vt}", "y")
+        return t.op(f"arith.select {t.op(f'arith.cmpf olt, {ax}, {const(TANH_SMALL)} : {vt}', 'c')}, {small}, "
+                    f"{large} : {bt}, {vt}", "y")
 
-    ax = t.op(f"math.absf %x : {vt}", "a")
-    z = t.op(f"arith.mulf %x, %x : {vt}", "z")
-    p = const(TANH_POLYNOMIAL[0])
-    for c in TANH_POLYNOMIAL[1:]:
-        p = t.op(f"math.fma {p}, {z}, {const(c)} : {vt}", "p")
-    small = t.op(f"math.fma {t.op(f'arith.mulf {p}, {z} : {vt}', 'p')}, %x, %x : {vt}", "y")
-    small = t.op(f"math.copysign {small}, %x : {vt}", "y")  # tanh(-0) = -0
-    # exp(2|x|) saturates (to the largest finite f32) past |x| = 44: 2 / (e + 1) is then 0
-    e = vector_exp(t, t.op(f"arith.addf {ax}, {ax} : {vt}", "e"), vt, it)
-    two = const(2.0)
-    one = const(1.0)
-    e_plus_one = t.op(f"arith.addf {e}, {one} : {vt}", "e")
-    large = t.op(f"arith.subf {one}, {t.op(f'arith.divf {two}, {e_plus_one} : {vt}', 'e')} : {vt}", "y")
-    large = t.op(f"math.copysign {large}, %x : {vt}", "y")
-    y = t.op(f"arith.select {t.op(f'arith.cmpf olt, {ax}, {const(TANH_SMALL)} : {vt}', 'c')}, {small}, {large} "
-             f": {bt}, {vt}", "y")
-    nan = t.op(f"arith.cmpf uno, %x, %x : {vt}", "c")
-    y = t.op(f"arith.select {nan}, %x, {y} : {bt}, {vt}", "y")
-    body = "\n  ".join(t.lines)
-    return f"func.func private @tanh(%x: {vt}) -> {vt} {{\n  {body}\n  return {y} : {vt}\n}}"
+    return _vector_function("tanh", lanes, compute)
 
 
 _FUNCTIONS = {"math.exp": exp_function, "math.tanh": tanh_function}
