@@ -333,6 +333,17 @@ class _Output:
             t.line(access("store", f"{value}, {self.Cacc}", self.Cacc_t, "f32"))
             t.close()
 
+    def prefetch(self, row0: str, col0: str, rows: int, cols: int) -> None:
+        """Ask for the tile's lines of C (the partial sums) before the micro-kernel runs: its
+        rows are a row of C apart, each a miss to L3 or memory that would stall the stores after
+        it (9 % of a 1024^3 GEMM). Indices clamped inside C, the lines at both ends of each row."""
+        t, p = self.t, self.p
+        last_col = t.min_(t.add(col0, t.c(cols - 1)), t.c(p.n - 1))
+        for r in range(rows):
+            row = t.min_(t.add(row0, t.c(r)), t.c(p.m - 1))
+            for col in (col0, last_col):
+                t.line(f"memref.prefetch {self.Cacc}[%bb, {row}, {col}], write, locality<3>, data : {self.Cacc_t}")
+
     def store_rows(self, T: str, T_t: str, row0: str, col0: str, rows: str, vectors: int,
                    width: int | None = None) -> None:
         """The tile's first `rows` rows, all NR columns inside C: a vector (of `width` lanes, the
@@ -417,70 +428,81 @@ def gemm_kernel_text(name: str, v: OpView, location: str, gather: ConvGather | N
     out.k_block()
 
     # --- pack B: Bp[jr * kc + k * NR + c] = B[pc + k, jc + jr + c] ------------------------------
-    t.parallel("%jr", t.c(0), nc, t.c(NR))
-    boff = t.mul("%jr", kc)
-    col0 = t.add("%jc", "%jr")
-    if p.transpose_b:  # B is [N, K]
-        # Whole strips: L x L blocks (L columns' runs of L k's) loaded as vectors and transposed
-        # in registers; the k remainder, and strips at the edge, element by element.
-        full = t.cmp("sle", t.add(col0, t.c(NR)), t.c(p.n))
-        t.open(f"scf.if {full}")
-        kc_vec = t.mul(t.op(f"arith.divui {kc}, {t.c(L)} : index", "i"), t.c(L))
-        t.for_("%k", t.c(0), kc_vec, t.c(L))
-        vt_in = f"vector<{L}x{p.b_dtype}>"
-        t.for_("%j", t.c(0), t.c(NR), t.c(L))  # a loop, not unrolled: one block's shuffles to compile
-        rows = []
-        for i in range(L):
-            x = t.op(f"vector.load {B}[{b_batch}, {t.add(col0, t.add('%j', t.c(i)))}, {t.add('%pc', '%k')}] "
-                     f": {B_t}, {vt_in}", "v")
-            if p.b_dtype != "f32":
-                x = t.op(f"arith.extf {x} : {vt_in} to {vf32}", "v")
-            rows.append(x)
-        for i, row in enumerate(transpose_in_registers(t, rows)):
-            dst = t.add(t.add(boff, t.mul(t.add("%k", t.c(i)), t.c(NR))), "%j")
-            t.line(f"vector.store {row}, {Bp}[{dst}] : {Bp_t}, {vf32}")
-        t.close()
-        t.close()
-        t.for_("%k", kc_vec, kc, t.c(1))
-        t.for_("%cc", t.c(0), t.c(NR), t.c(1))
-        x = t.load_f32(B, B_t, [b_batch, t.add(col0, "%cc"), t.add("%pc", "%k")], p.b_dtype)
-        t.line(f"memref.store {x}, {Bp}[{t.add(t.add(boff, t.mul('%k', t.c(NR))), '%cc')}] : {Bp_t}")
-        t.close()
-        t.close()
-        t.else_()
-        t.for_("%cc", t.c(0), t.c(NR), t.c(1))
-        col = t.add(col0, "%cc")
-        inb = t.cmp("ult", col, t.c(p.n))
-        t.for_("%k", t.c(0), kc, t.c(1))
-        x = guarded_load(inb, B, B_t, [b_batch, col, t.add("%pc", "%k")], p.b_dtype)
-        t.line(f"memref.store {x}, {Bp}[{t.add(t.add(boff, t.mul('%k', t.c(NR))), '%cc')}] : {Bp_t}")
-        t.close()
-        t.close()
-        t.close()
-    else:
-        full = t.cmp("sle", t.add(col0, t.c(NR)), t.c(p.n))
-        t.open(f"scf.if {full}")
-        t.for_("%k", t.c(0), kc, t.c(1))
-        row = t.add("%pc", "%k")
-        dst = t.add(boff, t.mul("%k", t.c(NR)))
-        vt_in = f"vector<{L}x{p.b_dtype}>"
-        for j in range(nv):
-            x = t.op(f"vector.load {B}[{b_batch}, {row}, {t.add(col0, t.c(j * L))}] : {B_t}, {vt_in}", "v")
-            if p.b_dtype != "f32":
-                x = t.op(f"arith.extf {x} : {vt_in} to {vf32}", "v")
-            t.line(f"vector.store {x}, {Bp}[{t.add(dst, t.c(j * L))}] : {Bp_t}, {vf32}")
-        t.close()
-        t.else_()
-        t.for_("%k", t.c(0), kc, t.c(1))
-        row = t.add("%pc", "%k")
-        t.for_("%cc", t.c(0), t.c(NR), t.c(1))
-        col = t.add(col0, "%cc")
-        x = guarded_load(t.cmp("ult", col, t.c(p.n)), B, B_t, [b_batch, row, col], p.b_dtype)
-        t.line(f"memref.store {x}, {Bp}[{t.add(t.add(t.mul('%k', t.c(NR)), boff), '%cc')}] : {Bp_t}")
-        t.close()
-        t.close()
-        t.close()
-    t.close_parallel()
+    def pack_b() -> None:
+        """Pack the strip of NR columns at %jr."""
+        boff = t.mul("%jr", kc)
+        col0 = t.add("%jc", "%jr")
+        if p.transpose_b:  # B is [N, K]
+            # Whole strips: L x L blocks (L columns' runs of L k's) loaded as vectors and transposed
+            # in registers; the k remainder, and strips at the edge, element by element.
+            full = t.cmp("sle", t.add(col0, t.c(NR)), t.c(p.n))
+            t.open(f"scf.if {full}")
+            kc_vec = t.mul(t.op(f"arith.divui {kc}, {t.c(L)} : index", "i"), t.c(L))
+            vt_in = f"vector<{L}x{p.b_dtype}>"
+            # L columns at a time down the whole K block: their L rows of B stream along k (all L
+            # columns of a strip at once would be 2L streams a row of B apart, evicting each other)
+            t.for_("%j", t.c(0), t.c(NR), t.c(L))  # a loop, not unrolled: one block's shuffles to compile
+            t.for_("%k", t.c(0), kc_vec, t.c(L))
+            rows = []
+            for i in range(L):
+                x = t.op(f"vector.load {B}[{b_batch}, {t.add(col0, t.add('%j', t.c(i)))}, {t.add('%pc', '%k')}] "
+                         f": {B_t}, {vt_in}", "v")
+                if p.b_dtype != "f32":
+                    x = t.op(f"arith.extf {x} : {vt_in} to {vf32}", "v")
+                rows.append(x)
+            for i, row in enumerate(transpose_in_registers(t, rows)):
+                dst = t.add(t.add(boff, t.mul(t.add("%k", t.c(i)), t.c(NR))), "%j")
+                t.line(f"vector.store {row}, {Bp}[{dst}] : {Bp_t}, {vf32}")
+            t.close()
+            t.close()
+            t.for_("%k", kc_vec, kc, t.c(1))
+            t.for_("%cc", t.c(0), t.c(NR), t.c(1))
+            x = t.load_f32(B, B_t, [b_batch, t.add(col0, "%cc"), t.add("%pc", "%k")], p.b_dtype)
+            t.line(f"memref.store {x}, {Bp}[{t.add(t.add(boff, t.mul('%k', t.c(NR))), '%cc')}] : {Bp_t}")
+            t.close()
+            t.close()
+            t.else_()
+            t.for_("%cc", t.c(0), t.c(NR), t.c(1))
+            col = t.add(col0, "%cc")
+            inb = t.cmp("ult", col, t.c(p.n))
+            t.for_("%k", t.c(0), kc, t.c(1))
+            x = guarded_load(inb, B, B_t, [b_batch, col, t.add("%pc", "%k")], p.b_dtype)
+            t.line(f"memref.store {x}, {Bp}[{t.add(t.add(boff, t.mul('%k', t.c(NR))), '%cc')}] : {Bp_t}")
+            t.close()
+            t.close()
+            t.close()
+        else:
+            full = t.cmp("sle", t.add(col0, t.c(NR)), t.c(p.n))
+            t.open(f"scf.if {full}")
+            t.for_("%k", t.c(0), kc, t.c(1))
+            row = t.add("%pc", "%k")
+            dst = t.add(boff, t.mul("%k", t.c(NR)))
+            vt_in = f"vector<{L}x{p.b_dtype}>"
+            for j in range(nv):
+                x = t.op(f"vector.load {B}[{b_batch}, {row}, {t.add(col0, t.c(j * L))}] : {B_t}, {vt_in}", "v")
+                if p.b_dtype != "f32":
+                    x = t.op(f"arith.extf {x} : {vt_in} to {vf32}", "v")
+                t.line(f"vector.store {x}, {Bp}[{t.add(dst, t.c(j * L))}] : {Bp_t}, {vf32}")
+            t.close()
+            t.else_()
+            t.for_("%k", t.c(0), kc, t.c(1))
+            row = t.add("%pc", "%k")
+            t.for_("%cc", t.c(0), t.c(NR), t.c(1))
+            col = t.add(col0, "%cc")
+            x = guarded_load(t.cmp("ult", col, t.c(p.n)), B, B_t, [b_batch, row, col], p.b_dtype)
+            t.line(f"memref.store {x}, {Bp}[{t.add(t.add(t.mul('%k', t.c(NR)), boff), '%cc')}] : {Bp_t}")
+            t.close()
+            t.close()
+            t.close()
+
+    # With one M block each strip of B is read by one work item only: it packs the strip just
+    # before its register tiles read it, from L1 (a separate pass would write the whole panel
+    # out to L3 and read it back: a fifth of a 64x2048x2048 linear).
+    pack_b_in_items = -(-p.m // p.mc) == 1
+    if not pack_b_in_items:
+        t.parallel("%jr", t.c(0), nc, t.c(NR))
+        pack_b()
+        t.close_parallel()
 
     # --- work items: (M block, column chunk) pairs in parallel ----------------------------------
     NB = p.n_chunk
@@ -559,10 +581,13 @@ def gemm_kernel_text(name: str, v: OpView, location: str, gather: ConvGather | N
 
     # --- register tiles -------------------------------------------------------------------------
     t.for_("%jr", "%jb", t.min_(t.add("%jb", t.c(NB)), nc), t.c(NR))
+    if pack_b_in_items:
+        pack_b()
     boff = t.mul("%jr", kc)
     t.for_("%ir", t.c(0), mc, t.c(MR))
     aoff = t.mul("%ir", kc)
     a_rows = [] if p.transpose_a else [t.mul(t.add("%ir", t.c(r)), t.add(kc, t.c(A_PAD))) for r in range(MR)]
+    out.prefetch(t.add("%ic", "%ir"), t.add("%jc", "%jr"), MR, NR)
     accs = [f"%acc{r}_{j}" for r in range(MR) for j in range(nv)]
     res = t.fresh("r")
     t.open(f"{res}:{len(accs)} = scf.for %k = {t.c(0)} to {kc} step {t.c(1)} "

@@ -65,11 +65,15 @@ def default_gemm_schedule(m: int, n: int, k: int, host: CPU, threads: int) -> Sc
     return Schedule(tile=(mc, nc, kc), warp_tile=(mr, nr, 1), lane_map=LaneMap("simd", (lanes,)))
 
 
+DOT_MAX_ROWS = 32
+
+
 def use_dot_kernel(m: int, k: int, transpose_a: bool, transpose_b: bool) -> bool:
     """x @ W^T (W as nn.Linear stores it) with few rows and long rows runs on the inner-product
-    kernel, which packs nothing: measured here, 64x2048x2048 took 4.2 ms against 5.1 ms packed
-    (2 threads); with 128 rows, or K = 256, the packed kernel was faster."""
-    return transpose_b and not transpose_a and m <= 64 and k >= 512
+    kernel, which packs nothing. Measured here (Zen 3, 1 and 2 threads): up to 32 rows it is
+    7-25 % faster than the packed kernel (16 and 32 x 2048 x 2048, 8 x 768 x 3072); from 48 rows
+    on, the packed kernel (packing each strip of W just before it is used) is."""
+    return transpose_b and not transpose_a and m <= DOT_MAX_ROWS and k >= 512
 
 
 def dot_gemm_schedule(m: int, n: int, k: int, host: CPU, threads: int) -> Schedule:
@@ -288,7 +292,7 @@ ON_CPU, SIMD = BackendIs("cpu"), SimdWidthAtLeast(128)  # vectors of 4 f32 lanes
 GEMMS = ("gemm", "fused_gemm")
 for _variant in (
     Variant("cpu.gemm.inner_product", "cpu", GEMMS, (ON_CPU, SIMD, Rule(
-        "x @ W^T with at most 64 rows and K >= 512, or a schedule whose warp_tile is [MR, NR, lanes]",
+        f"x @ W^T with at most {DOT_MAX_ROWS} rows and K >= 512, or a schedule whose warp_tile is [MR, NR, lanes]",
         _wants_inner_products, preference=True)), 30,
         "inner products along K, nothing packed (nn.Linear with few rows)", frozenset({"simd"}),
         _gemm_default(dot_gemm_schedule), _gemm_space, _gemm_check),
@@ -346,7 +350,7 @@ def _emit(module: ir.Operation, op: ir.Operation, v: OpView, variant_id: str, in
     elif variant_id == "cpu.conv2d.direct_nchw":
         cpu = host_cpu()
         inline_kernel(op, conv_nchw_kernel_text(f"__tracea_conv_{index}", v, str(op.location), cpu.f32_lanes,
-                                                cpu.vector_registers - 8, threads))
+                                                cpu.vector_registers * 3 // 4, threads))
     elif variant_id == "cpu.conv2d.depthwise_nchw":
         cpu = host_cpu()
         inline_kernel(op, conv_depthwise_nchw_kernel_text(f"__tracea_conv_{index}", v, str(op.location),
