@@ -68,11 +68,7 @@ def copy_to_phase_planes(t: LoopText, X: str, X_t: str, XS: str, XS_t: str, hw: 
             t.close()
         zeros(((top + h - 1) * ws + left + w) // L * L, plane)
     else:
-        t.for_("%p", t.c(0), t.c(sh * sw), t.c(1))
-        t.for_("%i", t.c(0), t.c(plane), t.c(L))
-        t.line(f"vector.store {zv}, {XS}[%nc, %p, %i] : {XS_t}, {vt}")
-        t.close()
-        t.close()
+        _zero_plane_padding(t, XS, XS_t, (h, w), (top, left), (sh, sw), ws, plane)
     t.for_("%ih", t.c(0), t.c(h), t.c(1))
     hp = t.add("%ih", t.c(top))
     ph = t.op(f"arith.remui {hp}, {t.c(sh)} : index", "i")
@@ -98,6 +94,42 @@ def copy_to_phase_planes(t: LoopText, X: str, X_t: str, XS: str, XS_t: str, hw: 
         t.line(f"memref.store {t.op(f'memref.load {X}[%n, %ch, %ih, %iw] : {X_t}', 'x')}, {XS}[%nc, {p}, {at}] "
                f": {XS_t}")
         t.close()
+    t.close()
+
+
+def _zero_plane_padding(t: LoopText, XS: str, XS_t: str, hw: tuple[int, int], top_left: tuple[int, int],
+                        stride: tuple[int, int], ws: int, plane: int) -> None:
+    """Zero what the copies of a strided conv's phase planes XS[%nc] leave: in each plane, the
+    rows above and below the image and, in the rows between, the columns left and right of it
+    (a whole plane zeroed took 5 % of MobileNetV3's time in memset)."""
+    (h, w), (top, left), (sh, sw) = hw, top_left, stride
+    zero = t.op("arith.constant 0.0 : f32", "z")
+
+    def first(bound: int, phase: str, step: int) -> str:
+        """The first plane row (column) whose padded coordinate phase + step * i is >= bound."""
+        i = t.op(f"arith.ceildivsi {t.op(f'arith.subi {t.c(bound)}, {phase} : index', 'i')}, {t.c(step)} : index", "i")
+        return t.op(f"arith.maxsi {i}, {t.c(0)} : index", "i")
+
+    def zeros(lo: str, hi: str) -> None:
+        t.for_("%i", lo, hi, t.c(1))
+        t.line(f"memref.store {zero}, {XS}[%nc, %p, %i] : {XS_t}")
+        t.close()
+
+    t.for_("%p", t.c(0), t.c(sh * sw), t.c(1))
+    ph = t.op(f"arith.divui %p, {t.c(sw)} : index", "i")
+    pw = t.op(f"arith.remui %p, {t.c(sw)} : index", "i")
+    r0, r1 = first(top, ph, sh), first(top + h, ph, sh)  # the image's rows in this plane: [r0, r1)
+    c0, c1 = first(left, pw, sw), first(left + w, pw, sw)
+    inside = t.op(f"arith.andi {t.cmp('slt', r0, r1)}, {t.cmp('slt', c0, c1)} : i1", "i")
+    last_row = t.op(f"arith.subi {r1}, {t.c(1)} : index", "i")
+
+    def where(value: str, otherwise: str) -> str:  # a plane without pixels is zeroed whole
+        return t.op(f"arith.select {inside}, {value}, {otherwise} : index", "i")
+    zeros(t.c(0), where(t.add(t.mul(r0, t.c(ws)), c0), t.c(plane)))
+    t.for_("%r", r0, where(last_row, r0), t.c(1))
+    zeros(t.add(t.mul("%r", t.c(ws)), c1), t.add(t.mul(t.add("%r", t.c(1)), t.c(ws)), c0))
+    t.close()
+    zeros(where(t.add(t.mul(last_row, t.c(ws)), c1), t.c(plane)), t.c(plane))
     t.close()
 
 
