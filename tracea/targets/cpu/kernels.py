@@ -157,34 +157,51 @@ def conv_as_gemm(w: KernelWriter, v: OpView, name: str, threads: int) -> tuple[s
 
 def pointwise_nchw(v: OpView) -> bool:
     """A 1x1 NCHW conv with stride 1 and no padding, f32, over enough pixels per image that
-    packing the filter once per image costs little next to the GEMM (1 / (2 H W) of its work)."""
+    packing the filter once per image costs little next to the GEMM (1 / (2 H W) of its work),
+    or over images of one pixel (a squeeze-excitation block's layers: one GEMM for the batch)."""
     f = v.operands["filter"]
+    pixels = v.result.shape[2] * v.result.shape[3]
     return (v.attrs["layout"] == "nchw" and v.attrs["groups"] == 1 and f.shape[2:] == (1, 1)
             and tuple(v.attrs["stride"]) == (1, 1) and Conv2dDef.pads(v.attrs) == (0, 0, 0, 0)
-            and v.result.shape[2] * v.result.shape[3] >= POINTWISE_MIN_PIXELS
+            and (pixels >= POINTWISE_MIN_PIXELS or pixels == 1)
             and all(s.dtype == "f32" for s in list(v.operands.values()) + [v.result]))
 
 
-POINTWISE_MIN_PIXELS = 64
+# 7x7 images (49 pixels; MobileNetV3's last layers): a GEMM per image ran 0.76-0.91x torch where
+# the direct kernel (register tiles of 24 positions, a 49-pixel image padded to 72) ran 0.71x
+POINTWISE_MIN_PIXELS = 32
 
 
 def conv_pointwise_nchw(w: KernelWriter, v: OpView, name: str, threads: int) -> tuple[str, str]:
     """A 1x1 NCHW conv as one GEMM per image, with nothing moved: out[n] (K x HW) = W (K x C) @
-    x[n] (C x HW), the filter shared by every image (packed per image), the bias added after
+    x[n] (C x HW), the filter shared by every image (packed per image); images of one pixel as
+    one GEMM for the batch, out (N x K) = x (N x C) @ W^T (as nn.Linear). The bias is added after
     (an elementwise op on the result, which linalg fuses with the ops that follow)."""
     x, f, out = v.operands["input"], v.operands["filter"], v.result
     n, c, h, wd = x.shape
     k = f.shape[0]
-    image = w.reshape(w.arg["input"], [[0], [1], [2, 3]], (n, c, h * wd))
     filt = w.reshape(w.arg["filter"], [[0], [1, 2, 3]], (k, c))
-    schedule = v.attrs.get("schedule") or default_gemm_schedule(k, h * wd, c, host_cpu(), threads)
-    gemm_view = OpView(v.op, OP_DEFS["tracea.gemm"], {"a": TensorSpec((k, c), "f32"), "b": TensorSpec((n, c, h * wd), "f32")},
-                       TensorSpec((n, k, h * wd), "f32"),
-                       {"transpose_a": False, "transpose_b": False, "schedule": schedule, "epilogue": ()})
-    text = gemm_kernel_text(name, gemm_view, str(v.op.location), None, threads)
-    result = w.emit(gemm_view.result, f"func.call @{name}({filt}, {image}) : ({w.types[filt]}, {w.types[image]}) "
+    kernel = gemm_kernel_text
+    if h * wd == 1:
+        image = w.reshape(w.arg["input"], [[0], [1, 2, 3]], (n, c))
+        dot = use_dot_kernel(n, c, False, True)
+        kernel = gemm_dot_kernel_text if dot else gemm_kernel_text
+        schedule = v.attrs.get("schedule") or (dot_gemm_schedule if dot else default_gemm_schedule)(
+            n, k, c, host_cpu(), threads)
+        operands, product, transpose_b = ((image, (n, c)), (filt, (k, c))), (n, k), True
+    else:
+        image = w.reshape(w.arg["input"], [[0], [1], [2, 3]], (n, c, h * wd))
+        schedule = v.attrs.get("schedule") or default_gemm_schedule(k, h * wd, c, host_cpu(), threads)
+        operands, product, transpose_b = ((filt, (k, c)), (image, (n, c, h * wd))), (n, k, h * wd), False
+    gemm_view = OpView(v.op, OP_DEFS["tracea.gemm"], {name_: TensorSpec(shape, "f32") for name_, (_, shape)
+                                                      in zip(("a", "b"), operands)},
+                       TensorSpec(product, "f32"),
+                       {"transpose_a": False, "transpose_b": transpose_b, "schedule": schedule, "epilogue": ()})
+    text = kernel(name, gemm_view, str(v.op.location), threads=threads)
+    (a, _), (b, _) = operands
+    result = w.emit(gemm_view.result, f"func.call @{name}({a}, {b}) : ({w.types[a]}, {w.types[b]}) "
                                       f"-> {gemm_view.result}")
-    result = w.reshape(result, [[0], [1], [2, 3]], out.shape)
+    result = w.reshape(result, [[0], [1, 2, 3]] if h * wd == 1 else [[0], [1], [2, 3]], out.shape)
     if "bias" in w.arg:
         result = w.generic([(result, ["d0", "d1", "d2", "d3"]), (w.arg["bias"], ["d1"])],
                            (w.empty(out.shape, "f32"), ["d0", "d1", "d2", "d3"]), 4, (),
@@ -301,10 +318,11 @@ for _variant in (
             "BLIS-style cache blocks, packed panels, an MR x NR register tile of FMAs", frozenset({"simd"}),
             _gemm_default(default_gemm_schedule), _gemm_space, _gemm_check),
     Variant("cpu.conv2d.pointwise_nchw", "cpu", ("conv2d",), (ON_CPU, SIMD, Rule(
-        f"NCHW 1x1, stride 1, no padding, groups = 1, f32, >= {POINTWISE_MIN_PIXELS} pixels",
+        f"NCHW 1x1, stride 1, no padding, groups = 1, f32, >= {POINTWISE_MIN_PIXELS} pixels or images of 1 pixel",
         # (decided on the op itself: planned without shapes, a conv is not assumed to be 1x1)
         lambda p, caps: p.view is not None and pointwise_nchw(p.view))), 40,
-        "one GEMM per image on the packed kernel (filter x image as they lie)", frozenset({"simd"})),
+        "one GEMM per image on the packed kernel (filter x image as they lie); 1-pixel images: one for the batch",
+        frozenset({"simd"})),
     Variant("cpu.conv2d.direct_nchw", "cpu", ("conv2d",), (ON_CPU, SIMD, Rule(
         "NCHW, groups = 1, f32 throughout", lambda p, caps: False if p.dtype != "f32" else None if p.layout is None
         else p.layout == "nchw" and p.groups == 1 and all(d == "f32" for d in (p.dtypes or (p.dtype,))))), 30,
