@@ -344,6 +344,10 @@ class _Output:
             for col in (col0, last_col):
                 t.line(f"memref.prefetch {self.Cacc}[%bb, {row}, {col}], write, locality<3>, data : {self.Cacc_t}")
 
+    def store_vector(self, value: str, row: str, col: str, tag: str) -> None:
+        """One SIMD-wide vector of the tile at (row, col), inside C (`tag` names its values)."""
+        self._store(value, self.p.lanes, row, col, tag)
+
     def store_rows(self, T: str, T_t: str, row0: str, col0: str, rows: str, vectors: int,
                    width: int | None = None) -> None:
         """The tile's first `rows` rows, all NR columns inside C: a vector (of `width` lanes, the
@@ -614,8 +618,18 @@ def gemm_kernel_text(name: str, v: OpView, location: str, gather: ConvGather | N
     full = t.cmp('sle', t.add(col0, t.c(NR)), t.c(p.n))  # all NR columns inside the result
     rows = t.c(MR) if p.m % MR == 0 else t.min_(t.op(f"arith.subi {t.c(p.m)}, {row0} : index", "i"), t.c(MR))
 
-    # The tile goes to a small L1-resident buffer, so the epilogue is written once per vector
-    # column inside a loop over rows, not once per register (MR x fewer ops to compile).
+    # Without an epilogue, whole tiles go from the registers to C (with K = 16, a 1x1 conv of
+    # 16 channels, the detour through T was a third of the work). Other tiles go to a small
+    # L1-resident buffer, so the epilogue is written once per vector column inside a loop over
+    # rows, not once per register (MR x fewer ops to compile).
+    direct = not p.epilogue
+    if direct:
+        whole = full if p.m % MR == 0 else t.op(f"arith.andi {full}, {t.cmp('eq', rows, t.c(MR))} : i1", "i")
+        t.open(f"scf.if {whole}")
+        for r in range(MR):
+            for j in range(nv):
+                out.store_vector(acc[r * nv + j], t.add(row0, t.c(r)), t.add(col0, t.c(j * L)), f"d{r}_{j}")
+        t.else_()
     for r in range(MR):
         for j in range(nv):
             t.line(f"vector.store {acc[r * nv + j]}, {T}[{t.c(r)}, {t.c(j * L)}] : {T_t}, {vf32}")
@@ -624,6 +638,8 @@ def gemm_kernel_text(name: str, v: OpView, location: str, gather: ConvGather | N
     t.else_()  # tiles at the right edge
     out.store_elements(T, T_t, row0, col0, rows, t.min_(t.op(f"arith.subi {t.c(p.n)}, {col0} : index", "i"), t.c(NR)))
     t.close()
+    if direct:
+        t.close()
     t.close()  # ir
     t.close()  # jr
     t.close_parallel()  # ic, jb
