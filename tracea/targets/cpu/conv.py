@@ -31,7 +31,7 @@ from ...codegen.loop_text import LoopText, memref_text
 UNROLLED_TAPS = 7
 
 
-def register_tile(filters: int, accumulators: int) -> tuple[int, int]:
+def register_tile(filters: int, accumulators: int, positions: int = 0, lanes: int = 1) -> tuple[int, int]:
     """(MR filters, NV position vectors) for at most `accumulators` accumulator registers (the
     caller leaves a quarter of the vector registers for the loads and the broadcast): few
     padded filter rows, and few loads per FMA: NV / (MR NV) vector loads, unaligned (often split
@@ -40,7 +40,12 @@ def register_tile(filters: int, accumulators: int) -> tuple[int, int]:
     with AVX2's 16 registers, 12 accumulators (4 x 3) ran it at 0.98x torch, 8 (4 x 2) at 0.85x."""
     tiles = [(mr, nv) for mr in range(1, 13) for nv in range(1, 9)
              if accumulators * 2 // 3 <= mr * nv <= accumulators]
-    return min(tiles, key=lambda t: (-(-filters // t[0]) * t[0] * (1 + 2 / t[0] + 1 / t[1]), -t[1]))
+    # the positions of an image, padded to whole segments of NV vectors, count too: on 8x8
+    # images (80 positions with the row wrap) 4 x 3 computes 96 of them, 6 x 2 80
+    def cost(t):
+        segment = t[1] * lanes
+        return -(-filters // t[0]) * t[0] * -(-max(positions, 1) // segment) * segment * (1 + 2 / t[0] + 1 / t[1])
+    return min(tiles, key=lambda t: (cost(t), -t[1]))
 
 
 # Elements of an image channel's phase planes below which they are zeroed whole rather than
@@ -183,11 +188,11 @@ def _conv_params(x, f, bias) -> str:
 
 
 def conv_nchw_kernel_text(name: str, v: OpView, location: str, lanes: int, accumulators: int,
-                          threads: int) -> str:
+                          threads: int, l2_bytes: int = 512 * 1024) -> str:
     (x, f, bias, out), (n, c, h, w), (k, kh_n, kw_n), (oh_n, ow_n), (sh, sw), (dh, dw), pads = nchw_geometry(v)
     top, bottom, left, right = pads
     L = lanes
-    MR, NV = register_tile(k, accumulators)
+    MR, NV = register_tile(k, accumulators, oh_n * (-(-(w + left + right) // sw)), L)
     seg = NV * L
     kb_n = -(-k // MR)
     hs, ws = -(-(h + top + bottom) // sh), -(-(w + left + right) // sw)  # a phase plane's rows, pitch
@@ -241,12 +246,18 @@ def conv_nchw_kernel_text(name: str, v: OpView, location: str, lanes: int, accum
     # about 8 tasks per thread (for balance), each a run of segments for one filter block
     q_tasks = min(q_segs, -(-threads * 8 // (n * kb_n)))
     per_task = -(-q_segs // q_tasks)
+    # A run's input rows (all channels and phases) stay in half of L2 while every filter block
+    # reads them in turn (tasks ordered filter block fastest): a 3x3 stride-2 conv's 128
+    # channels of 32x32 pixels are 640 KB of planes, streamed from L3 once per filter block
+    row_bytes = c * phases * ws * 4
+    rows = max(1, l2_bytes // 2 // row_bytes - (kh_n - 1) * dh // sh - 1)
+    per_task = max(1, min(per_task, rows * ws // seg))
     q_tasks = -(-q_segs // per_task)
     t.parallel("%task", t.c(0), t.c(n * kb_n * q_tasks), t.c(1))
     t.line(f"%n = arith.divui %task, {t.c(kb_n * q_tasks)} : index")
     t.line(f"%kq = arith.remui %task, {t.c(kb_n * q_tasks)} : index")
-    t.line(f"%kb = arith.divui %kq, {t.c(q_tasks)} : index")
-    s_lo = t.mul(t.op(f"arith.remui %kq, {t.c(q_tasks)} : index", "i"), t.c(per_task))
+    t.line(f"%kb = arith.remui %kq, {t.c(kb_n)} : index")
+    s_lo = t.mul(t.op(f"arith.divui %kq, {t.c(kb_n)} : index", "i"), t.c(per_task))
     t.for_("%s", s_lo, t.min_(t.add(s_lo, t.c(per_task)), t.c(q_segs)), t.c(1))
     q0 = t.mul("%s", t.c(seg))
     nc0 = t.mul("%n", t.c(c))

@@ -368,7 +368,7 @@ def _emit(module: ir.Operation, op: ir.Operation, v: OpView, variant_id: str, in
     elif variant_id == "cpu.conv2d.direct_nchw":
         cpu = host_cpu()
         inline_kernel(op, conv_nchw_kernel_text(f"__tracea_conv_{index}", v, str(op.location), cpu.f32_lanes,
-                                                cpu.vector_registers * 3 // 4, threads))
+                                                cpu.vector_registers * 3 // 4, threads, cpu.l2_bytes))
     elif variant_id == "cpu.conv2d.depthwise_nchw":
         cpu = host_cpu()
         inline_kernel(op, conv_depthwise_nchw_kernel_text(f"__tracea_conv_{index}", v, str(op.location),
