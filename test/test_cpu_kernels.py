@@ -419,19 +419,23 @@ def test_depthwise_conv(n, c, kh, kw, hw, stride, dilation, pads, bias, threads,
                                            (2, 16, (7, 7), 24, True), (2, 16, (5, 6), 24, True),
                                            (8, 576, (1, 1), 144, True), (3, 600, (1, 1), 21, False),
                                            (40, 33, (1, 1), 70, True)])
-def test_pointwise_nchw_conv_is_a_gemm(n, c, hw, k, bias):
-    """1x1 NCHW convs over at least 32 pixels run as one GEMM per image on the packed kernel, the
-    filter shared by the images; over one pixel as one GEMM for the batch (x @ W^T, on the
-    inner-product kernel for few images and long rows); in between, on the direct kernel."""
+@pytest.mark.parametrize("stride", [1, 2, (3, 2)])
+def test_pointwise_nchw_conv_is_a_gemm(n, c, hw, k, bias, stride):
+    """1x1 NCHW convs over at least 32 (output) pixels run as one GEMM per image on the packed
+    kernel, the filter shared by the images, strided ones on the pixels they read; over one
+    pixel as one GEMM for the batch (x @ W^T, on the inner-product kernel for few images and
+    long rows); in between, on the direct kernel."""
     rng = np.random.default_rng(c + k)
     x, f, b = ref.random(rng, (n, c) + hw), ref.random(rng, (k, c, 1, 1)), ref.random(rng, (k,))
     args = [td.tensor(x.shape), td.tensor(f.shape)] + ([td.tensor(b.shape)] if bias else [])
-    kernel = tracea.compile(td.function(*args)(lambda *a: td.conv2d(*a)), threads=2, keep_stages=True)
-    pixels = hw[0] * hw[1]
+    kernel = tracea.compile(td.function(*args)(lambda *a: td.conv2d(*a, stride=stride)), threads=2,
+                            keep_stages=True)
+    sy, sx = stride if isinstance(stride, tuple) else (stride, stride)
+    pixels = -(-hw[0] // sy) * -(-hw[1] // sx)
     assert ("__tracea_conv_gemm" in kernel.stages["linalg"]) == (pixels >= 32 or pixels == 1)
     assert ("vector.reduction" in kernel.stages["linalg"]) == (pixels == 1 and n <= 32 and c >= 512)
     out = kernel(x, f, *([b] if bias else []))
-    ref.assert_close(out, ref.conv2d(x, f, b if bias else None, (1, 1), (0,) * 4, (1, 1), 1, "nchw"), "f32", c)
+    ref.assert_close(out, ref.conv2d(x, f, b if bias else None, (sy, sx), (0,) * 4, (1, 1), 1, "nchw"), "f32", c)
 
 
 @pytest.mark.parametrize("layout", ["nchw", "nhwc"])

@@ -156,13 +156,14 @@ def conv_as_gemm(w: KernelWriter, v: OpView, name: str, threads: int) -> tuple[s
 
 
 def pointwise_nchw(v: OpView) -> bool:
-    """A 1x1 NCHW conv with stride 1 and no padding, f32, over enough pixels per image that
-    packing the filter once per image costs little next to the GEMM (1 / (2 H W) of its work),
-    or over images of one pixel (a squeeze-excitation block's layers: one GEMM for the batch)."""
+    """A 1x1 NCHW conv without padding, f32, over enough pixels per image that packing the
+    filter once per image costs little next to the GEMM (1 / (2 H W) of its work), or over
+    images of one pixel (a squeeze-excitation block's layers: one GEMM for the batch). Strided
+    ones (ResNet's downsampling shortcuts) gather their pixels first."""
     f = v.operands["filter"]
     pixels = v.result.shape[2] * v.result.shape[3]
     return (v.attrs["layout"] == "nchw" and v.attrs["groups"] == 1 and f.shape[2:] == (1, 1)
-            and tuple(v.attrs["stride"]) == (1, 1) and Conv2dDef.pads(v.attrs) == (0, 0, 0, 0)
+            and Conv2dDef.pads(v.attrs) == (0, 0, 0, 0)
             and (pixels >= POINTWISE_MIN_PIXELS or pixels == 1)
             and all(s.dtype == "f32" for s in list(v.operands.values()) + [v.result]))
 
@@ -173,24 +174,30 @@ POINTWISE_MIN_PIXELS = 32
 
 
 def conv_pointwise_nchw(w: KernelWriter, v: OpView, name: str, threads: int) -> tuple[str, str]:
-    """A 1x1 NCHW conv as one GEMM per image, with nothing moved: out[n] (K x HW) = W (K x C) @
+    """A 1x1 NCHW conv as one GEMM per image, with nothing moved (but the pixels a stride
+    skips): out[n] (K x HW) = W (K x C) @
     x[n] (C x HW), the filter shared by every image (packed per image); images of one pixel as
     one GEMM for the batch, out (N x K) = x (N x C) @ W^T (as nn.Linear). The bias is added after
     (an elementwise op on the result, which linalg fuses with the ops that follow)."""
     x, f, out = v.operands["input"], v.operands["filter"], v.result
-    n, c, h, wd = x.shape
-    k = f.shape[0]
+    n, c = x.shape[:2]
+    k, (h, wd) = f.shape[0], out.shape[2:]
     filt = w.reshape(w.arg["filter"], [[0], [1, 2, 3]], (k, c))
     kernel = gemm_kernel_text
+    pixels = w.arg["input"]
+    if tuple(v.attrs["stride"]) != (1, 1):  # the pixels a strided 1x1 filter reads, gathered first
+        sy, sx = v.attrs["stride"]
+        pixels = w.generic([(pixels, ["d0", "d1", f"d2 * {sy}", f"d3 * {sx}"])],
+                           (w.empty((n, c, h, wd), "f32"), ["d0", "d1", "d2", "d3"]), 4, (), lambda b: b.args[0])
     if h * wd == 1:
-        image = w.reshape(w.arg["input"], [[0], [1, 2, 3]], (n, c))
+        image = w.reshape(pixels, [[0], [1, 2, 3]], (n, c))
         dot = use_dot_kernel(n, c, False, True)
         kernel = gemm_dot_kernel_text if dot else gemm_kernel_text
         schedule = v.attrs.get("schedule") or (dot_gemm_schedule if dot else default_gemm_schedule)(
             n, k, c, host_cpu(), threads)
         operands, product, transpose_b = ((image, (n, c)), (filt, (k, c))), (n, k), True
     else:
-        image = w.reshape(w.arg["input"], [[0], [1], [2, 3]], (n, c, h * wd))
+        image = w.reshape(pixels, [[0], [1], [2, 3]], (n, c, h * wd))
         schedule = v.attrs.get("schedule") or default_gemm_schedule(k, h * wd, c, host_cpu(), threads)
         operands, product, transpose_b = ((filt, (k, c)), (image, (n, c, h * wd))), (n, k, h * wd), False
     gemm_view = OpView(v.op, OP_DEFS["tracea.gemm"], {name_: TensorSpec(shape, "f32") for name_, (_, shape)
@@ -318,7 +325,7 @@ for _variant in (
             "BLIS-style cache blocks, packed panels, an MR x NR register tile of FMAs", frozenset({"simd"}),
             _gemm_default(default_gemm_schedule), _gemm_space, _gemm_check),
     Variant("cpu.conv2d.pointwise_nchw", "cpu", ("conv2d",), (ON_CPU, SIMD, Rule(
-        f"NCHW 1x1, stride 1, no padding, groups = 1, f32, >= {POINTWISE_MIN_PIXELS} pixels or images of 1 pixel",
+        f"NCHW 1x1, no padding, groups = 1, f32, >= {POINTWISE_MIN_PIXELS} pixels or images of 1 pixel",
         # (decided on the op itself: planned without shapes, a conv is not assumed to be 1x1)
         lambda p, caps: p.view is not None and pointwise_nchw(p.view))), 40,
         "one GEMM per image on the packed kernel (filter x image as they lie); 1-pixel images: one for the batch",
