@@ -1,4 +1,4 @@
-"""`tracea-vector-exp`: `math.exp` and `math.tanh` on f32 vectors as polynomials in arith ops.
+"""`tracea-vector-exp`: `math.exp`, `math.tanh` and `math.erf` on f32 vectors as polynomials in arith ops.
 
 MLIR lowers a vector `math.exp` to LLVM's exp intrinsic, which the x86 code generator scalarizes
 into one libm call per lane: once tracea-cpu-tile-linalg vectorized the elementwise loop nests a
@@ -8,7 +8,9 @@ IEEE's edges kept: +inf above 88.72 (the polynomial clamps), NaN in, NaN out. Be
 result is 0 where libm gives a subnormal. tanh (a GELU written out, as Hugging Face's GPT-2 does:
 a fifth of its time went to libm's tanhf) is Cephes tanhf: an odd polynomial below |x| = 0.625,
 1 - 2 / (exp(2|x|) + 1) with x's sign above (~2 ulp; the GEMM epilogues' (e - 1) / (e + 1) loses
-relative precision near 0). erf keeps libm.
+relative precision near 0). erf (the exact GELU of ViT and BERT: a GEMM epilogue calling libm's
+erff once per element was a fifth of a ViT's time) is a polynomial below 1 and 1 - exp(-x^2) times
+a polynomial in 1 / x up to 4, fitted here.
 """
 from __future__ import annotations
 
@@ -85,15 +87,53 @@ def tanh_function(lanes: int) -> str:
     return _vector_function("tanh", lanes, compute)
 
 
-_FUNCTIONS = {"math.exp": exp_function, "math.tanh": tanh_function}
+# erf, fitted here (Chebyshev least squares in float64, against scipy's erf and erfc):
+# |x| < 1: erf x = x P(x^2), within 2.6 ulps in f32; 1 <= |x| < 4: erf x = 1 - exp(-x^2) Q(1 / x),
+# within 1.4 ulps; beyond, +-1 (erf 4 = 1 - 1.5e-8 rounds to 1)
+ERF_SWITCH, ERF_ONE = 1.0, 4.0
+ERF_SMALL = (1.128379225730896, -0.3761262893676758, 0.11283634603023529, -0.026856068521738052,
+             0.005192957352846861, -0.0008053746423684061, 8.00685811555013e-05)
+ERF_LARGE = (0.00035778144956566393, 0.5576348900794983, 0.05157828703522682, -0.5075471997261047,
+             0.5783967971801758, -0.35653072595596313, 0.12172320485115051, -0.0180293507874012)
+
+
+def erf_function(lanes: int) -> str:
+    def compute(t, vt, it, bt):
+        def const(value: float) -> str:
+            return t.op(f"arith.constant dense<{value!r}> : {vt}", "k")
+
+        def polynomial(coefficients, v: str) -> str:
+            p = const(coefficients[-1])
+            for c in coefficients[-2::-1]:
+                p = t.op(f"math.fma {p}, {v}, {const(c)} : {vt}", "p")
+            return p
+
+        ax = t.op(f"math.absf %x : {vt}", "a")
+        z = t.op(f"arith.mulf %x, %x : {vt}", "z")
+        small = t.op(f"arith.mulf %x, {polynomial(ERF_SMALL, z)} : {vt}", "y")  # keeps -0
+        clamped = t.op(f"arith.minimumf {ax}, {const(ERF_ONE)} : {vt}", "a")  # inf: no inf * 0 below
+        e = vector_exp(t, t.op(f"arith.negf {t.op(f'arith.mulf {clamped}, {clamped} : {vt}', 'z')} : {vt}", "e"),
+                       vt, it, at_most_zero=True)
+        q = polynomial(ERF_LARGE, t.op(f"arith.divf {const(1.0)}, {clamped} : {vt}", "r"))
+        large = t.op(f"arith.subf {const(1.0)}, {t.op(f'arith.mulf {e}, {q} : {vt}', 'e')} : {vt}", "y")
+        one = t.op(f"arith.cmpf oge, {ax}, {const(ERF_ONE)} : {vt}", "c")
+        large = t.op(f"math.copysign {t.op(f'arith.select {one}, {const(1.0)}, {large} : {bt}, {vt}', 'y')}, %x "
+                     f": {vt}", "y")
+        return t.op(f"arith.select {t.op(f'arith.cmpf olt, {ax}, {const(ERF_SWITCH)} : {vt}', 'c')}, {small}, "
+                    f"{large} : {bt}, {vt}", "y")
+
+    return _vector_function("erf", lanes, compute)
+
+
+_FUNCTIONS = {"math.exp": exp_function, "math.tanh": tanh_function, "math.erf": erf_function}
 
 
 @register
 @dataclass(frozen=True)
 class VectorExpPass(TraceaPass):
     NAME = "tracea-vector-exp"
-    SUMMARY = ("math.exp and math.tanh on 1-D f32 vectors as polynomials in arith ops (LLVM would call libm "
-               "once per lane)")
+    SUMMARY = ("math.exp, math.tanh and math.erf on 1-D f32 vectors as polynomials in arith ops (LLVM would "
+               "call libm once per lane)")
 
     def run(self, module: ir.Operation) -> None:
         found = []
