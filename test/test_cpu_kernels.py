@@ -439,6 +439,22 @@ def test_pointwise_nchw_conv_is_a_gemm(n, c, hw, k, bias, stride):
     ref.assert_close(out, ref.conv2d(x, f, b if bias else None, (sy, sx), (0,) * 4, (1, 1), 1, "nchw"), "f32", c)
 
 
+@pytest.mark.parametrize("n,c,hw,k,patch,bias", [(2, 3, (64, 64), 20, (8, 8), True), (1, 5, (24, 31), 9, (4, 2), False),
+                                                 (3, 3, (16, 16), 7, (16, 16), True)])
+def test_patch_conv_is_a_gemm_per_image(n, c, hw, k, patch, bias):
+    """A conv whose filter is its stride (a ViT's patch embedding; pixels past the last whole
+    patch dropped) runs as one GEMM per image over the patches laid out as rows."""
+    rng = np.random.default_rng(c + k)
+    x, f, b = ref.random(rng, (n, c) + hw), ref.random(rng, (k, c) + patch), ref.random(rng, (k,))
+    args = [td.tensor(x.shape), td.tensor(f.shape)] + ([td.tensor(b.shape)] if bias else [])
+    kernel = tracea.compile(td.function(*args)(lambda *a: td.conv2d(*a, stride=patch)), keep_stages=True)
+    pixels = (hw[0] // patch[0]) * (hw[1] // patch[1])
+    assert ("__tracea_conv_gemm" in kernel.stages["linalg"]) == (pixels >= 32 or pixels == 1)
+    out = kernel(x, f, *([b] if bias else []))
+    ref.assert_close(out, ref.conv2d(x, f, b if bias else None, patch, (0,) * 4, (1, 1), 1, "nchw"), "f32",
+                     c * patch[0] * patch[1])
+
+
 @pytest.mark.parametrize("layout", ["nchw", "nhwc"])
 def test_depthwise_conv_with_unequal_strides_dilations_and_pads(layout):
     x, f = ref.random(np.random.default_rng(0), (2, 11, 9, 13)), ref.random(np.random.default_rng(1), (11, 1, 3, 5))
