@@ -7,8 +7,8 @@ plans become one transform-dialect script run by MLIR's transform interpreter:
 - enough work: `tile_using_forall` splits its outermost parallel loop that has a range of at
   least the thread count among the threads (an scf.forall, an scf.parallel once bufferized);
 - a body of arith/math ops whose innermost loop is contiguous in every operand that uses it:
-  `tile_using_for` to one vector along that loop (1 elsewhere) and `vectorize` with masks for the
-  remainder. Other strided reads stay scalar loops (LLVM gathers would be no faster), except
+  `tile_using_for` to one vector along that loop (1 elsewhere) and `vectorize`, the last, partial
+  vector peeled off and masked (whole vectors unmasked). Other strided reads stay scalar loops (LLVM gathers would be no faster), except
   transposing copies, which become a kernel of register-transposed blocks (targets/cpu/transpose.py).
   Not vectorized either (only split): reductions whose innermost range needs a mask (no lowering
   for masked reductions here) and maps with constant results (keepdim reductions).
@@ -94,8 +94,28 @@ class LinalgPlan:
             lines.append(f"%vec{index}, %loops{index}:{loops} = transform.structured.tile_using_for {op} "
                          f"tile_sizes {sizes} : (!transform.any_op) -> ({', '.join(['!transform.any_op'] * (loops + 1))})")
             vector_sizes = [s or r for s, r in zip(sizes, self.ranges)]
-            lines.append(f"transform.structured.vectorize %vec{index} vector_sizes {vector_sizes} : !transform.any_op")
+            if self.peeled:
+                # the last, partial vector peeled off: the others are whole, their loads and
+                # stores unmasked (every vector of a 197-wide row was masked; masked byte loads
+                # become a branch per lane, masked stores are slow even on floats)
+                lines.append(f"%inner{index} = transform.cast %loops{index}#{loops - 1} : !transform.any_op to "
+                             "!transform.op<\"scf.for\">")
+                lines.append(f"%whole{index}, %partial{index} = transform.loop.peel %inner{index} "
+                             ": (!transform.op<\"scf.for\">) -> (!transform.any_op, !transform.any_op)")
+                for part in (f"%whole{index}", f"%partial{index}"):
+                    lines.append(f"{part}_op = transform.structured.match ops{{[\"linalg.generic\"]}} in {part} "
+                                 ": (!transform.any_op) -> !transform.any_op")
+                    lines.append(f"transform.structured.vectorize {part}_op vector_sizes {vector_sizes} "
+                                 ": !transform.any_op")
+            else:
+                lines.append(f"transform.structured.vectorize %vec{index} vector_sizes {vector_sizes} : !transform.any_op")
         return "\n".join(lines)
+
+    @property
+    def peeled(self) -> bool:
+        """Whether the innermost loop's last, partial vector is peeled off (script)."""
+        return self.vector is not None and not self.partial_vector and self.ranges[-1] > self.vector \
+            and self.ranges[-1] % self.vector != 0
 
     def hoisting(self, index: int) -> str:
         """Once the masks are folded: what the vectors along a row share (a layer norm's scale from
@@ -107,6 +127,9 @@ class LinalgPlan:
         if self.partial_vector:
             return (f"transform.loop.hoist_loop_invariant_subsets %red{index} : !transform.any_op\n"
                     f"transform.apply_licm to %red{index} : !transform.any_op")
+        if self.peeled:
+            return "\n".join(f"transform.apply_licm to {loop} : !transform.any_op"
+                             for loop in (f"%whole{index}", f"%partial{index}"))
         loops = sum(1 for r in self.ranges[:-1] if r > 1) + 1
         return f"transform.apply_licm to %loops{index}#{loops - 1} : !transform.any_op"
 
