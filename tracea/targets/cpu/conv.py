@@ -48,6 +48,25 @@ def register_tile(filters: int, accumulators: int, positions: int = 0, lanes: in
     return min(tiles, key=lambda t: (cost(t), -t[1]))
 
 
+def copy_run(t: LoopText, n: int, L: int, iv: str, source, dest) -> None:
+    """Copy `n` contiguous f32 elements a vector at a time, only the last, partial vector masked
+    (masked moves are slow: a loop of them was 28 % of the 7x7 stem). source(col) and dest(col)
+    give the memref access (text, memref type) at element `col` of the run."""
+    vt, mt = f"vector<{L}xf32>", f"vector<{L}xi1>"
+    full = n // L * L
+    if full:
+        t.for_(iv, t.c(0), t.c(full), t.c(L))
+        (src, src_t), (dst, dst_t) = source(iv), dest(iv)
+        t.line(f"vector.store {t.op(f'vector.load {src} : {src_t}, {vt}', 'x')}, {dst} : {dst_t}, {vt}")
+        t.close()
+    if full < n:
+        mask = t.op(f"vector.constant_mask [{n - full}] : {mt}", "k")
+        zv = t.op(f"arith.constant dense<0.0> : {vt}", "z")
+        (src, src_t), (dst, dst_t) = source(t.c(full)), dest(t.c(full))
+        x = t.op(f"vector.maskedload {src}, {mask}, {zv} : {src_t}, {mt}, {vt} into {vt}", "x")
+        t.line(f"vector.maskedstore {dst}, {mask}, {x} : {dst_t}, {mt}, {vt}")
+
+
 # Elements of an image channel's phase planes below which they are zeroed whole rather than
 # around the pixels (the 14x14 planes of a 5x5 stride-2 conv: a few vector stores)
 SMALL_PLANES = 1024
@@ -58,7 +77,7 @@ def copy_to_phase_planes(t: LoopText, X: str, X_t: str, XS: str, XS_t: str, hw: 
     """Image %n's channel %ch zero-padded into its phase planes XS[%nc] (pitch ws, `plane`
     elements each)."""
     (h, w), (top, left), (sh, sw) = hw, top_left, stride
-    vt, mt = f"vector<{L}xf32>", f"vector<{L}xi1>"
+    vt = f"vector<{L}xf32>"
     zv = t.op(f"arith.constant dense<0.0> : {vt}", "z")
     gap_vectors = -(-(ws - w) // L)  # a row's right padding and the next one's left, in vectors
     if (sh, sw) == (1, 1) and (top + h - 2) * ws + left + w + gap_vectors * L <= plane:
@@ -89,19 +108,9 @@ def copy_to_phase_planes(t: LoopText, X: str, X_t: str, XS: str, XS_t: str, hw: 
     hp = t.add("%ih", t.c(top))
     ph = t.op(f"arith.remui {hp}, {t.c(sh)} : index", "i")
     row = t.mul(t.op(f"arith.divui {hp}, {t.c(sh)} : index", "i"), t.c(ws))
-    if sw == 1:  # rows stay contiguous: vector copies, the last one masked (masked moves are slow)
-        full = w // L * L
-        if full:
-            t.for_("%iw", t.c(0), t.c(full), t.c(L))
-            xv = t.op(f"vector.load {X}[%n, %ch, %ih, %iw] : {X_t}, {vt}", "x")
-            t.line(f"vector.store {xv}, {XS}[%nc, {ph}, {t.add(row, t.add('%iw', t.c(left)))}] : {XS_t}, {vt}")
-            t.close()
-        if full < w:
-            mask = t.op(f"vector.constant_mask [{w - full}] : {mt}", "k")
-            xv = t.op(f"vector.maskedload {X}[%n, %ch, %ih, {t.c(full)}], {mask}, {zv} : {X_t}, {mt}, {vt} into {vt}",
-                      "x")
-            t.line(f"vector.maskedstore {XS}[%nc, {ph}, {t.add(row, t.c(full + left))}], {mask}, {xv} "
-                   f": {XS_t}, {mt}, {vt}")
+    if sw == 1:  # rows stay contiguous
+        copy_run(t, w, L, "%iw", lambda col: (f"{X}[%n, %ch, %ih, {col}]", X_t),
+                 lambda col: (f"{XS}[%nc, {ph}, {t.add(row, t.add(col, t.c(left)))}]", XS_t))
     else:  # columns go to sw planes in turn
         start = 0
         if sw == 2 and w >= 2 * L:
@@ -201,7 +210,7 @@ def conv_nchw_kernel_text(name: str, v: OpView, location: str, lanes: int, accum
     last_read = qpad - 1 + ((kh_n - 1) * dh // sh) * ws + (kw_n - 1) * dw // sw
     plane = -(-max(last_read + 1, hs * ws) // L) * L
     phases = sh * sw
-    vt, mt = f"vector<{L}xf32>", f"vector<{L}xi1>"
+    vt = f"vector<{L}xf32>"
     t = LoopText()
 
     def alloc(shape):
@@ -322,18 +331,8 @@ def conv_nchw_kernel_text(name: str, v: OpView, location: str, lanes: int, accum
     t.line(f"%k = arith.divui %ko, {t.c(oh_n)} : index")
     t.line(f"%oh = arith.remui %ko, {t.c(oh_n)} : index")
     start = t.mul("%oh", t.c(ws))
-    full = ow_n // L * L  # whole vectors, then a masked tail (masked moves are slow: a loop of
-    # them was 28 % of the 7x7 stem)
-    if full:
-        t.for_("%ow", t.c(0), t.c(full), t.c(L))
-        ov = t.op(f"vector.load {OP}[%n, %k, {t.add(start, '%ow')}] : {OP_t}, {vt}", "o")
-        t.line(f"vector.store {ov}, {O}[%n, %k, %oh, %ow] : {O_t}, {vt}")
-        t.close()
-    if full < ow_n:
-        mask = t.op(f"vector.constant_mask [{ow_n - full}] : {mt}", "k")
-        ov = t.op(f"vector.maskedload {OP}[%n, %k, {t.add(start, t.c(full))}], {mask}, {zv} "
-                  f": {OP_t}, {mt}, {vt} into {vt}", "o")
-        t.line(f"vector.maskedstore {O}[%n, %k, %oh, {t.c(full)}], {mask}, {ov} : {O_t}, {mt}, {vt}")
+    copy_run(t, ow_n, L, "%ow", lambda col: (f"{OP}[%n, %k, {t.add(start, col)}]", OP_t),
+             lambda col: (f"{O}[%n, %k, %oh, {col}]", O_t))
     t.close_parallel()
     return t.function_text(name, _conv_params(x, f, bias), O, out, location)
 
