@@ -201,11 +201,11 @@ def conv_nchw_kernel_text(name: str, v: OpView, location: str, lanes: int, accum
     (x, f, bias, out), (n, c, h, w), (k, kh_n, kw_n), (oh_n, ow_n), (sh, sw), (dh, dw), pads = nchw_geometry(v)
     top, bottom, left, right = pads
     L = lanes
-    MR, NV = register_tile(k, accumulators, oh_n * (-(-(w + left + right) // sw)), L)
-    seg = NV * L
-    kb_n = -(-k // MR)
     hs, ws = -(-(h + top + bottom) // sh), -(-(w + left + right) // sw)  # a phase plane's rows, pitch
     q_n = oh_n * ws
+    MR, NV = register_tile(k, accumulators, q_n, L)
+    seg = NV * L
+    kb_n = -(-k // MR)
     qpad = -(-q_n // seg) * seg
     last_read = qpad - 1 + ((kh_n - 1) * dh // sh) * ws + (kw_n - 1) * dw // sw
     plane = -(-max(last_read + 1, hs * ws) // L) * L

@@ -185,7 +185,6 @@ def conv_pointwise_nchw(w: KernelWriter, v: OpView, name: str, threads: int) -> 
     n, k, (kh, kw), (h, wd) = x.shape[0], f.shape[0], f.shape[2:], out.shape[2:]
     c = x.shape[1] * kh * kw  # the GEMM's K
     filt = w.reshape(w.arg["filter"], [[0], [1, 2, 3]], (k, c))
-    kernel = gemm_kernel_text
     pixels = w.arg["input"]
     if tuple(v.attrs["stride"]) != (1, 1):  # (image, channel, ky, kx, y, x) = x[image, channel, y sy + ky, x sx + kx]
         sy, sx = v.attrs["stride"]
@@ -203,6 +202,7 @@ def conv_pointwise_nchw(w: KernelWriter, v: OpView, name: str, threads: int) -> 
     else:
         image = w.reshape(pixels, [[0], [1], [2, 3]], (n, c, h * wd))
         schedule = v.attrs.get("schedule") or default_gemm_schedule(k, h * wd, c, host_cpu(), threads)
+        kernel = gemm_kernel_text
         operands, product, transpose_b = ((filt, (k, c)), (image, (n, c, h * wd))), (n, k, h * wd), False
     gemm_view = OpView(v.op, OP_DEFS["tracea.gemm"], {name_: TensorSpec(shape, "f32") for name_, (_, shape)
                                                       in zip(("a", "b"), operands)},

@@ -8,8 +8,9 @@ plans become one transform-dialect script run by MLIR's transform interpreter:
   least the thread count among the threads (an scf.forall, an scf.parallel once bufferized);
 - a body of arith/math ops whose innermost loop is contiguous in every operand that uses it:
   `tile_using_for` to one vector along that loop (1 elsewhere) and `vectorize`, the last, partial
-  vector peeled off and masked (whole vectors unmasked). Other strided reads stay scalar loops (LLVM gathers would be no faster), except
-  transposing copies, which become a kernel of register-transposed blocks (targets/cpu/transpose.py).
+  vector peeled off and masked (whole vectors unmasked). Other strided reads stay scalar loops
+  (LLVM gathers would be no faster), except transposing copies, which become a kernel of
+  register-transposed blocks (targets/cpu/transpose.py).
   Not vectorized either (only split): reductions whose innermost range needs a mask (no lowering
   for masked reductions here) and maps with constant results (keepdim reductions).
 """
@@ -94,6 +95,7 @@ class LinalgPlan:
             lines.append(f"%vec{index}, %loops{index}:{loops} = transform.structured.tile_using_for {op} "
                          f"tile_sizes {sizes} : (!transform.any_op) -> ({', '.join(['!transform.any_op'] * (loops + 1))})")
             vector_sizes = [s or r for s, r in zip(sizes, self.ranges)]
+            tiles = [f"%vec{index}"]
             if self.peeled:
                 # the last, partial vector peeled off: the others are whole, their loads and
                 # stores unmasked (every vector of a 197-wide row was masked; masked byte loads
@@ -102,13 +104,12 @@ class LinalgPlan:
                              "!transform.op<\"scf.for\">")
                 lines.append(f"%whole{index}, %partial{index} = transform.loop.peel %inner{index} "
                              ": (!transform.op<\"scf.for\">) -> (!transform.any_op, !transform.any_op)")
-                for part in (f"%whole{index}", f"%partial{index}"):
-                    lines.append(f"{part}_op = transform.structured.match ops{{[\"linalg.generic\"]}} in {part} "
-                                 ": (!transform.any_op) -> !transform.any_op")
-                    lines.append(f"transform.structured.vectorize {part}_op vector_sizes {vector_sizes} "
-                                 ": !transform.any_op")
-            else:
-                lines.append(f"transform.structured.vectorize %vec{index} vector_sizes {vector_sizes} : !transform.any_op")
+                tiles = [f"%whole{index}_op", f"%partial{index}_op"]
+                for tile in tiles:
+                    lines.append(f"{tile} = transform.structured.match ops{{[\"linalg.generic\"]}} in "
+                                 f"{tile.removesuffix('_op')} : (!transform.any_op) -> !transform.any_op")
+            lines += [f"transform.structured.vectorize {tile} vector_sizes {vector_sizes} : !transform.any_op"
+                      for tile in tiles]
         return "\n".join(lines)
 
     @property

@@ -48,10 +48,23 @@ def _vector_function(name: str, lanes: int, compute) -> str:
     return f"func.func private @{name}(%x: {vt}) -> {vt} {{\n  {body}\n  return {y} : {vt}\n}}"
 
 
+def _splat(t, vt: str, value: float) -> str:
+    """A constant vector of `value`."""
+    return t.op(f"arith.constant dense<{value!r}> : {vt}", "k")
+
+
+def _horner(t, vt: str, coefficients, v: str) -> str:
+    """The polynomial with these coefficients (highest degree first, as Cephes lists them) at v."""
+    p = _splat(t, vt, coefficients[0])
+    for c in coefficients[1:]:
+        p = t.op(f"math.fma {p}, {v}, {_splat(t, vt, c)} : {vt}", "p")
+    return p
+
+
 def exp_function(lanes: int) -> str:
     def compute(t, vt, it, bt):
         y = vector_exp(t, "%x", vt, it)
-        big = t.op(f"arith.cmpf ogt, %x, {t.op(f'arith.constant dense<{OVERFLOW!r}> : {vt}', 'k')} : {vt}", "p")
+        big = t.op(f"arith.cmpf ogt, %x, {_splat(t, vt, OVERFLOW)} : {vt}", "p")
         return t.op(f"arith.select {big}, {t.op(f'arith.constant dense<0x7F800000> : {vt}', 'k')}, {y} : {bt}, {vt}",
                     "s")
 
@@ -65,61 +78,49 @@ TANH_POLYNOMIAL = (-5.70498872745e-3, 2.06390887954e-2, -5.37397155531e-2, 1.333
 
 def tanh_function(lanes: int) -> str:
     def compute(t, vt, it, bt):
-        def const(value: float) -> str:
-            return t.op(f"arith.constant dense<{value!r}> : {vt}", "k")
-
         ax = t.op(f"math.absf %x : {vt}", "a")
         z = t.op(f"arith.mulf %x, %x : {vt}", "z")
-        p = const(TANH_POLYNOMIAL[0])
-        for c in TANH_POLYNOMIAL[1:]:
-            p = t.op(f"math.fma {p}, {z}, {const(c)} : {vt}", "p")
+        p = _horner(t, vt, TANH_POLYNOMIAL, z)
         small = t.op(f"math.fma {t.op(f'arith.mulf {p}, {z} : {vt}', 'p')}, %x, %x : {vt}", "y")
         small = t.op(f"math.copysign {small}, %x : {vt}", "y")  # tanh(-0) = -0
         # exp(2|x|) saturates (to the largest finite f32) past |x| = 44: 2 / (e + 1) is then 0
         e = vector_exp(t, t.op(f"arith.addf {ax}, {ax} : {vt}", "e"), vt, it)
-        one = const(1.0)
+        one = _splat(t, vt, 1.0)
         e_plus_one = t.op(f"arith.addf {e}, {one} : {vt}", "e")
-        large = t.op(f"arith.subf {one}, {t.op(f'arith.divf {const(2.0)}, {e_plus_one} : {vt}', 'e')} : {vt}", "y")
+        two_over = t.op(f"arith.divf {_splat(t, vt, 2.0)}, {e_plus_one} : {vt}", "e")
+        large = t.op(f"arith.subf {one}, {two_over} : {vt}", "y")
         large = t.op(f"math.copysign {large}, %x : {vt}", "y")
-        return t.op(f"arith.select {t.op(f'arith.cmpf olt, {ax}, {const(TANH_SMALL)} : {vt}', 'c')}, {small}, "
+        return t.op(f"arith.select {t.op(f'arith.cmpf olt, {ax}, {_splat(t, vt, TANH_SMALL)} : {vt}', 'c')}, {small}, "
                     f"{large} : {bt}, {vt}", "y")
 
     return _vector_function("tanh", lanes, compute)
 
 
-# erf, fitted here (Chebyshev least squares in float64, against scipy's erf and erfc):
+# erf, fitted here (Chebyshev least squares in float64, against scipy's erf and erfc; highest
+# degree first):
 # |x| < 1: erf x = x P(x^2), within 2.6 ulps in f32; 1 <= |x| < 4: erf x = 1 - exp(-x^2) Q(1 / x),
 # within 1.4 ulps; beyond, +-1 (erf 4 = 1 - 1.5e-8 rounds to 1)
 ERF_SWITCH, ERF_ONE = 1.0, 4.0
-ERF_SMALL = (1.128379225730896, -0.3761262893676758, 0.11283634603023529, -0.026856068521738052,
-             0.005192957352846861, -0.0008053746423684061, 8.00685811555013e-05)
-ERF_LARGE = (0.00035778144956566393, 0.5576348900794983, 0.05157828703522682, -0.5075471997261047,
-             0.5783967971801758, -0.35653072595596313, 0.12172320485115051, -0.0180293507874012)
+ERF_SMALL = (8.00685811555013e-05, -0.0008053746423684061, 0.005192957352846861, -0.026856068521738052,
+             0.11283634603023529, -0.3761262893676758, 1.128379225730896)
+ERF_LARGE = (-0.0180293507874012, 0.12172320485115051, -0.35653072595596313, 0.5783967971801758,
+             -0.5075471997261047, 0.05157828703522682, 0.5576348900794983, 0.00035778144956566393)
 
 
 def erf_function(lanes: int) -> str:
     def compute(t, vt, it, bt):
-        def const(value: float) -> str:
-            return t.op(f"arith.constant dense<{value!r}> : {vt}", "k")
-
-        def polynomial(coefficients, v: str) -> str:
-            p = const(coefficients[-1])
-            for c in coefficients[-2::-1]:
-                p = t.op(f"math.fma {p}, {v}, {const(c)} : {vt}", "p")
-            return p
-
         ax = t.op(f"math.absf %x : {vt}", "a")
         z = t.op(f"arith.mulf %x, %x : {vt}", "z")
-        small = t.op(f"arith.mulf %x, {polynomial(ERF_SMALL, z)} : {vt}", "y")  # keeps -0
-        clamped = t.op(f"arith.minimumf {ax}, {const(ERF_ONE)} : {vt}", "a")  # inf: no inf * 0 below
+        small = t.op(f"arith.mulf %x, {_horner(t, vt, ERF_SMALL, z)} : {vt}", "y")  # keeps -0
+        clamped = t.op(f"arith.minimumf {ax}, {_splat(t, vt, ERF_ONE)} : {vt}", "a")  # inf: no inf * 0 below
         e = vector_exp(t, t.op(f"arith.negf {t.op(f'arith.mulf {clamped}, {clamped} : {vt}', 'z')} : {vt}", "e"),
                        vt, it, at_most_zero=True)
-        q = polynomial(ERF_LARGE, t.op(f"arith.divf {const(1.0)}, {clamped} : {vt}", "r"))
-        large = t.op(f"arith.subf {const(1.0)}, {t.op(f'arith.mulf {e}, {q} : {vt}', 'e')} : {vt}", "y")
-        one = t.op(f"arith.cmpf oge, {ax}, {const(ERF_ONE)} : {vt}", "c")
-        large = t.op(f"math.copysign {t.op(f'arith.select {one}, {const(1.0)}, {large} : {bt}, {vt}', 'y')}, %x "
-                     f": {vt}", "y")
-        return t.op(f"arith.select {t.op(f'arith.cmpf olt, {ax}, {const(ERF_SWITCH)} : {vt}', 'c')}, {small}, "
+        q = _horner(t, vt, ERF_LARGE, t.op(f"arith.divf {_splat(t, vt, 1.0)}, {clamped} : {vt}", "r"))
+        large = t.op(f"arith.subf {_splat(t, vt, 1.0)}, {t.op(f'arith.mulf {e}, {q} : {vt}', 'e')} : {vt}", "y")
+        one = t.op(f"arith.cmpf oge, {ax}, {_splat(t, vt, ERF_ONE)} : {vt}", "c")
+        large = t.op(f"arith.select {one}, {_splat(t, vt, 1.0)}, {large} : {bt}, {vt}", "y")
+        large = t.op(f"math.copysign {large}, %x : {vt}", "y")
+        return t.op(f"arith.select {t.op(f'arith.cmpf olt, {ax}, {_splat(t, vt, ERF_SWITCH)} : {vt}', 'c')}, {small}, "
                     f"{large} : {bt}, {vt}", "y")
 
     return _vector_function("erf", lanes, compute)
