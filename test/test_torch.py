@@ -76,9 +76,9 @@ def test_compile_matches_eager(name):
         torch.testing.assert_close(compiled(y), model(y), rtol=1e-4, atol=1e-4)
 
 
-def _raised_ops(model, x) -> str:
+def _raised_ops(model, *inputs) -> str:
     from tracea.passes.pipeline import parse_pipeline, run_pipeline
-    graph = import_module(model.eval(), (x,))
+    graph = import_module(model.eval(), inputs)
     result = run_pipeline(graph.text, parse_pipeline("tracea-widen-i1, tracea-raise-linalg, canonicalize"))
     assert result.ok, result.diagnostics
     return result.text
@@ -123,6 +123,80 @@ def test_scaled_dot_product_attention_is_raised_and_exact(scale):
     assert raised.text.count('"tracea.attention"') == 1 and '"tracea.softmax"' not in raised.text
     compiled = tracea.compile(Attention(scale).eval(), (q, k, v))
     torch.testing.assert_close(compiled(q, k, v), Attention(scale)(q, k, v), rtol=1e-4, atol=1e-4)
+
+
+class CausalAttention(nn.Module):
+    def forward(self, q, k, v):
+        return nn.functional.scaled_dot_product_attention(q * 4.0, k * 4.0, v, is_causal=True)
+
+
+@pytest.mark.parametrize("queries,keys", [(20, 20), (20, 24), (24, 20)])
+def test_causal_attention_is_raised_and_exact(queries, keys):
+    """torch-mlir lowers is_causal to a bias built from index arithmetic; the raise evaluates it
+    and puts the whole attention on the flash kernel's causal path (top-left aligned as torch's)."""
+    torch.manual_seed(0)
+    q, k, v = torch.randn(2, 3, queries, 32), torch.randn(2, 3, keys, 32), torch.randn(2, 3, keys, 16)
+    text = _raised_ops(CausalAttention(), q, k, v)
+    assert text.count('"tracea.attention"') == 1 and "causal = true" in text and '"tracea.softmax"' not in text
+    compiled = tracea.compile(CausalAttention(), (q, k, v))
+    torch.testing.assert_close(compiled(q, k, v), CausalAttention()(q, k, v), rtol=1e-4, atol=1e-5)
+
+
+class SelfAttention(nn.Module):
+    """Heads split as Hugging Face models split them: a linear's [B, S, H * D] viewed as
+    [B, S, H, D] and transposed (torch-mlir folds K's two transposes into one permutation)."""
+
+    def __init__(self, width=64, heads=4):
+        super().__init__()
+        self.heads, self.qkv = heads, nn.Linear(width, 3 * width)
+
+    def forward(self, x):
+        split = [t.view(*x.shape[:2], self.heads, -1).transpose(1, 2) for t in self.qkv(x).chunk(3, dim=-1)]
+        return nn.functional.scaled_dot_product_attention(*split, is_causal=True).transpose(1, 2).flatten(2)
+
+
+def test_attention_on_heads_split_from_a_linear_is_raised():
+    torch.manual_seed(0)
+    model, x = SelfAttention().eval(), torch.randn(2, 24, 64) * 3.0
+    text = _raised_ops(model, x)
+    assert text.count('"tracea.attention"') == 1 and "causal = true" in text and '"tracea.gemm"' not in text
+    compiled = tracea.compile(model, (x,))
+    torch.testing.assert_close(compiled(x), model(x), rtol=1e-4, atol=1e-5)
+
+
+class IndexMaskedAttention(nn.Module):
+    """SDPA given a mask built from index arithmetic, as Hugging Face models build theirs."""
+
+    def __init__(self, kind):
+        super().__init__()
+        self.kind = kind
+
+    def forward(self, q, k, v):
+        rows, cols = torch.arange(q.shape[-2]).unsqueeze(1), torch.arange(k.shape[-2]).unsqueeze(0)
+        mask = {"all": lambda: (cols >= 0)[None, None],
+                "causal": lambda: (cols <= rows).expand(q.shape[0], 1, -1, -1),
+                "causal-additive": lambda: torch.zeros(rows.shape[0], cols.shape[1]).masked_fill(
+                    cols > rows, torch.finfo(torch.float32).min),
+                "window": lambda: (cols <= rows) & (cols > rows - 3),
+                "bottom-right": lambda: cols <= rows + (k.shape[-2] - q.shape[-2]),
+                "from-input": lambda: (k[..., 0] > -1.0)[:, :, None, :]}[self.kind]()
+        return nn.functional.scaled_dot_product_attention(q * 4.0, k * 4.0, v, attn_mask=mask)
+
+
+@pytest.mark.parametrize("kind,raised", [("all", "plain"), ("causal", "causal"), ("causal-additive", "causal"),
+                                         ("window", None), ("bottom-right", None), ("from-input", None)])
+def test_masks_from_index_arithmetic_are_settled_at_import(kind, raised):
+    """A mask that reads no input is evaluated at import: masking nothing it is dropped, torch's
+    causal triangle becomes is_causal (both then take the flash kernel); any other mask stays."""
+    torch.manual_seed(0)
+    queries = 16 if kind == "bottom-right" else 24
+    q, k, v = torch.randn(2, 3, queries, 32), torch.randn(2, 3, 24, 32), torch.randn(2, 3, 24, 16)
+    model = IndexMaskedAttention(kind)
+    text = _raised_ops(model, q, k, v)
+    assert text.count('"tracea.attention"') == (raised is not None)
+    assert ("causal = true" in text) == (raised == "causal")
+    compiled = tracea.compile(model, (q, k, v))
+    torch.testing.assert_close(compiled(q, k, v), model(q, k, v), rtol=1e-4, atol=1e-5)
 
 
 class SharpMaskedAttention(nn.Module):

@@ -22,6 +22,7 @@ import warnings
 from dataclasses import dataclass, field
 
 from ..errors import CompileError, warn
+from .attention_masks import settle_constant_masks
 
 
 def require_torch_mlir():
@@ -277,6 +278,7 @@ def export_model(model, example_inputs, *, fold_bn: bool = True, dynamic_dims=No
                 hint = " (is the model in training mode? call model.eval() first)"
             raise CompileError(f"torch.export could not trace the model: {first_line(e)}{hint}") from None
     _views_as_reshapes(program)
+    settle_constant_masks(program.graph_module)
     drop_metadata_asserts(program.graph_module)  # (recompiles the edited graph)
     return ExportedGraph(program, weights, layout, [x.dtype for x in tensors])
 

@@ -23,7 +23,7 @@ from dataclasses import dataclass
 import mlir.ir as ir
 import numpy as np
 
-from mlir.dialects import tensor
+from mlir.dialects import linalg, tensor
 
 from ..dialects import builder as td
 from ..dialects.ops import Epilogue
@@ -34,6 +34,12 @@ _CMP = {1: np.equal, 2: np.greater, 3: np.greater_equal, 4: np.less, 5: np.less_
 _BINARY = {"arith.addf": np.add, "arith.subf": np.subtract, "arith.mulf": np.multiply, "arith.divf": np.divide,
            "arith.maximumf": np.maximum, "arith.maxnumf": np.fmax, "arith.minimumf": np.minimum,
            "arith.minnumf": np.fmin, "math.powf": np.power, "math.fpowi": np.power}
+_CMPI = {0: np.equal, 1: np.not_equal, 2: np.less, 3: np.less_equal, 4: np.greater, 5: np.greater_equal}
+_INTEGER = {"arith.addi": np.add, "arith.subi": np.subtract, "arith.muli": np.multiply, "arith.andi": np.bitwise_and,
+            "arith.ori": np.bitwise_or, "arith.xori": np.bitwise_xor, "arith.maxsi": np.maximum,
+            "arith.minsi": np.minimum}
+_CASTS = {"arith.index_cast": lambda x: x, "arith.extsi": lambda x: x, "arith.extui": lambda x: x,
+          "arith.trunci": lambda x: x, "arith.sitofp": lambda x: np.asarray(x, np.float64)}
 _UNARY = {"arith.negf": np.negative, "math.exp": np.exp, "math.tanh": np.tanh, "math.sqrt": np.sqrt,
           "math.rsqrt": lambda x: 1 / np.sqrt(x), "math.log": np.log, "math.log1p": np.log1p, "math.absf": np.abs,
           "math.erf": np.vectorize(math.erf), "arith.extf": lambda x: x, "arith.truncf": lambda x: x,
@@ -108,6 +114,9 @@ class _NotScalar(Exception):
     pass
 
 
+_INDICES = object()  # _evaluate's env key of the iteration indices, for linalg.index
+
+
 def _evaluate(root: ir.Value, env: dict) -> np.ndarray:
     """Value of `root` given arrays for some values in `env`; constants are read from the IR."""
     if root in env:
@@ -116,23 +125,95 @@ def _evaluate(root: ir.Value, env: dict) -> np.ndarray:
     if constant is not None:
         return np.float64(constant)
     op = _producer(root)
+    if op is not None and op.name == "arith.constant" and isinstance(op.attributes["value"], ir.BoolAttr):
+        return np.bool_(op.attributes["value"].value)
     if op is not None and op.name == "arith.constant" and isinstance(op.attributes["value"], ir.IntegerAttr):
-        return np.int64(op.attributes["value"].value)  # an exponent of math.fpowi (torch-mlir's x^3 in GELU)
+        return np.int64(op.attributes["value"].value)  # an exponent of math.fpowi (x^3 in GELU), an index
     if op is None:
         raise _NotScalar
+    if op.name == "linalg.index" and _INDICES in env:  # (a tensor evaluated whole: _constant_tensor)
+        return env[_INDICES][ir.IntegerAttr(op.attributes["dim"]).value]
     args = [_evaluate(v, env) for v in op.operands]
+    predicate = ir.IntegerAttr(op.attributes["predicate"]).value if "predicate" in op.attributes else None
     if op.name in _BINARY:
         result = _BINARY[op.name](*args)
     elif op.name in _UNARY:
         result = _UNARY[op.name](args[0])
-    elif op.name == "arith.cmpf" and ir.IntegerAttr(op.attributes["predicate"]).value in _CMP:
-        result = _CMP[ir.IntegerAttr(op.attributes["predicate"]).value](*args)
+    elif op.name in _INTEGER:
+        result = _INTEGER[op.name](*args)
+    elif op.name in _CASTS:
+        result = _CASTS[op.name](args[0])
+    elif op.name == "arith.cmpf" and predicate in _CMP:
+        result = _CMP[predicate](*args)
+    elif op.name == "arith.cmpi" and predicate in _CMPI:
+        result = _CMPI[predicate](*args)
     elif op.name == "arith.select":
         result = np.where(*args)
     else:
         raise _NotScalar
     env[root] = result
     return result
+
+
+# Constant tensors are evaluated whole (torch-mlir's causal mask); bigger ones are left alone.
+_CONSTANT_ELEMENTS = 1 << 22
+
+
+def _gathered(array: np.ndarray, amap: ir.AffineMap, indices: np.ndarray) -> np.ndarray:
+    """array[amap(i)] at every point i of `indices` (np.indices of the iteration space)."""
+    at = []
+    for expr in amap.results:
+        if isinstance(expr, ir.AffineDimExpr):
+            at.append(indices[expr.position])
+        elif isinstance(expr, ir.AffineConstantExpr):
+            at.append(expr.value)
+        else:
+            raise _NotScalar
+    return array[tuple(at)] if at else np.broadcast_to(array, indices.shape[1:])
+
+
+def _constant_tensor(value: ir.Value) -> np.ndarray | None:
+    """The value of a static tensor computed from constants and indices alone, or None: splat
+    constants, reshapes, fills and all-parallel linalg.generics (index arithmetic, compares,
+    selects)."""
+    shape = tuple(value.type.shape)
+    op = _producer(value)
+    if op is None or math.prod(shape) > _CONSTANT_ELEMENTS:
+        return None
+    if op.name == "arith.constant":
+        attr = op.attributes["value"]
+        if not (isinstance(attr, ir.DenseElementsAttr) and attr.is_splat):
+            return None
+        splat = attr.get_splat_value()
+        scalar = ir.FloatAttr(splat).value if isinstance(splat, ir.FloatAttr) else ir.IntegerAttr(splat).value
+        return np.full(shape, bool(scalar) if str(attr.type.element_type) == "i1" else scalar)
+    if op.name == "tensor.empty":
+        return np.zeros(shape)
+    if op.name in ("tensor.expand_shape", "tensor.collapse_shape"):
+        inner = _constant_tensor(op.operands[0])
+        return None if inner is None else inner.reshape(shape)
+    if op.name == "linalg.fill":
+        try:
+            return np.full(shape, _evaluate(op.operands[0], {}))
+        except _NotScalar:
+            return None
+    if op.name != "linalg.generic" or not _all_parallel(op) or len(op.results) != 1:
+        return None
+    env: dict = {_INDICES: np.indices(shape)}
+    for argument, operand, amap in zip(_body(op).arguments, op.operands, _maps(op)):
+        if list(argument.uses):
+            array = _constant_tensor(operand)
+            if array is None:
+                return None
+            try:
+                env[argument] = _gathered(array, amap, env[_INDICES])
+            except _NotScalar:
+                return None
+    with np.errstate(all="ignore"):
+        try:
+            return np.broadcast_to(_evaluate(_yielded(op)[0], env), shape)
+        except _NotScalar:
+            return None
 
 
 def _dependencies(root: ir.Value, leaves: set, cut: ir.Value | None = None) -> set:
@@ -428,6 +509,11 @@ def _plain_gemm(op: ir.Operation | None, transpose_b: bool) -> bool:
         and _flag(op, "transpose_b") == transpose_b
 
 
+def _scores_gemm(op: ir.Operation | None) -> bool:
+    """Q K^T: a plain gemm, K^T given as a value or as the transposed operand."""
+    return _plain_gemm(op, transpose_b=False) or _plain_gemm(op, transpose_b=True)
+
+
 def _key_of_scores(b: ir.Value) -> tuple[ir.Value, float] | None:
     """For the right operand of Q K^T, [..., D, Skv]: (K as [..., Skv, D], the constant scale
     applied to it) when it is a last-two-dims transpose, maybe scaled, maybe with its batch dims
@@ -445,9 +531,18 @@ def _key_of_scores(b: ir.Value) -> tuple[ir.Value, float] | None:
             return None
         scale, value = step.value, _ins(op)[0]
     transpose = _producer(value)
-    if not _is_last_two_transpose(transpose):
+    if transpose is None or transpose.name != "linalg.transpose":
         return None
     key = transpose.operands[0]
+    # K as [..., Skv, D] is the transpose's input permuted with the last two dims swapped back:
+    # itself for a plain K^T, else a transpose of its own (a K read as [B, S, H, D] and permuted
+    # in one step, as torch-mlir folds view + transpose + transpose)
+    permutation = [int(i) for i in transpose.attributes["permutation"]]
+    permutation[-2:] = permutation[:-3:-1]
+    if permutation != sorted(permutation):
+        shape = [key.type.shape[i] for i in permutation]
+        empty = tensor.empty(shape, key.type.element_type)
+        key = linalg.transpose(key, outs=[empty], permutation=permutation).results[0]
     if collapse is not None:
         groups = [[int(i) for i in g] for g in collapse.attributes["reassociation"]]
         if groups[-2:] != [[len(key.type.shape) - 2], [len(key.type.shape) - 1]]:
@@ -512,25 +607,60 @@ def _softmax_over_keys(p: ir.Value) -> ir.Operation | None:
     return softmax if axis % rank == rank - 1 else None
 
 
+def _masked_scores(op: ir.Operation | None) -> tuple[ir.Operation, bool] | None:
+    """(the Q K^T gemm, causal) when `op` adds a constant bias to its result that masks nothing
+    (all 0) or is torch's causal mask (0 where key j <= query i, else -inf): how torch-mlir lowers
+    SDPA with is_causal, or with an additive mask."""
+    if op is None or op.name != "linalg.generic" or len(_ins(op)) != 2 or not _all_parallel(op):
+        return None
+    add = _producer(_yielded(op)[0])
+    arguments = list(_body(op).arguments)[:2]
+    if add is None or add.name != "arith.addf" or set(add.operands) != set(arguments):
+        return None
+    rank = len(op.results[0].type.shape)
+    for gemm_side, bias_side in ((0, 1), (1, 0)):
+        gemm = _producer(_through_reshapes(_ins(op)[gemm_side]))
+        bias_map = _maps(op)[bias_side]
+        if not _scores_gemm(gemm) or str(_maps(op)[gemm_side]) != _identity(rank) \
+                or any(isinstance(e, ir.AffineDimExpr) and e.position < rank - 2 for e in bias_map.results):
+            continue
+        bias = _constant_tensor(_ins(op)[bias_side])
+        if bias is None:
+            return None
+        queries, keys = op.results[0].type.shape[-2:]
+        # the bias depends on the last two dims only: read it on one (query, key) plane
+        bias = _gathered(bias, bias_map, np.indices((1,) * (rank - 2) + (queries, keys))).reshape(queries, keys)
+        if np.all(bias == 0):
+            return gemm, False
+        keep = np.tri(queries, keys, dtype=bool)
+        return (gemm, True) if np.all(bias[keep] == 0) and np.all(bias[~keep] == -np.inf) else None
+    return None
+
+
 def _raise_attention(op: ir.Operation) -> bool:
-    """op: tracea.gemm(P, V) where P = softmax(Q K^T [* scale])."""
+    """op: tracea.gemm(P, V) where P = softmax(Q K^T [* scale] [+ causal or zero mask])."""
     if not _plain_gemm(op, transpose_b=False):
         return False
     softmax = _softmax_over_keys(op.operands[0])
     if softmax is None:
         return False
     scores = _producer(_through_reshapes(softmax.operands[0]))
-    if not _plain_gemm(scores, transpose_b=False):
-        return False
+    causal = False
+    if not _scores_gemm(scores):
+        masked = _masked_scores(scores)
+        if masked is None:
+            return False
+        scores, causal = masked
     query, value = scores.operands[0], op.operands[1]
     with op.location, td.located(op.location), ir.InsertionPoint(op):
-        found = _key_of_scores(scores.operands[1])
+        # K^T absorbed into the gemm (an unscaled q @ k.transpose(-1, -2)), else K^T's producers
+        found = (scores.operands[1], 1.0) if _flag(scores, "transpose_b") else _key_of_scores(scores.operands[1])
         if found is None:
             return False
         key, scale = found
         if not (query.type.shape[:-2] == key.type.shape[:-2] == value.type.shape[:-2]):
             return False
-        new = td.attention(query, key, value, scale=scale)
+        new = td.attention(query, key, value, scale=scale, causal=causal)
     op.results[0].replace_all_uses_with(new)
     return True
 
