@@ -477,6 +477,27 @@ def test_depthwise_nchw_conv_rows_of_several_register_tiles(w, k, stride):
     ref.assert_close(out, ref.conv2d(x, f, None, (stride, stride), (k // 2,) * 4, (1, 1), 3, "nchw"), "f32", k * k)
 
 
+@pytest.mark.parametrize("hw,k,stride", [((7, 7), 5, 1), ((14, 14), 5, 1), ((13, 14), 3, 1), ((14, 14), 5, 2),
+                                         ((29, 15), 3, 2), ((3, 9), 3, 1), ((6, 3), 3, 1), ((9, 2), 1, 1)])
+def test_depthwise_nchw_conv_tiles_of_several_rows(hw, k, stride):
+    """Short rows take register tiles of several output rows (MobileNetV3's 7x7 and 14x14 images),
+    the rows left over by whole tiles one smaller tile at the end; a row's last vector spills
+    into the next row only when that row's stores rewrite all it spilled (rows of 2-3 pixels:
+    the next channel's, another thread's, would be overwritten)."""
+    from tracea.targets.cpu.conv import depthwise_rows, depthwise_tile
+    oh, ow = -(-hw[0] // stride), -(-hw[1] // stride)
+    vectors, _ = depthwise_tile(ow, LANES, 12)
+    assert depthwise_rows(oh, vectors, 12) > 1
+    c = 64  # several channels per work item, each thread's first written before the other's last
+    x = ref.random(np.random.default_rng(hw[0]), (2, c) + hw) * 30.0
+    f = ref.random(np.random.default_rng(k), (c, 1, k, k))
+    b = ref.random(np.random.default_rng(1), (c,))
+    fn = td.function(td.tensor(x.shape), td.tensor(f.shape), td.tensor(b.shape))(
+        lambda a, w, bias: td.conv2d(a, w, bias, stride=stride, padding=k // 2, groups=c))
+    out = tracea.compile(fn, threads=2)(x, f, b)
+    ref.assert_close(out, ref.conv2d(x, f, b, (stride, stride), (k // 2,) * 4, (1, 1), c, "nchw"), "f32", k * k)
+
+
 LEFTOVER_LINALG = """
 #id = affine_map<(d0, d1) -> (d0, d1)>
 #row = affine_map<(d0, d1) -> (d1)>

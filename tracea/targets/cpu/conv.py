@@ -354,71 +354,110 @@ def depthwise_tile(ow: int, lanes: int, accumulators: int) -> tuple[int, int]:
     return -(-vectors // tiles), tiles
 
 
-def conv_depthwise_nchw_kernel_text(name: str, v: OpView, location: str, lanes: int, accumulators: int) -> str:
-    """A depthwise NCHW f32 conv (groups = channels = filters): per (image, channel), in
-    parallel, the channel's zero-padded phase planes (as the direct kernel's), then each output
-    row in tiles of NV vectors of columns, each tap a broadcast filter value times NV loads."""
+def depthwise_rows(oh: int, vectors: int, accumulators: int) -> int:
+    """Output rows per register tile. A row of one or two vectors alone is one or two chains of
+    dependent FMAs (MobileNetV3's 5x5 convs on 7x7 images: 25 taps of 4-cycle latency in a row,
+    0.62x torch; 0.87x with 7 rows a tile): such rows are tiled by as many as the accumulators
+    allow, balanced over the image. Longer rows measured no faster tiled (28x28, 3 rows a tile)."""
+    if vectors > 2:
+        return 1
+    most = max(1, min(oh, accumulators // vectors))
+    return -(-oh // -(-oh // most))
+
+
+# Work items per thread of the depthwise kernel, each a run of (image, channel) pairs sharing one
+# scratch slot for their phase planes.
+DEPTHWISE_ITEMS_PER_THREAD = 8
+
+
+def conv_depthwise_nchw_kernel_text(name: str, v: OpView, location: str, lanes: int, accumulators: int,
+                                    threads: int = 1) -> str:
+    """A depthwise NCHW f32 conv (groups = channels = filters): runs of (image, channel) pairs in
+    parallel; per pair, the channel's zero-padded phase planes (as the direct kernel's), then
+    register tiles of R output rows x NV vectors of columns, each tap a broadcast filter value
+    times R x NV loads."""
     (x, f, bias, out), (n, c, h, w), (_, kh_n, kw_n), (oh_n, ow_n), (sh, sw), (dh, dw), pads = nchw_geometry(v)
     top, bottom, left, right = pads
     L = lanes
     NV, tiles = depthwise_tile(ow_n, L, accumulators)
+    R = depthwise_rows(oh_n, NV, accumulators)
     hs, ws = -(-(h + top + bottom) // sh), -(-(w + left + right) // sw)
     last_read = (oh_n - 1) * ws + tiles * NV * L - 1 + ((kh_n - 1) * dh // sh) * ws + (kw_n - 1) * dw // sw
     plane = -(-max(last_read + 1, hs * ws) // L) * L
     vt = f"vector<{L}xf32>"
     t = LoopText()
     (X, X_t), (W, W_t), (B, B_t), (O, O_t) = _operand_buffers(t, x, f, bias, out)
-    XS_t = memref_text((n * c, sh * sw, plane), "f32")
+    per_item = -(-n * c // min(n * c, DEPTHWISE_ITEMS_PER_THREAD * max(1, threads)))
+    items = -(-n * c // per_item)
+    XS_t = memref_text((items, sh * sw, plane), "f32")  # %nc: a work item's slot
     XS = t.op(f"memref.alloc() {{alignment = 64 : i64}} : {XS_t}", "m")
     zv = t.op(f"arith.constant dense<0.0> : {vt}", "z")
 
-    t.parallel("%nc", t.c(0), t.c(n * c), t.c(1))
-    t.line(f"%n = arith.divui %nc, {t.c(c)} : index")
-    t.line(f"%ch = arith.remui %nc, {t.c(c)} : index")
+    t.parallel("%nc", t.c(0), t.c(items), t.c(1))
+    first = t.mul("%nc", t.c(per_item))
+    t.for_("%pair", first, t.min_(t.add(first, t.c(per_item)), t.c(n * c)), t.c(1))
+    t.line(f"%n = arith.divui %pair, {t.c(c)} : index")
+    t.line(f"%ch = arith.remui %pair, {t.c(c)} : index")
     copy_to_phase_planes(t, X, X_t, XS, XS_t, (h, w), (top, left), (sh, sw), ws, plane, L)
     start = zv
     if bias is not None:
         start = t.op(f"vector.broadcast {t.op(f'memref.load {B}[%ch] : {B_t}', 'b')} : f32 to {vt}", "b")
-    t.for_("%oh", t.c(0), t.c(oh_n), t.c(1))
+    geometry = (NV, L, kh_n, kw_n, (sh, sw), (dh, dw), ws, ow_n, start, W, W_t, XS, XS_t, O, O_t)
+    whole = oh_n // R * R
+    t.for_("%oh", t.c(0), t.c(whole), t.c(R))
     for tile in range(tiles):  # written out: each column's store known whole, partial or past the row
-        _depthwise_tile(t, tile, NV, L, kh_n, kw_n, (sh, sw), (dh, dw), ws, ow_n, start, W, W_t, XS, XS_t, O, O_t)
+        _depthwise_tile(t, "%oh", R, tile, *geometry)
+    t.close()
+    for tile in range(tiles if whole < oh_n else 0):  # the last rows, fewer than R
+        _depthwise_tile(t, t.c(whole), oh_n - whole, tile, *geometry)
     t.close()
     t.close_parallel()
     return t.function_text(name, _conv_params(x, f, bias), O, out, location)
 
 
-def _depthwise_tile(t: LoopText, tile: int, NV: int, L: int, kh_n: int, kw_n: int, stride, dilation, ws: int,
-                    ow_n: int, start: str, W: str, W_t: str, XS: str, XS_t: str, O: str, O_t: str) -> None:
-    """Output row %oh's columns tile * NV * L onwards: NV accumulators over every tap."""
+def _depthwise_tile(t: LoopText, row0: str, R: int, tile: int, NV: int, L: int, kh_n: int, kw_n: int, stride,
+                    dilation, ws: int, ow_n: int, start: str, W: str, W_t: str, XS: str, XS_t: str, O: str,
+                    O_t: str) -> None:
+    """Output rows row0 .. row0 + R - 1, columns tile * NV * L onwards: R x NV accumulators over
+    every tap, each filter value broadcast once for all of them."""
     (sh, sw), (dh, dw) = stride, dilation
     vt, mt = f"vector<{L}xf32>", f"vector<{L}xi1>"
-    accs_t = ", ".join([vt] * NV)
-    q0 = t.add(t.mul("%oh", t.c(ws)), t.c(tile * NV * L))
+    accs_t = ", ".join([vt] * (R * NV))
+    rows = [t.add(row0, t.c(r)) if r else row0 for r in range(R)]
+    q0 = [t.add(t.mul(row, t.c(ws)), t.c(tile * NV * L)) for row in rows]
     acc = t.fresh("acc")
-    t.open(f"{acc}:{NV} = scf.for %kh = {t.c(0)} to {t.c(kh_n)} step {t.c(1)} iter_args("
-           + ", ".join(f"%a{j} = {start}" for j in range(NV)) + f") -> ({accs_t})")
+    t.open(f"{acc}:{R * NV} = scf.for %kh = {t.c(0)} to {t.c(kh_n)} step {t.c(1)} iter_args("
+           + ", ".join(f"%a{j} = {start}" for j in range(R * NV)) + f") -> ({accs_t})")
     hoff = t.mul("%kh", t.c(dh))
     ph = t.op(f"arith.remui {hoff}, {t.c(sh)} : index", "i")
-    base = t.add(q0, t.mul(t.op(f"arith.divui {hoff}, {t.c(sh)} : index", "i"), t.c(ws)))
-    accs = [f"%a{j}" for j in range(NV)]
+    down = t.mul(t.op(f"arith.divui {hoff}, {t.c(sh)} : index", "i"), t.c(ws))
+    bases = [t.add(q, down) for q in q0]
+    accs = [f"%a{j}" for j in range(R * NV)]
     for kw in range(kw_n):  # unrolled: a filter row is at most a few taps
         woff = kw * dw
         pl = t.add(t.mul(ph, t.c(sw)), t.c(woff % sw))
-        at = t.add(base, t.c(woff // sw))
         wb = t.op(f"vector.broadcast {t.op(f'memref.load {W}[%ch, {t.c(0)}, %kh, {t.c(kw)}] : {W_t}', 'w')} "
                   f": f32 to {vt}", "w")
-        for j in range(NV):
-            xv = t.op(f"vector.load {XS}[%nc, {pl}, {t.add(at, t.c(j * L))}] : {XS_t}, {vt}", "x")
-            accs[j] = t.op(f"vector.fma {wb}, {xv}, {accs[j]} : {vt}", "f")
+        for r, base in enumerate(bases):
+            at = t.add(base, t.c(woff // sw))
+            for j in range(NV):
+                xv = t.op(f"vector.load {XS}[%nc, {pl}, {t.add(at, t.c(j * L))}] : {XS_t}, {vt}", "x")
+                accs[r * NV + j] = t.op(f"vector.fma {wb}, {xv}, {accs[r * NV + j]} : {vt}", "f")
     t.line(f"scf.yield {', '.join(accs)} : {accs_t}")
     t.close()
-    for j in range(NV):  # columns past the row (computed from the next row's pixels) are dropped
-        col = (tile * NV + j) * L
-        if col + L <= ow_n:
-            t.line(f"vector.store {acc}#{j}, {O}[%n, %ch, %oh, {t.c(col)}] : {O_t}, {vt}")
-        elif col < ow_n:
-            mask = t.op(f"vector.constant_mask [{ow_n - col}] : {mt}", "k")
-            t.line(f"vector.maskedstore {O}[%n, %ch, %oh, {t.c(col)}], {mask}, {acc}#{j} : {O_t}, {mt}, {vt}")
+    for r, row in enumerate(rows):
+        for j in range(NV):  # columns past the row (computed from the next row's pixels) are dropped
+            col = (tile * NV + j) * L
+            # with the whole row in one tile, a row's last vector may spill into the next row's
+            # first columns (no further), which its own stores rewrite just after (a masked
+            # store is slow: 12 % of a 5x5 conv on 7x7 images)
+            spills = ow_n <= NV * L <= 2 * ow_n and r < R - 1
+            if col + L <= ow_n or (col < ow_n and spills):
+                t.line(f"vector.store {acc}#{r * NV + j}, {O}[%n, %ch, {row}, {t.c(col)}] : {O_t}, {vt}")
+            elif col < ow_n:
+                mask = t.op(f"vector.constant_mask [{ow_n - col}] : {mt}", "k")
+                t.line(f"vector.maskedstore {O}[%n, %ch, {row}, {t.c(col)}], {mask}, {acc}#{r * NV + j} "
+                       f": {O_t}, {mt}, {vt}")
 
 
 def conv_depthwise_nhwc_kernel_text(name: str, v: OpView, location: str, lanes: int, accumulators: int) -> str:

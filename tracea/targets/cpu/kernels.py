@@ -384,7 +384,7 @@ def _emit(module: ir.Operation, op: ir.Operation, v: OpView, variant_id: str, in
     elif variant_id == "cpu.conv2d.depthwise_nchw":
         cpu = host_cpu()
         inline_kernel(op, conv_depthwise_nchw_kernel_text(f"__tracea_conv_{index}", v, str(op.location),
-                                                          cpu.f32_lanes, cpu.vector_registers - 4))
+                                                          cpu.f32_lanes, cpu.vector_registers - 4, threads))
     elif variant_id == "cpu.conv2d.depthwise_nhwc":
         cpu = host_cpu()
         inline_kernel(op, conv_depthwise_nhwc_kernel_text(f"__tracea_conv_{index}", v, str(op.location),
