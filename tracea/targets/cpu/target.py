@@ -135,7 +135,7 @@ def llvm_lowering(threads: int, openmp: bool = False) -> str:
 class ForwardOutputsPass(TraceaPass):
     NAME = "tracea-cpu-forward-outputs"
     SUMMARY = ("after bufferization: let a result be computed in the caller's output buffer instead of "
-               "a fresh allocation copied into it at the end")
+               "a fresh allocation copied into it at the end (also through reshapes of it)")
 
     def run(self, module: ir.Operation) -> None:
         for func_op in module.regions[0].blocks[0].operations:
@@ -150,16 +150,43 @@ class ForwardOutputsPass(TraceaPass):
                 src, dst = op.operands
                 if not (isinstance(dst, ir.BlockArgument) and dst.owner == block and len(list(dst.uses)) == 1):
                     continue
-                if not isinstance(src, ir.OpResult) or src.owner.name != "memref.alloc" \
-                        or src.owner.parent != func_op or src.type != dst.type:
+                # the copied value: the allocation, or reshapes of it (a conv's GEMM result
+                # [N, K, H*W] copied out as [N, K, H, W]: a third of a 1x1 conv with 16 channels)
+                views, value = [], src
+                while isinstance(value, ir.OpResult) and value.owner.name in _RESHAPES:
+                    views.append(value.owner.operation)
+                    value = value.owner.operands[0]
+                if not isinstance(value, ir.OpResult) or value.owner.name != "memref.alloc" \
+                        or value.owner.parent != func_op or src.type != dst.type:
                     continue
-                users = [use.owner.operation for use in src.uses]
-                if any(u != op and u.block == block and not u.is_before_in_block(op) for u in users):
+                users = [use.owner.operation for v in [value] + [w.results[0] for w in views] for use in v.uses]
+                if any(u != op and u not in views and u.block == block and not u.is_before_in_block(op)
+                       for u in users):
                     continue  # the buffer is used after the copy
-                alloc = src.owner.operation
+                alloc = value.owner.operation
+                with ir.InsertionPoint(alloc), alloc.location:
+                    for view in views:  # dst seen as the allocation: each reshape undone, outermost first
+                        dst = _inverse_reshape(view, dst)
+                if dst.type != value.type:
+                    continue
                 op.erase()
-                src.replace_all_uses_with(dst)
+                value.replace_all_uses_with(dst)
                 alloc.erase()
+
+
+_RESHAPES = ("memref.expand_shape", "memref.collapse_shape")
+
+
+def _inverse_reshape(view: ir.Operation, value: ir.Value) -> ir.Value:
+    """`value` (shaped as the reshape `view`'s result) shaped as its source, by the opposite reshape."""
+    source_type = view.operands[0].type
+    attributes = {"reassociation": view.attributes["reassociation"]}
+    if view.name == "memref.collapse_shape":
+        name = "memref.expand_shape"
+        attributes["static_output_shape"] = ir.DenseI64ArrayAttr.get(list(ir.MemRefType(source_type).shape))
+    else:
+        name = "memref.collapse_shape"
+    return ir.Operation.create(name, results=[source_type], operands=[value], attributes=attributes).results[0]
 
 
 STRATEGIES = ("tiled", "reference")
