@@ -1,4 +1,5 @@
 """PyTorch front end: tracea.compile(model), torch.compile(backend="tracea"), tracea.ops.conv2d."""
+import re
 import warnings
 
 import numpy as np
@@ -354,11 +355,32 @@ def test_unsupported_op_runs_in_pytorch_and_is_named():
 def test_explain_reports_placement_and_the_kernel_plan():
     torch.manual_seed(0)
     x = torch.randn(8, 64)
-    plain = tracea.compile(mlp().eval(), (x,))
-    assert "in 1 Tracea kernel(s), 0 op(s) in eager PyTorch" in plain.explain()
-    assert "compile with keep_stages=True" in plain.explain()
-    text = tracea.compile(mlp().eval(), (x,), keep_stages=True).explain()
-    assert "3 x fused_gemm on cpu.gemm." in text.split("kernel plan:")[1]
+    text = tracea.compile(mlp().eval(), (x,)).explain()
+    assert "in 1 Tracea kernel(s), 0 op(s) in eager PyTorch" in text
+    plan = text.split("kernel plan (in program order):")[1]
+    assert "3 x fused_gemm on cpu.gemm." in plan
+    # the GEMMs in order, with their shapes and fused epilogues (the weights are [N, K])
+    steps = [line.split(". ", 1)[1] for line in plan.splitlines() if re.match(r"\s+\d+\. ", line)]
+    assert [s.split(" on ")[0] for s in steps] == [
+        "fused_gemm 8x64, 96x64, 96 -> 8x96 (bias_add + relu; transpose_b)",
+        "fused_gemm 8x96, 48x96, 48 -> 8x48 (bias_add + gelu; transpose_b)",
+        "fused_gemm 8x48, 10x48, 10 -> 8x10 (bias_add; transpose_b)"]
+
+
+def test_explain_gives_the_plan_of_a_model_of_repeated_layers_also_from_the_disk_cache(tmp_path, monkeypatch):
+    """A model's repeated layers are one function called once per layer: the plan lists its
+    kernels once, with the number of calls; a kernel loaded from the disk cache reports the same."""
+    monkeypatch.setenv("TRACEA_CACHE_DIR", str(tmp_path))
+    torch.manual_seed(0)
+    model = nn.Sequential(*[encoder() for _ in range(3)]).eval()
+    x = torch.randn(2, 16, 64)
+    first = tracea.compile(model, (x,)).explain()
+    from tracea.compiler import clear_cache
+    clear_cache()
+    again = tracea.compile(model, (x,))
+    assert again.kernel.origin == "disk cache" and again.explain() == first
+    assert re.search(r"@\w+, called 3x:\n(\s+\d+\. .*\n)*\s+\d+\. attention 8x16x16, 8x16x16, 8x16x16 -> "
+                     r"8x16x16 \(scale [\d.]+\) on cpu.attention.flash", first), first
 
 
 def test_compiled_model_checks_its_inputs():

@@ -137,7 +137,7 @@ def _build(program, text: str, source_name: str, backend: Target, options, entry
         for i, (stage, stage_text) in enumerate(result.stages.items(), 1):
             (dump / f"{signature.name}.{i}-{stage}.mlir").write_text(stage_text)
     artifact = backend.package(result.artifact, signature, options)
-    return Build(signature, artifact, result.stages if keep_stages else {}, time.perf_counter() - start)
+    return Build(signature, artifact, result.stages if keep_stages else {}, time.perf_counter() - start, result.plan)
 
 
 def clear_cache() -> None:

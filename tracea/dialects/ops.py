@@ -439,6 +439,23 @@ class OpView:
     attrs: dict[str, Any]
 
 
+def describe(v: OpView) -> str:
+    """One line for a plan: the op, its operand and result shapes, its attributes that differ
+    from their defaults (the schedule left out)."""
+    shape = lambda spec: "x".join(map(str, spec.shape)) or "scalar"  # noqa: E731
+    notes = []
+    for key, value in v.attrs.items():
+        spec = v.opdef.attrs.get(key)
+        if key == "schedule" or value is None or (spec is not None and value == spec.default):
+            continue
+        if key == "epilogue":
+            notes.append(" + ".join(step.kind for step in value))
+        else:
+            notes.append(key if value is True else f"{key} {list(value) if isinstance(value, tuple) else value}")
+    text = f"{v.op.name.removeprefix('tracea.')} {', '.join(map(shape, v.operands.values()))} -> {shape(v.result)}"
+    return text + (f" ({'; '.join(notes)})" if notes else "")
+
+
 def view(op: ir.Operation) -> OpView:
     """Decode and verify a tracea op; raises OpError naming the operand or attribute at fault."""
     opdef = OP_DEFS.get(op.name)

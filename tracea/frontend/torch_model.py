@@ -11,7 +11,6 @@ import time
 
 from ..compiler import compile_program
 from ..errors import ArgumentError, CompileError, InternalCompilerError
-from ..passes.plan import read_plan
 from ..runtime import disk_cache
 from . import layers
 from .bridge import TensorBridge
@@ -45,14 +44,15 @@ class CompiledModel:
 
     def explain(self) -> str:
         """What ran in Tracea kernels and what in PyTorch (and why), op kind by op kind; then the
-        kernel's plan (which kernel variant each tracea op runs on, row groups, the loop nests
-        left to the generic lowering) when it was compiled with keep_stages=True."""
+        kernel's plan: its kernels in program order, function by function (a model's repeated
+        layers are one function called once per layer), each with its shapes and the variant
+        it runs on, and counts of the loop nests left to the generic lowering."""
         text = self.placement.explain()
-        stages = getattr(self.kernel, "stages", None) or {}
-        if "linalg" not in stages:
-            return text + ("\nkernel plan: compile with keep_stages=True to see it" if self.kernel else "")
-        plan = read_plan(stages["linalg"])
-        return "\n".join([text, "kernel plan:"] + [f"  {n:4d} x {what}" for what, n in plan.items()])
+        if self.kernel is None:
+            return text
+        plan = getattr(self.kernel, "plan", "")
+        return text + ("\nkernel plan (in program order):\n" + plan if plan else
+                       "\nkernel plan: none recorded (the whole graph took the generic lowering)")
 
     def accepts(self, inputs) -> bool:
         """Whether these inputs have shapes this compiled model takes."""

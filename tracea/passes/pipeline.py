@@ -26,6 +26,7 @@ from ..dialects.context import DiagnosticLog, parse_module, pipeline_lock, share
 from ..dialects.verify import verify_tracea_ops
 from ..errors import CompileError, Diagnostic, InternalCompilerError, TraceaError
 from .isolation import ChildDied, call_isolated
+from .plan import render as render_plan
 from .registry import PASSES, PIPELINES, TraceaPass
 
 
@@ -126,6 +127,7 @@ class PipelineResult:
     stages: dict[str, str] = field(default_factory=dict)  # stage name -> IR text, when asked
     log: str = ""  # what the compiler printed on stderr (e.g. --mlir-print-ir-after-all)
     artifact: bytes | None = None  # what the `finish` step made of the final module
+    plan: str = ""  # what the passes decided (passes/plan.py), kept always: explain() reports it
 
 
 def _silent_parse_failure(source: str, source_name: str) -> Diagnostic:
@@ -195,15 +197,16 @@ def _run_in_process(source: str, stages: list[tuple[str, Pipeline]], source_name
                 return PipelineResult(False, None, log.diagnostics)
             if keep_stages:
                 kept[stage_name] = module.operation.get_asm(**asm)
+        plan = render_plan(module.operation)
         if finish is None:
-            return PipelineResult(True, module.operation.get_asm(**asm), log.diagnostics, kept)
+            return PipelineResult(True, module.operation.get_asm(**asm), log.diagnostics, kept, plan=plan)
         try:
             artifact = finish(module.operation)
         except TraceaError as e:
             log.diagnostics.append(Diagnostic("error", str(e)))
             return PipelineResult(False, None, log.diagnostics)
     return PipelineResult(True, kept[stages[-1][0]] if keep_stages and stages else None, log.diagnostics, kept,
-                          artifact=artifact)
+                          artifact=artifact, plan=plan)
 
 
 def run_pipeline(source: str, stages: list[tuple[str, Pipeline]] | Pipeline, *, source_name: str = "<input>",

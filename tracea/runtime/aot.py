@@ -137,7 +137,7 @@ def export(kernel, path: str | Path, extra: dict | None = None) -> Path:
         "inputs": [[list(s.shape), s.dtype] for s in sig.inputs],
         "outputs": [[list(s.shape), s.dtype] for s in sig.outputs],
         "runtime_libraries": kernel.runtime_libraries, "threads": kernel.threads,
-        "library_sha256": hashlib.sha256(path.read_bytes()).hexdigest(), **(extra or {})}), indent=1))
+        "plan": kernel.plan, "library_sha256": hashlib.sha256(path.read_bytes()).hexdigest(), **(extra or {})}), indent=1))
     return path
 
 

@@ -132,6 +132,7 @@ class Kernel:
         self.origin = "compiled"  # or "disk cache", "shared library": where the code came from
         self.runtime_libraries = list(runtime_libraries)  # shared libraries the code calls into
         self.stages = stages or {}  # stage name -> IR text, when compiled with keep_stages
+        self.plan = ""  # what the passes decided (passes/plan.py), kept always: explain() reports it
         self.compile_seconds = compile_seconds
         self.object_code = object_code  # the compiled code, when kept (what export links)
         self.threads = threads  # the size of its parallel regions' thread teams
@@ -169,6 +170,7 @@ class Kernel:
                      openmp="llvm" if any(Path(p).name == "libomp.so" for p in meta["runtime_libraries"]) else None)
         kernel.origin = "shared library"
         kernel.library_path = library.path
+        kernel.plan = meta.get("plan", "")
         return kernel
 
     def __repr__(self) -> str:

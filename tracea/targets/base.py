@@ -32,6 +32,7 @@ class Build:
     artifact: Any  # the backend's code: CPU object code, an NVIDIA GpuKernelArtifact
     stages: dict[str, str] = field(default_factory=dict)  # stage -> IR text, when kept
     seconds: float = 0.0
+    plan: str = ""  # what the passes decided (passes/plan.py): what explain() reports
 
 
 @functools.cache  # read once: every compile call, cache hits included, hashes the toolchain

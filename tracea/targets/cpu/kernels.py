@@ -13,7 +13,7 @@ from dataclasses import dataclass, replace
 
 import mlir.ir as ir
 
-from ...dialects.ops import OP_DEFS, Conv2dDef, Epilogue, OpView, TensorSpec, view
+from ...dialects.ops import OP_DEFS, Conv2dDef, Epilogue, OpView, TensorSpec, describe, view
 from ...dialects.schedule import LaneMap, Schedule
 from ...dialects.verify import tracea_ops
 from ...errors import OpError
@@ -28,7 +28,7 @@ from .softmax import softmax_kernel_text
 from ...codegen.kernel_text import KernelWriter
 from ...passes.lower_to_linalg import inline_kernel
 from ...passes.registry import PassFailed, TraceaPass, option, register
-from ...passes.plan import count
+from ...passes.plan import count, record_step
 from ...passes.select_variant import select
 
 GEMM_OPS = ("tracea.gemm", "tracea.fused_gemm")
@@ -408,10 +408,11 @@ def _emit_kernels(module: ir.Operation, kinds: tuple[str, ...], threads: int) ->
         if op.name not in kinds:
             continue
         try:
-            variant_id = select(op, host(), threads)
+            variant_id, decoded = select(op, host(), threads), view(op)
             count(module, f"{op.name.removeprefix('tracea.')} on {variant_id}")
+            record_step(module, op, f"{describe(decoded)} on {variant_id}")
             if variant_id != "cpu.reference":
-                _emit(module, op, view(op), variant_id, index, threads)
+                _emit(module, op, decoded, variant_id, index, threads)
         except OpError as e:
             op.location.emit_error(f"'{op.name}' op {e}")
             failed = True

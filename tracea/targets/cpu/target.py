@@ -299,7 +299,7 @@ class CpuTarget(Target):
         here instead (runtime/gnu_openmp.py)."""
         if kernel.threads > 1 and kernel.openmp == "llvm" and gnu_openmp.chosen_runtime() == "gnu" \
                 and (code := object_code()):
-            return self.load(Build(kernel.signature, code, {}, 0.0), options)
+            return self.load(Build(kernel.signature, code, {}, 0.0, kernel.plan), options)
         return kernel
 
     def load(self, build: Build, options: CpuOptions, device=None) -> Kernel:
@@ -322,6 +322,8 @@ class CpuTarget(Target):
         packed = native.PACKED_PREFIX + symbol
         on_gnu = _on_gnu_openmp(code, options.threads)
         library = native.JitLibrary(code, [packed], also=[gnu_openmp.shim_object()] if on_gnu else ())
-        return Kernel(build.signature, library.addresses[packed], library, self.name, build.stages, build.seconds,
-                      symbol, [str(lib) for lib in libraries], code, options.threads,
-                      openmp="gnu" if on_gnu else "llvm" if b"__kmpc_fork_call" in code else None)
+        kernel = Kernel(build.signature, library.addresses[packed], library, self.name, build.stages, build.seconds,
+                        symbol, [str(lib) for lib in libraries], code, options.threads,
+                        openmp="gnu" if on_gnu else "llvm" if b"__kmpc_fork_call" in code else None)
+        kernel.plan = build.plan
+        return kernel
