@@ -9,7 +9,7 @@ Patterns raised (anything else stays linalg and takes the generic lowering):
 - max-subtract / exp / sum / divide along one axis -> `tracea.softmax`.
 - then, on the raised ops: gemm(Q, K^T) -> softmax over the keys (torch's "safe" softmax too,
   which gives 0 for rows of -inf) -> gemm with V -> `tracea.attention`, taking a constant scale
-  applied to K^T along; whatever scaled Q stays an elementwise op before it.
+  applied to Q or K^T along (torch-mlir splits SDPA's scale between them).
 
 Elementwise bodies are recognized by what they compute, not by how they are spelled: the part of
 the body that depends on one value only is evaluated on sample points and compared with each
@@ -514,6 +514,29 @@ def _scores_gemm(op: ir.Operation | None) -> bool:
     return _plain_gemm(op, transpose_b=False) or _plain_gemm(op, transpose_b=True)
 
 
+def _unscaled(value: ir.Value) -> tuple[ir.Value, float]:
+    """(x, c) when `value` is an elementwise x * c (a constant c), else (value, 1)."""
+    op = _producer(value)
+    if op is not None and op.name == "linalg.generic" and len(_ins(op)) == 1 and _all_parallel(op) \
+            and all(str(m) == _identity(len(value.type.shape)) for m in _maps(op)):
+        step = _identify(_yielded(op)[0], _body(op).arguments[0])
+        if step is not None and step.kind == "scale":
+            return _ins(op)[0], step.value
+    return value, 1.0
+
+
+def _query_of_scores(a: ir.Value) -> tuple[ir.Value, float]:
+    """For the left operand of Q K^T: (Q, the constant scale applied to it), through a collapse
+    of its batch dims (torch-mlir scales Q and K^T by sqrt(scale) each)."""
+    collapse = _producer(a)
+    if collapse is None or collapse.name != "tensor.collapse_shape":
+        return _unscaled(a)
+    query, scale = _unscaled(collapse.operands[0])
+    if scale == 1.0:
+        return a, 1.0
+    return tensor.collapse_shape(a.type, query, collapse.attributes["reassociation"]), scale
+
+
 def _key_of_scores(b: ir.Value) -> tuple[ir.Value, float] | None:
     """For the right operand of Q K^T, [..., D, Skv]: (K as [..., Skv, D], the constant scale
     applied to it) when it is a last-two-dims transpose, maybe scaled, maybe with its batch dims
@@ -521,15 +544,7 @@ def _key_of_scores(b: ir.Value) -> tuple[ir.Value, float] | None:
     collapse = _producer(b)
     if collapse is None or collapse.name != "tensor.collapse_shape":
         collapse = None
-    value = b if collapse is None else collapse.operands[0]
-    scale = 1.0
-    op = _producer(value)
-    if op is not None and op.name == "linalg.generic" and len(_ins(op)) == 1 and _all_parallel(op) \
-            and all(str(m) == _identity(len(value.type.shape)) for m in _maps(op)):
-        step = _identify(_yielded(op)[0], _body(op).arguments[0])
-        if step is None or step.kind != "scale":
-            return None
-        scale, value = step.value, _ins(op)[0]
+    value, scale = _unscaled(b if collapse is None else collapse.operands[0])
     transpose = _producer(value)
     if transpose is None or transpose.name != "linalg.transpose":
         return None
@@ -651,13 +666,15 @@ def _raise_attention(op: ir.Operation) -> bool:
         if masked is None:
             return False
         scores, causal = masked
-    query, value = scores.operands[0], op.operands[1]
+    value = op.operands[1]
     with op.location, td.located(op.location), ir.InsertionPoint(op):
         # K^T absorbed into the gemm (an unscaled q @ k.transpose(-1, -2)), else K^T's producers
         found = (scores.operands[1], 1.0) if _flag(scores, "transpose_b") else _key_of_scores(scores.operands[1])
         if found is None:
             return False
         key, scale = found
+        query, query_scale = _query_of_scores(scores.operands[0])
+        scale *= query_scale
         if not (query.type.shape[:-2] == key.type.shape[:-2] == value.type.shape[:-2]):
             return False
         new = td.attention(query, key, value, scale=scale, causal=causal)
