@@ -1,4 +1,5 @@
 """PyTorch front end: tracea.compile(model), torch.compile(backend="tracea"), tracea.ops.conv2d."""
+import math
 import re
 import warnings
 
@@ -103,6 +104,32 @@ def test_patterns_are_raised_into_tracea_ops():
     # GELU's tanh form as torch-mlir writes it (x^3 as math.fpowi, behind a reshape) joins its GEMM
     text = _raised_ops(nn.Sequential(nn.Linear(64, 96), nn.GELU("tanh")), torch.randn(2, 8, 64))
     assert text.count('"tracea.fused_gemm"') == 1 and 'approximate = "tanh"' in text and "math.tanh" not in text
+
+
+class NewGELU(nn.Module):
+    """GPT-2's GELU (transformers' NewGELUActivation), written out: x is read three times."""
+
+    def __init__(self, leak=False):
+        super().__init__()
+        self.leak = leak
+
+    def forward(self, x):
+        half = 0.5 * x
+        y = half * (1.0 + torch.tanh(math.sqrt(2.0 / math.pi) * (x + 0.044715 * torch.pow(x, 3.0))))
+        return (y, half) if self.leak else y
+
+
+@pytest.mark.parametrize("leak", [False, True])
+def test_a_gelu_written_out_joins_its_gemm(leak):
+    """Elementwise ops that together compute one function of a GEMM's result (x used several
+    times) become one epilogue step; not when another value of theirs is also a result."""
+    torch.manual_seed(0)
+    model, x = nn.Sequential(nn.Linear(64, 96), NewGELU(leak)).eval(), torch.randn(2, 8, 64) * 3.0
+    text = _raised_ops(model, x)
+    assert ('approximate = "tanh", kind = "gelu"' in text) == (not leak) and '"tracea.fused_gemm"' in text
+    compiled = tracea.compile(model, (x,))
+    for got, expected in zip(*(o if leak else (o,) for o in (compiled(x), model(x)))):
+        torch.testing.assert_close(got, expected, rtol=1e-5, atol=1e-5)
 
 
 class Attention(nn.Module):

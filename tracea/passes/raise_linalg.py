@@ -250,9 +250,16 @@ def _identify(root: ir.Value, variable: ir.Value) -> Epilogue | None:
     """Which single-input epilogue `root` computes from `variable`."""
     with np.errstate(all="ignore"):
         try:
-            y = np.broadcast_to(_evaluate(root, {variable: _SAMPLES}), _SAMPLES.shape).astype(np.float64)
+            y = _evaluate(root, {variable: _SAMPLES})
         except _NotScalar:
             return None
+    return _matching_epilogue(y)
+
+
+def _matching_epilogue(y: np.ndarray) -> Epilogue | None:
+    """The single-input epilogue whose values on _SAMPLES are `y`, if any."""
+    with np.errstate(all="ignore"):
+        y = np.broadcast_to(y, _SAMPLES.shape).astype(np.float64)
         for epilogue, reference in _ACTIVATIONS.items():
             if np.allclose(y, reference(_SAMPLES), rtol=1e-5, atol=1e-6):
                 return epilogue
@@ -314,12 +321,62 @@ class _Chain:
     reshapes: list  # expand/collapse_shape ops the chain passed through, re-applied after the fused op
 
 
+# the most elementwise generics one function of a GEMM's result may be written with (a GELU
+# spelled out is 8)
+_REGION_OPS = 16
+
+
+def _elementwise_region(value: ir.Value) -> tuple[ir.Operation, Epilogue] | None:
+    """(the last generic, the epilogue step) when the uses of `value` are elementwise generics
+    that together compute one function of it and nothing else reads their results but the
+    last one's users: a GELU written out with x used three times (GPT-2's), which no chain of
+    single-use generics follows."""
+    rank = len(value.type.shape)
+    members: list[ir.Operation] = []
+    inside, queue = {value}, [value]
+    while queue:
+        for use in list(queue.pop(0).uses):
+            op = use.owner.operation
+            if op in members or op.name != "linalg.generic":
+                continue
+            if not _all_parallel(op) or len(op.results) != 1 or op.results[0].type != value.type \
+                    or any(str(m) != _identity(rank) for m in _maps(op)) or len(members) == _REGION_OPS:
+                return None
+            members.append(op)
+            inside.add(op.results[0])
+            queue.append(op.results[0])
+    if len(members) < 2 or any(v not in inside for op in members for v in _ins(op)):
+        return None
+    members = sorted(members, key=lambda op: sum(1 for other in members if other.is_before_in_block(op)))
+    leaving = [op for op in members if any(u.owner.operation not in members for u in op.results[0].uses)]
+    if leaving != [members[-1]] or any(u.owner.operation not in members for u in value.uses):
+        return None
+    arrays = {value: _SAMPLES}
+    with np.errstate(all="ignore"):
+        try:
+            for op in members:
+                env = dict(zip(_body(op).arguments, [arrays[v] for v in _ins(op)]))
+                arrays[op.results[0]] = _evaluate(_yielded(op)[0], env)
+        except _NotScalar:
+            return None
+    step = _matching_epilogue(arrays[members[-1].results[0]])
+    return (members[-1], step) if step is not None else None
+
+
 def _epilogue_chain(result: ir.Value) -> _Chain | None:
     """Elementwise generics after a GEMM (through reshapes that keep the last dim, which an
     elementwise epilogue commutes with), as far as each one is an epilogue step."""
     steps, last, value, kinds, reshapes, pending = [], None, result, set(), [], []
     while True:
         op = _single_use(value)
+        region = _elementwise_region(value) if op is None else None
+        if region is not None:
+            sink, step = region
+            steps.append(td.EpilogueStep(step))
+            last, value = sink, sink.results[0]
+            reshapes += pending
+            pending = []
+            continue
         if op is not None and op.name in ("tensor.expand_shape", "tensor.collapse_shape") \
                 and op.results[0].type.shape[-1] == value.type.shape[-1]:
             pending.append(op)
