@@ -128,6 +128,7 @@ def test_a_gelu_written_out_joins_its_gemm(leak):
     text = _raised_ops(model, x)
     assert ('approximate = "tanh", kind = "gelu"' in text) == (not leak) and '"tracea.fused_gemm"' in text
     compiled = tracea.compile(model, (x,))
+    assert ("(bias_add + gelu tanh; transpose_b) on cpu.gemm" in compiled.explain()) == (not leak)
     for got, expected in zip(*(o if leak else (o,) for o in (compiled(x), model(x)))):
         torch.testing.assert_close(got, expected, rtol=1e-5, atol=1e-5)
 

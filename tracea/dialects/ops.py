@@ -448,8 +448,9 @@ def describe(v: OpView) -> str:
         spec = v.opdef.attrs.get(key)
         if key == "schedule" or value is None or (spec is not None and value == spec.default):
             continue
-        if key == "epilogue":
-            notes.append(" + ".join(step.kind for step in value))
+        if key == "epilogue":  # (with the non-default parameters of a step: a tanh GELU, a scale's value)
+            notes.append(" + ".join(step.kind + (f" {step.value:g}" if step.value is not None else "")
+                                    + (" tanh" if step.approximate == "tanh" else "") for step in value))
         else:
             notes.append(key if value is True else f"{key} {list(value) if isinstance(value, tuple) else value}")
     text = f"{v.op.name.removeprefix('tracea.')} {', '.join(map(shape, v.operands.values()))} -> {shape(v.result)}"
