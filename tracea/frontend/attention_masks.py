@@ -9,6 +9,7 @@ and a causal one becomes `is_causal=True`, which the raise recognizes; any other
 it is."""
 from __future__ import annotations
 
+import functools
 import operator
 
 # Masks are evaluated in full: bigger constant subgraphs are left alone (1 << 22 elements is
@@ -77,8 +78,9 @@ def _mask_kind(mask, queries: int | None, keys: int | None) -> str | None:
     return "causal" if bool(causal.all()) else None
 
 
-# ops that read only their argument's shape, dtype and device, never its values
+@functools.cache
 def _shape_only_ops():
+    """Ops that read only their argument's shape, dtype and device, never its values."""
     import torch
     aten = torch.ops.aten
     return {aten.new_ones.default, aten.new_zeros.default, aten.new_full.default, aten.new_empty.default,

@@ -166,9 +166,7 @@ class ForwardOutputsPass(TraceaPass):
                 alloc = value.owner.operation
                 with ir.InsertionPoint(alloc), alloc.location:
                     for view in views:  # dst seen as the allocation: each reshape undone, outermost first
-                        dst = _inverse_reshape(view, dst)
-                if dst.type != value.type:
-                    continue
+                        dst = _inverse_reshape(view, dst)  # (of the allocation's type: each view's source type)
                 op.erase()
                 value.replace_all_uses_with(dst)
                 alloc.erase()
