@@ -9,6 +9,8 @@ sys.path.insert(0, os.path.dirname(__file__))  # `import reference`
 
 # Each test process gets its own persistent kernel cache (subprocesses of tests inherit it).
 os.environ["TRACEA_CACHE_DIR"] = tempfile.mkdtemp(prefix="tracea-test-cache-")
+# ... and an empty tuning cache: a user's tuned schedules must not change what the tests compile
+os.environ["TRACEA_TUNING_DIR"] = tempfile.mkdtemp(prefix="tracea-test-tuning-")
 
 # Every example compiles a kernel (~0.3 s); keep property tests to a few dozen shapes each.
 # Property tests explore: every run draws new examples (12 a test, within the suite's time) and

@@ -21,6 +21,7 @@ from .runtime import disk_cache
 from .runtime.kernel import Kernel, Signature
 from .targets import get_target
 from .targets.base import Build, Target
+from .tuner.cache import stamp as tuning_stamp
 
 _CACHE: dict[str, Kernel] = {}
 _CACHE_LOCK = threading.Lock()
@@ -72,14 +73,19 @@ def _signature(text: str, entry: str | None, source_name: str) -> Signature:
 
 
 def compile_program(program, *, target: str = "cpu", entry: str | None = None, strategy: str = "tiled",
-                    threads: int | None = None, keep_stages: bool = False, chip: str | None = None):
+                    threads: int | None = None, keep_stages: bool = False, chip: str | None = None, tune=None):
     """tracea.compile of a program (tracea.api.compile documents the options): a Kernel for the
     CPU, a CudaKernel for target="cuda"; cached in this process for this exact input and options,
     CPU kernels also on disk."""
     backend = get_target(target)
     text, source_name = _source(program)
+    tuner = _tuner(tune, target, strategy, threads)
+    if tuner is not None:
+        from .tuner.autotuner import tune_program
+        tune_program(text, tuner)
     options = backend.options(strategy=strategy, threads=threads, chip=chip)
-    parts = [text, str(entry), str(keep_stages), backend.hash(options)]
+    # the tuning cache's state: kernels compiled before a tuning run are not reused after it
+    parts = [text, str(entry), str(keep_stages), backend.hash(options), tuning_stamp()]
     key = hashlib.sha256("\0".join(parts).encode()).hexdigest()
     with _CACHE_LOCK:
         if key in _CACHE:
@@ -103,6 +109,21 @@ def compile_program(program, *, target: str = "cpu", entry: str | None = None, s
     with _CACHE_LOCK:
         _CACHE[key] = kernel
     return kernel
+
+
+def _tuner(tune, target: str, strategy: str, threads: int | None):
+    """The AutoTuner a compile tunes its ops with on a tuning-cache miss, or None: `tune` is
+    True, False, an AutoTuner, or None for $TRACEA_TUNE."""
+    from .tuner.autotuner import AutoTuner
+    if tune is None:
+        tune = knobs.tune()
+    if isinstance(tune, AutoTuner):
+        return tune
+    if not tune or strategy != "tiled":
+        return None
+    if target != "cpu":
+        raise CompileError(f"tune=True times kernels on the CPU only; compile for {target!r} without tuning")
+    return AutoTuner("cpu", threads=threads, budget=knobs.tune_budget())
 
 
 def compile_gpu(program, *, chip: str = "sm_80", entry: str | None = None):

@@ -91,6 +91,25 @@ def openmp_runtime() -> str:
     return value
 
 
+def tuning_dir() -> Path:
+    """TRACEA_TUNING_DIR: where the tuning cache (tuning_cache.json) lives (default ~/.tracea)."""
+    return Path(os.environ.get("TRACEA_TUNING_DIR") or Path.home() / ".tracea")
+
+
+def tune() -> bool:
+    """TRACEA_TUNE=1: compiles tune each kernel op the tuning cache has no schedule for (as
+    tracea.compile(..., tune=True)); ~TRACEA_TUNE_BUDGET evaluations per op."""
+    return _flag("TRACEA_TUNE", False)
+
+
+def tune_budget() -> int:
+    """TRACEA_TUNE_BUDGET: evaluations per op when a compile tunes (default 40)."""
+    value = os.environ.get("TRACEA_TUNE_BUDGET", "40")
+    if not value.isdigit() or int(value) < 1:
+        raise ValueError(f"TRACEA_TUNE_BUDGET must be a positive number of evaluations, got {value!r}")
+    return int(value)
+
+
 def cache_dir() -> Path | None:
     """TRACEA_CACHE_DIR: where compiled kernels persist across processes (default
     $XDG_CACHE_HOME/tracea/kernels or ~/.cache/tracea/kernels); TRACEA_DISK_CACHE=0 turns it off."""

@@ -220,7 +220,7 @@ class Variant:
     # hooks (None where a variant has none): default_schedule(problem, caps, threads) -> the
     # schedule it will run: its default, or the problem's own with what that leaves out filled
     # in (None: it follows shapes the problem does not give); search_space(problem, caps) ->
-    # {field: choices} (the tuner's); check_schedule(problem, caps, schedule) raises OpError
+    # a tuner.SearchSpace of the schedules to try; check_schedule(problem, caps, schedule) raises OpError
     # naming what is wrong
     default_schedule: Callable | None = field(default=None, compare=False)
     search_space: Callable | None = field(default=None, compare=False)

@@ -153,6 +153,24 @@ class Schedule:
                     else value
         return out
 
+    @staticmethod
+    def from_dict(values: dict) -> "Schedule":
+        """The inverse of as_dict (what the tuning cache stores), validated."""
+        fields_ = dict(values)
+        for name in ("tile", "warp_tile"):
+            if name in fields_:
+                fields_[name] = tuple(fields_[name])
+        if "lane_map" in fields_:
+            fields_["lane_map"] = LaneMap(fields_["lane_map"]["kind"], tuple(fields_["lane_map"]["shape"]))
+        if "swizzle" in fields_:
+            fields_["swizzle"] = Swizzle(**fields_["swizzle"])
+        try:
+            schedule = Schedule(**fields_)
+        except TypeError as e:
+            raise OpError(f"not a schedule: {values!r} ({e})") from None
+        schedule.validate()
+        return schedule
+
     # --- attribute form -------------------------------------------------------------
     def to_attr(self) -> ir.Attribute:
         self.validate()

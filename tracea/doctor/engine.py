@@ -35,9 +35,10 @@ class Decision:
         return "\n".join(lines)
 
 
-def plan(problem: Problem, caps: Capabilities, threads: int | None = None) -> Decision:
-    """The highest-priority variant whose constraints `problem` and `caps` meet, its default
-    schedule (unless the problem carries one), and every rejection with its reason."""
+def plan(problem: Problem, caps: Capabilities, threads: int | None = None, tuned: bool = True) -> Decision:
+    """The highest-priority variant whose constraints `problem` and `caps` meet, its schedule
+    (the problem's own; else, when `tuned`, the tuning cache's for this op and device; else
+    the variant's default), and every rejection with its reason."""
     rejected, fitting = [], []
     for v in variants(caps.backend):
         why = v.rejects(problem, caps)
@@ -52,6 +53,9 @@ def plan(problem: Problem, caps: Capabilities, threads: int | None = None) -> De
     schedule = problem.schedule  # a variant's default_schedule completes it, or gives one
     if chosen.default_schedule is not None:
         schedule = chosen.default_schedule(problem, caps, threads)
+        if tuned and problem.schedule is None and chosen.search_space is not None:
+            from ..tuner.cache import tuned_schedule
+            schedule = tuned_schedule(problem, chosen.id, caps, threads) or schedule
     return Decision(chosen.id, caps.backend, caps.name, schedule, chosen.summary,
                     tuple(chosen.conditions(problem, caps)), tuple(rejected), tuple(v.id for v in fitting))
 

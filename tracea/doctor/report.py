@@ -9,6 +9,7 @@ from .capabilities import Capabilities, probe_nvidia
 from .engine import PlanError, devices, plan
 from .toolchains import toolchains
 from ..codegen.variants import DTYPES, FEATURES, OPS, Problem, variants
+from ..tuner import TIMED_BACKENDS
 
 
 def report(targets: list[Capabilities] | None = None) -> dict:
@@ -75,7 +76,9 @@ BACKENDS = {"cuda": "CUDA", "rocm": "ROCm", "metal": "Metal", "vulkan": "Vulkan"
 def support_matrix() -> str:
     """docs/BACKENDS.md: the backend support matrix and every variant, from the registry."""
     registered = variants()
-    has = {b: set().union(*[v.features for v in registered if v.backend == b]) for b in BACKENDS}
+    # Auto-Tuning: a variant with a search space on a backend the tuner can time kernels on
+    has = {b: set().union(*[v.features | ({"autotune"} if v.search_space and b in TIMED_BACKENDS else set())
+                            for v in registered if v.backend == b]) for b in BACKENDS}
     lines = ["# Backends and kernel variants", "",
              "Generated from the variant registry (`tracea/doctor`) by "
              "`python -c 'from tracea.doctor.report import support_matrix; print(support_matrix(), end=\"\")'`; "
@@ -83,7 +86,7 @@ def support_matrix() -> str:
              "variant each op gets on a device.", "",
              "## Support matrix", "",
              "● the backend has a kernel variant with the feature; × it has none (ROCm, Metal and Vulkan have no "
-             "variants yet; the GP auto-tuner is not built yet).", "",
+             "variants yet; the tuner times kernels on the CPU only: `tracea tune`).", "",
              "| Feature | " + " | ".join(BACKENDS.values()) + " |", "| :--- |" + " :---: |" * len(BACKENDS)]
     for key, label in FEATURES.items():
         lines.append(f"| {label} | " + " | ".join("●" if key in has[b] else "×" for b in BACKENDS) + " |")

@@ -120,7 +120,8 @@ def is_torch_module(program) -> bool:
 
 
 def compile_model(model, example_inputs, *, target: str = "cpu", threads: int | None = None,
-                  strategy: str = "tiled", export_fallback=None, dynamic_dims=None, keep_stages: bool = False):
+                  strategy: str = "tiled", export_fallback=None, dynamic_dims=None, keep_stages: bool = False,
+                  tune=None):
     """Compile `model` for `example_inputs` -> CompiledModel. A model torch.export cannot trace
     is given to `export_fallback(model, example_inputs, why)` when there is one (tracea.compile's
     is TorchDynamo: dynamo.DynamoModel, with a warning), else refused. dynamic_dims ({input
@@ -132,7 +133,7 @@ def compile_model(model, example_inputs, *, target: str = "cpu", threads: int | 
     if target != "cpu":
         raise CompileError(f"PyTorch models compile for the CPU target only so far, not '{target}'")
     example_inputs = (example_inputs,) if not isinstance(example_inputs, (tuple, list)) else tuple(example_inputs)
-    options = dict(target=target, threads=threads, strategy=strategy, keep_stages=keep_stages)
+    options = dict(target=target, threads=threads, strategy=strategy, keep_stages=keep_stages, tune=tune)
     static = _compile(model, example_inputs, options, export_fallback, None)
     if not dynamic_dims or not isinstance(static, CompiledModel):  # (a fallback's model)
         return static

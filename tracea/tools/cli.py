@@ -49,6 +49,29 @@ def main(argv: list[str] | None = None) -> int:
                              "sm_90a, zen3-avx2, skylake-avx512, sapphire-rapids-avx512, x86-64-sse, graviton3-neon, "
                              "apple-m2-neon; or cpu")
     doctor.add_argument("--json", action="store_true", help="print the report as JSON")
+    tune = sub.add_parser("tune", help="tune the kernel ops of an .mlir file or a PyTorch model on this CPU and store "
+                          "the schedules in the tuning cache, which later compiles use",
+                          description="A Gaussian-process search per kernel op (gemm, fused_gemm, conv2d, attention): "
+                                      "each candidate schedule compiled, checked against the reference lowering and "
+                                      "timed, one progress line per evaluation. Ops the cache already has are not "
+                                      "tuned again (--retune does). Examples: tracea tune model.mlir --budget 30; "
+                                      "tracea tune models.py:build (build() returns a torch.nn.Module and a tuple of "
+                                      "example inputs)")
+    tune.add_argument("input", help="an MLIR file, or FILE.py:FUNCTION returning (torch module, example inputs)")
+    tune.add_argument("--budget", type=int, default=40, help="evaluations per op (default 40)")
+    tune.add_argument("--seconds", type=float, help="a time limit per op")
+    tune.add_argument("--threads", type=int, help="threads the kernels run on (default: $TRACEA_NUM_THREADS or the cores)")
+    tune.add_argument("--workers", type=int, help="compile worker processes (default: the cores)")
+    tune.add_argument("--retune", action="store_true", help="search again even where the cache has a schedule")
+    tune.add_argument("--seed", type=int, default=0, help="the search's seed (default 0)")
+    tune.add_argument("--quiet", action="store_true", help="no progress lines")
+    cache = sub.add_parser("cache", help="list, show or clear the tuning cache ($TRACEA_TUNING_DIR/tuning_cache.json)",
+                           description="list: one line per tuned op and machine; show KEY: an entry with every "
+                                       "configuration measured (KEY: a prefix of the key list prints); clear: "
+                                       "remove every entry")
+    cache.add_argument("action", choices=["list", "show", "clear"])
+    cache.add_argument("key", nargs="?", help="show: the entry's key, or a prefix of it")
+    cache.add_argument("--json", action="store_true", help="list / show as JSON")
     args = parser.parse_args(argv)
     if args.command is None:
         parser.print_help()
@@ -72,6 +95,12 @@ def main(argv: list[str] | None = None) -> int:
             data = report(targets)
             print(json.dumps(data, indent=1) if args.json else format_report(data))
             return 0
+        if args.command == "tune":
+            from .tune import run_tune
+            return run_tune(args)
+        if args.command == "cache":
+            from .tune import run_cache
+            return run_cache(args)
         if args.command == "compile-gpu":
             from pathlib import Path
 

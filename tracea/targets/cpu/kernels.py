@@ -17,6 +17,7 @@ from ...dialects.ops import OP_DEFS, Conv2dDef, Epilogue, OpView, TensorSpec, de
 from ...dialects.schedule import LaneMap, Schedule
 from ...dialects.verify import tracea_ops
 from ...errors import OpError
+from ...tuner.space import SearchSpace
 from ...doctor.capabilities import CPU, Capabilities, host, host_cpu
 from ...codegen.variants import (OPS, BackendIs, Problem, Rule, SimdWidthAtLeast, Variant, known, register_variant,
                                variant)
@@ -249,11 +250,43 @@ def _gemm_default(schedule_fn):
     return default
 
 
-def _gemm_space(p: Problem, caps: Capabilities) -> dict:
+def _gemm_space(p: Problem, caps: Capabilities) -> SearchSpace:
+    """The packed kernel's knobs: register tile MR x NR (as many accumulators as fit), cache blocks
+    MC / NC / KC. Blocks are rounded to the register tile and cut to the problem, so sizes past
+    the problem's collapse into one configuration."""
     lanes = caps.cpu.f32_lanes
-    return {"warp_tile": [(mr, nr, 1) for mr in (4, 6, 8, 12, 14) for nr in (lanes, 2 * lanes, 3 * lanes)
-                          if mr * nr // lanes + nr // lanes + 1 <= caps.cpu.vector_registers],
-            "kc": [128, 192, 256, 384, 512], "mc": [48, 96, 144, 192, 288]}
+    m, n, k = implicit_gemm(p.view)[:3] if p.op == "conv2d" and p.view is not None else (p.m, p.n, p.k)
+
+    def fit(s: Schedule) -> Schedule:
+        (mc, nc, kc), (mr, nr, _) = s.tile, s.warp_tile
+        mc, nc = _round_up(mc, mr), _round_up(nc, nr)
+        if known(m, n, k):
+            mc, nc, kc = min(mc, _round_up(m, mr)), min(nc, _round_up(n, nr)), min(kc, _round_up(k, 8))
+        return replace(s, tile=(mc, nc, kc))
+
+    space = (SearchSpace(adjust=fit).lanes(lanes).warp_m([4, 6, 8, 12]).warp_n([lanes, 2 * lanes, 3 * lanes])
+             .warp_k([1]).tile_m([24, 48, 96, 144, 192, 288]).tile_n([256, 1024, 4096])
+             .tile_k([64, 128, 256, 384, 512]))
+    return space.constrain(f"the register tile fits {caps.cpu.vector_registers} vector registers",
+                           lambda c, s: c["warp_m"] * c["warp_n"] // lanes + c["warp_n"] // lanes + 1
+                           <= caps.cpu.vector_registers)
+
+
+def _dot_space(p: Problem, caps: Capabilities) -> SearchSpace:
+    """The inner-product kernel's knobs: MR rows x NR columns of accumulators, the K block."""
+    lanes = caps.cpu.f32_lanes
+    n = _round_up(p.n, 4) if p.n else 256
+
+    def fit(s: Schedule) -> Schedule:
+        (mc, _, kc), (mr, nr, _) = s.tile, s.warp_tile
+        kc = min(_round_up(kc, lanes), _round_up(p.k, lanes)) if p.k else _round_up(kc, lanes)
+        mc = min(_round_up(mc, mr), _round_up(p.m, mr)) if p.m else _round_up(mc, mr)
+        return replace(s, tile=(mc, _round_up(n, nr), kc))
+
+    space = (SearchSpace(adjust=fit).lanes(lanes).warp_m([1, 2, 4, 6]).warp_n([1, 2, 3, 4]).warp_k([lanes])
+             .tile_m([8, 16, 32]).tile_n([n]).tile_k([256, 512, 1024, 2048]))
+    return space.constrain(f"the accumulators fit {caps.cpu.vector_registers} vector registers",
+                           lambda c, s: c["warp_m"] * c["warp_n"] + c["warp_m"] + 1 <= caps.cpu.vector_registers)
 
 
 def _gemm_check(p: Problem, caps: Capabilities, s: Schedule) -> None:
@@ -286,6 +319,14 @@ def _attention_default(p: Problem, caps: Capabilities, threads: int | None) -> S
         rows, vectors = qk_tile(s.tile[0], s.tile[1], lanes, caps.cpu.vector_registers)
         s = replace(s, warp_tile=(rows, vectors * lanes))
     return s
+
+
+def _attention_space(p: Problem, caps: Capabilities) -> SearchSpace:
+    """Blocks of query rows x keys, and the QK^T register tile inside them."""
+    lanes = caps.cpu.f32_lanes
+    return (SearchSpace().lanes(lanes).tile_m([4, 6, 8, 12, 16, 24, 32]).tile_n([32, 64, 128, 256])
+            .warp_m([1, 2, 3, 4, 6, 8]).warp_n([lanes, 2 * lanes])
+            .constrain("the register tile's keys divide the key block", lambda c, s: c["tile_n"] % c["warp_n"] == 0))
 
 
 def _attention_check(p: Problem, caps: Capabilities, s: Schedule) -> None:
@@ -323,7 +364,7 @@ for _variant in (
         f"x @ W^T with at most {DOT_MAX_ROWS} rows and K >= 512, or a schedule whose warp_tile is [MR, NR, lanes]",
         _wants_inner_products, preference=True)), 30,
         "inner products along K, nothing packed (nn.Linear with few rows)", frozenset({"simd"}),
-        _gemm_default(dot_gemm_schedule), _gemm_space, _gemm_check),
+        _gemm_default(dot_gemm_schedule), _dot_space, _gemm_check),
     Variant("cpu.gemm.packed", "cpu", GEMMS, (ON_CPU, SIMD, Rule("no schedule, or one on SIMD lanes with warp_tile "
                                                         "[MR, NR, 1]", _packed)), 20,
             "BLIS-style cache blocks, packed panels, an MR x NR register tile of FMAs", frozenset({"simd"}),
@@ -351,7 +392,7 @@ for _variant in (
     Variant("cpu.attention.flash", "cpu", ("attention",), (ON_CPU, SIMD, Rule(
         "head dims multiples of the SIMD lanes", _attention_fits)), 20,
         "flash attention: blocks of queries against blocks of keys, online softmax, S never stored",
-        frozenset({"simd"}), _attention_default, None, _attention_check),
+        frozenset({"simd"}), _attention_default, _attention_space, _attention_check),
     Variant("cpu.softmax.online", "cpu", ("softmax",), (ON_CPU, SIMD, Rule(
         "along the last axis", lambda p, caps: None if p.last_axis is None else _softmax_fits(p, caps))), 20,
         "rows in parallel: three passes (one exp per element) for rows in cache, else a running max and sum",

@@ -32,6 +32,7 @@ from ...codegen.variants import (ArchIs, BackendIs, DtypeIn, Problem, Rule, Shar
                                WarpSizeIs, register_variant)
 from ...dialects.verify import tracea_ops
 from ...errors import OpError
+from ...tuner.space import SearchSpace
 from ...codegen.conv_gather import implicit_gemm
 from .attention import HEAD_DIMS, AttentionTiles, MmaAttention, attention_module_text
 from .attention import grid as attention_grid
@@ -256,21 +257,22 @@ def _wgmma_attention_default(p: Problem, caps: Capabilities, threads: int | None
     return _complete(p, dict(tile=(t.block_m, t.block_n), stages=t.stages, barrier="pingpong"))
 
 
-def _gemm_space(p: Problem, caps: Capabilities) -> dict:
+def _gemm_space(p: Problem, caps: Capabilities) -> SearchSpace:
     """Schedules bench/gpu.py times beside the defaults."""
     if caps.gpu.arch == "sm_90a":
-        return {"tile": [(128, 256, 64), (256, 128, 64), (128, 128, 64), (64, 128, 64)], "stages": [2, 3, 4, 6],
-                "barrier": ["none", "producer_consumer"], "persistent": [0, caps.gpu.multiprocessors],
-                "cluster": [0, 2], "group_m": [1, 8, 16], "store": ["registers", "tma"]}
-    return {"tile": [(128, 256, 32), (256, 128, 32), (128, 128, 32), (128, 128, 64), (64, 64, 32)],
-            "warp_tile": [(64, 64)], "stages": [2, 3, 4], "group_m": [1, 8, 16]}
+        return (SearchSpace().knob("tile", [(128, 256, 64), (256, 128, 64), (128, 128, 64), (64, 128, 64)])
+                .stages([2, 3, 4, 6]).barrier_modes(["none", "producer_consumer"])
+                .knob("persistent", [0, caps.gpu.multiprocessors]).knob("cluster", [0, 2])
+                .knob("group_m", [1, 8, 16]).knob("store", ["registers", "tma"]))
+    return (SearchSpace().knob("tile", [(128, 256, 32), (256, 128, 32), (128, 128, 32), (128, 128, 64), (64, 64, 32)])
+            .stages([2, 3, 4]).knob("group_m", [1, 8, 16]))
 
 
-def _attention_space(p: Problem, caps: Capabilities) -> dict:
+def _attention_space(p: Problem, caps: Capabilities) -> SearchSpace:
     if caps.gpu.arch == "sm_90a":
-        return {"tile": [(128, 128), (192, 64), (128, 64)], "stages": [2, 3, 4],
-                "barrier": ["pingpong", "producer_consumer"]}
-    return {"tile": [(64, 64), (128, 64)], "stages": [2, 3]}
+        return (SearchSpace().knob("tile", [(128, 128), (192, 64), (128, 64)]).stages([2, 3, 4])
+                .barrier_modes(["pingpong", "producer_consumer"]))
+    return SearchSpace().knob("tile", [(64, 64), (128, 64)]).stages([2, 3])
 
 
 def _check_mma(p: Problem, caps: Capabilities, s: Schedule) -> None:

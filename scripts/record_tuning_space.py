@@ -1,0 +1,104 @@
+"""Time every configuration of a variant's search space on this machine and save the table, the
+data bench/tuner_replay.py replays the tuner and random search on (issue 25, item 3).
+
+    .venv/bin/python scripts/record_tuning_space.py gemm-512 --threads 1
+    .venv/bin/python scripts/record_tuning_space.py all --threads 1      # every problem below
+
+Writes bench/tuning_spaces/<problem>-<threads>t.json: the machine (CPU record, model name,
+kernel), the date, the space, and per configuration its median time and samples or its error.
+Takes minutes per problem: each configuration is compiled (in worker processes) and timed.
+"""
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import os
+import platform
+import sys
+import time
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, os.path.join(HERE, ".."))
+OUT = os.path.join(HERE, "..", "bench", "tuning_spaces")
+
+
+def problems():
+    from tracea import dialects as td
+
+    def gemm(m, n, k):
+        return td.function(td.tensor((m, k)), td.tensor((k, n)), name="kernel")(td.gemm)
+
+    def conv():  # ResNet's 3x3 conv on 56x56 NHWC: the implicit GEMM's space
+        return td.function(td.tensor((1, 56, 56, 64)), td.tensor((3, 3, 64, 64)), name="kernel")(
+            lambda x, w: td.conv2d(x, w, padding=1, layout="nhwc"))
+
+    def attention(s, d):
+        spec = td.tensor((1, 8, s, d))
+        return td.function(spec, spec, spec, name="kernel")(lambda q, k, v: td.attention(q, k, v))
+
+    return {"gemm-512": lambda: gemm(512, 512, 512), "linear-128x1024x1024": lambda: gemm(128, 1024, 1024),
+            "conv3x3-nhwc-56": conv, "attention-s512-d64": lambda: attention(512, 64)}
+
+
+def machine() -> dict:
+    from tracea.doctor import host
+    model = ""
+    try:
+        model = next(line.split(":", 1)[1].strip() for line in open("/proc/cpuinfo") if line.startswith("model name"))
+    except (OSError, StopIteration):
+        pass
+    return {"cpu": host().describe(), "model": model, "kernel": platform.release()}
+
+
+def record(name: str, threads: int, workers: int) -> str:
+    from tracea.codegen.variants import variant
+    from tracea.doctor import host, plan
+    from tracea.tuner.autotuner import AutoTuner
+    from tracea.tuner.measure import Measurer, TuningProblem
+    from tracea.tuner.space import config_key
+
+    tp = TuningProblem.of(problems()[name]())
+    tuner = AutoTuner("cpu", threads=threads, workers=workers, progress=False)
+    decision = plan(tp.problem, host(), threads, tuned=False)
+    chosen = variant(decision.variant_id)
+    space = tuner._space(chosen, tp).include(decision.schedule)
+    complete = tuner._completer(chosen, tp)
+    configs = space.configurations()
+    measurer = Measurer(tp, chosen.id, threads, workers=workers)
+    table, began = {}, time.perf_counter()
+    try:
+        for start in range(0, len(configs), max(1, workers)):
+            batch = configs[start:start + max(1, workers)]
+            for e in measurer.evaluate([(c, complete(space.schedule(c))) for c in batch]):
+                table[config_key(e.config)] = {"config": e.config, "seconds": e.seconds, "error": e.error,
+                                               "samples": e.samples}
+            done = min(start + len(batch), len(configs))
+            print(f"{name}: {done}/{len(configs)} configurations, {time.perf_counter() - began:.0f} s",
+                  file=sys.stderr, flush=True)
+    finally:
+        measurer.close()
+    default = next((config_key(c) for c in configs if complete(space.schedule(c)) == decision.schedule), None)
+    data = {"problem": name, "label": tp.label, "variant": chosen.id, "threads": threads, "machine": machine(),
+            "date": datetime.date.today().isoformat(), "space": space.describe(), "default": default,
+            "seconds": round(time.perf_counter() - began, 1), "configs": table}
+    os.makedirs(OUT, exist_ok=True)
+    path = os.path.join(OUT, f"{name}-{threads}t.json")
+    with open(path, "w") as f:
+        json.dump(data, f, indent=1, sort_keys=True)
+    return path
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("problem", choices=[*problems(), "all"])
+    parser.add_argument("--threads", type=int, default=1, help="threads the kernels run on (default 1)")
+    parser.add_argument("--workers", type=int, default=2, help="compile worker processes (default 2)")
+    args = parser.parse_args()
+    for name in (list(problems()) if args.problem == "all" else [args.problem]):
+        print(record(name, args.threads, args.workers))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,383 @@
+"""The tuner (issue 25): search spaces, the GP search, the tuning cache, the AutoTuner and its
+wiring into compile and the command line. Timings are never asserted: searches run on
+synthetic or recorded times, and the real tuner on tiny problems with tiny budgets."""
+from __future__ import annotations
+
+import json
+import math
+import multiprocessing
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+import tracea
+from tracea import dialects as td
+from tracea.dialects.schedule import LaneMap, Schedule, Swizzle
+from tracea.doctor import host, named
+from tracea.codegen.variants import Problem, variant
+from tracea.tuner import SearchSpace, SpaceError, config_key
+from tracea.tuner.cache import TuningCache, entry_key, environment
+from tracea.tuner.search import Evaluation, search
+
+pytest.importorskip("gpytorch", reason="the GP tuner needs gpytorch (pip install '.[test]')")
+ROOT = Path(__file__).resolve().parents[1]
+
+
+@pytest.fixture
+def tuning_dir(tmp_path, monkeypatch):
+    monkeypatch.setenv("TRACEA_TUNING_DIR", str(tmp_path / "tuning"))
+    return tmp_path / "tuning"
+
+
+# --- SearchSpace -----------------------------------------------------------------------------
+
+def test_the_seeds_builder_and_what_it_prunes():
+    space = (SearchSpace().tile_m([64, 128]).tile_n([64, 128]).tile_k([32]).stages([1, 2, 3])
+             .swizzles(["none", Swizzle.xor(3, 3, 3)]).barrier_modes(["none", "producer_consumer"]))
+    assert space.size() == 2 * 2 * 3 * 2 * 2
+    configs = space.configurations()
+    # producer_consumer needs stages >= 2: Schedule.validate prunes it, with its reason
+    assert all(not (c["barrier"] == "producer_consumer" and c["stages"] == 1) for c in configs)
+    assert len(configs) == 2 * 2 * (3 * 2 + 2 * 2)
+    reasons = {why for _, why in space.pruned()}
+    assert any("producer_consumer" in why and "stages" in why for why in reasons)
+    s = space.schedule({"tile_m": 128, "tile_n": 64, "tile_k": 32, "stages": 3, "swizzle": "xor3.3.3",
+                        "barrier": "none"})
+    assert s.tile == (128, 64, 32) and s.stages == 3 and s.swizzle == Swizzle.xor(3, 3, 3)
+
+
+def test_a_space_dedupes_schedules_and_honours_constraints():
+    space = (SearchSpace(adjust=lambda s: Schedule(tile=(min(s.tile[0], 100),)))
+             .tile_m([50, 100, 200, 400]).constrain("no 50", lambda c, s: s.tile[0] != 50))
+    assert [c["tile_m"] for c in space.configurations()] == [100]  # 200, 400 collapse onto 100
+    why = dict((c["tile_m"], w) for c, w in space.pruned())
+    assert why[50] == "no 50" and "same schedule" in why[200]
+    with pytest.raises(SpaceError, match="every configuration"):
+        SearchSpace().tile_m([8]).constrain("never", lambda c, s: False).configurations()
+    with pytest.raises(SpaceError, match="unknown knob"):
+        SearchSpace().knob("tiles", [1])
+    with pytest.raises(SpaceError, match="at least one"):
+        SearchSpace().tile_m([])
+
+
+def test_encoding_is_log_scaled_within_the_unit_cube():
+    space = SearchSpace().tile_m([16, 64, 256]).barrier_modes(["none", "pingpong", "producer_consumer"])
+    assert space.encode({"tile_m": 64, "barrier": "pingpong"}) == pytest.approx([0.5, 0.5])
+    assert space.encode({"tile_m": 16, "barrier": "producer_consumer"}) == pytest.approx([0.0, 1.0])
+
+
+def test_include_puts_the_default_in_the_space():
+    space = SearchSpace().lanes(8).tile_m([48, 96]).warp_m([4, 6]).tile_n([64]).warp_n([16])
+    default = Schedule(tile=(66, 64), warp_tile=(6, 16), lane_map=LaneMap("simd", (8,)))
+    assert default not in [space.schedule(c) for c in space.configurations()]
+    space.include(default)
+    assert space.knobs["tile_m"] == [48, 66, 96]
+    assert default in [space.schedule(c) for c in space.configurations()]
+
+
+@pytest.mark.parametrize("profile", ["host", "skylake-avx512"])
+def test_cpu_gemm_space_fits_the_register_file(profile):
+    """Forced ISAs: every configuration left is one the variant's own check accepts, and the
+    register tiles left are those that fit that CPU's vector registers (16 on AVX2, 32 on AVX-512)."""
+    caps = host() if profile == "host" else named(profile)
+    p = Problem("gemm", "f32", m=300, n=200, k=100, transpose_a=False, transpose_b=False)
+    packed = variant("cpu.gemm.packed")
+    space = packed.search_space(p, caps)
+    lanes, registers = caps.cpu.f32_lanes, caps.cpu.vector_registers
+    tiles = set()
+    for c in space.configurations():
+        s = space.schedule(c)
+        packed.check_schedule(p, caps, s)
+        mc, nc, kc = s.tile
+        mr, nr = s.warp_tile[:2]
+        assert mc <= -(-300 // mr) * mr and nc <= -(-200 // nr) * nr and kc <= 104 and mc % mr == 0 == nc % nr
+        tiles.add(s.warp_tile[:2])
+    assert all(mr * nr // lanes + nr // lanes + 1 <= registers for mr, nr in tiles)
+    assert ((12, 3 * lanes) in tiles) == (registers >= 12 * 3 + 3 + 1)
+
+
+# --- the search ------------------------------------------------------------------------------
+
+def _bowl_space():
+    return SearchSpace().tile_m([8, 16, 32, 64, 128, 256]).tile_n([8, 16, 32, 64, 128, 256]).tile_k([1, 2, 4, 8])
+
+
+def _bowl(config) -> float:
+    """A smooth valley in log space, its floor at (64, 16, 2) the only point within 5 % of it."""
+    m, n, k = (math.log2(config[x]) for x in ("tile_m", "tile_n", "tile_k"))
+    return 1e-3 * (1 + 0.3 * (m - 6) ** 2 + 0.2 * (n - 4) ** 2 + 0.4 * (k - 1) ** 2)
+
+
+def _evaluate_with(objective, fails=lambda c: False):
+    calls = []
+
+    def evaluate(batch):
+        calls.append(len(batch))
+        return [Evaluation(c, None, "out of registers") if fails(c) else Evaluation(c, objective(c)) for c in batch]
+    return evaluate, calls
+
+
+def test_gp_search_finds_the_valley_floor_sooner_than_random():
+    """One configuration of 144 is within 5 % of the best: random search needs 72.5 evaluations
+    on average ((N + 1) / 2); the GP, following the valley, needs under a third of that."""
+    space, best = _bowl_space(), 1e-3
+    assert sum(_bowl(c) <= best * 1.05 for c in space.configurations()) == 1
+    gp = []
+    for seed in range(5):
+        evaluate, _ = _evaluate_with(_bowl)
+        gp.append(search(space, evaluate, budget=60, seed=seed, stop_below=best * 1.05).evaluations_to_reach(best * 1.05))
+    assert all(g is not None for g in gp) and sorted(gp)[2] <= 72.5 / 3, gp
+
+
+def test_the_same_search_picks_the_same_winner_and_respects_its_budget():
+    runs = []
+    for _ in range(2):
+        evaluate, calls = _evaluate_with(_bowl)
+        result = search(_bowl_space(), evaluate, budget=17, seed=7, batch=2)
+        runs.append(([config_key(e.config) for e in result.evaluations], config_key(result.best.config)))
+        assert len(result.evaluations) == 17 and result.stopped == "budget" and max(calls) <= 2
+    assert runs[0] == runs[1]
+
+
+def test_ties_within_the_tolerance_go_to_the_default_then_to_space_order():
+    space = SearchSpace().tile_m([1, 2, 3, 4])
+    times = {1: 1.010, 2: 1.000, 3: 1.005, 4: 2.0}
+    evaluate, _ = _evaluate_with(lambda c: times[c["tile_m"]])
+    result = search(space, evaluate, budget=4, seed=0, strategy="random", tolerance=0.02)
+    assert result.best.config == {"tile_m": 1}  # 1.0 % slower than the fastest: tied, first in order
+    evaluate, _ = _evaluate_with(lambda c: times[c["tile_m"]])
+    result = search(space, evaluate, budget=4, seed=0, strategy="random", tolerance=0.02, first={"tile_m": 3})
+    assert result.best.config == {"tile_m": 3} and result.evaluations[0].config == {"tile_m": 3}
+
+
+def test_failures_are_learned_never_win_and_never_end_the_search():
+    """Half of the space fails (tile_m > 32, as if out of registers), the side the valley's floor
+    lies on. With the feasibility model the GP's proposals fail less than half as often as the
+    same search without it (failed configurations are never retried either way)."""
+    space = _bowl_space()
+    fails = lambda c: c["tile_m"] > 32  # noqa: E731
+    failed = {True: 0, False: 0}
+    for learn in (True, False):
+        for seed in range(3):
+            evaluate, _ = _evaluate_with(_bowl, fails)
+            result = search(space, evaluate, budget=30, seed=seed, initial=8, learn_failures=learn)
+            assert result.best.config == {"tile_m": 32, "tile_n": 16, "tile_k": 2} or not learn
+            assert len(result.evaluations) == 30
+            assert all(e.error == "out of registers" for e in result.evaluations if fails(e.config))
+            failed[learn] += sum(fails(e.config) for e in result.evaluations[8:])
+    assert failed[True] * 2 <= failed[False], failed
+    evaluate, _ = _evaluate_with(_bowl, lambda c: True)
+    nothing = search(space, evaluate, budget=10, seed=1)
+    assert nothing.best is None and len(nothing.evaluations) == 10
+
+
+def test_prior_evaluations_are_reused_not_repeated():
+    space = _bowl_space()
+    evaluate, _ = _evaluate_with(_bowl)
+    first = search(space, evaluate, budget=12, seed=3)
+    evaluate, calls = _evaluate_with(_bowl)
+    again = search(space, evaluate, budget=5, seed=3, prior=first.evaluations)
+    assert sum(calls) == 5 and len(again.evaluations) == 5
+    assert not {config_key(e.config) for e in again.evaluations} & {config_key(e.config) for e in first.evaluations}
+
+
+def test_replay_of_a_recorded_space_meets_the_sample_efficiency_goal():
+    """Issue 25 item 3 on the data recorded on this machine kind (bench/tuning_spaces): the GP
+    reaches within 5 % of the best in <= 25 evaluations (median) and >= 2x sooner than random
+    search, whose expectation is exact: (N + 1) / (W + 1) for W good configurations of N (5 seeds
+    here; bench/tuner_replay.py runs 20 of both)."""
+    sys.path.insert(0, str(ROOT / "bench"))
+    from tuner_replay import evaluations_to_reach, random_expectation
+    tables = sorted((ROOT / "bench" / "tuning_spaces").glob("*.json"))
+    assert tables, "no recorded spaces: scripts/record_tuning_space.py writes them"
+    table = json.loads(tables[0].read_text())
+    gp = sorted(evaluations_to_reach(table, "gp", seed, 60) or 61 for seed in range(5))
+    assert gp[2] <= 25 and random_expectation(table) >= 2 * gp[2], (gp, random_expectation(table))
+
+
+# --- the tuning cache ------------------------------------------------------------------------
+
+def _entry(seconds=1e-3, env=None):
+    return {"configs": {"tile_m=8": {"config": {"tile_m": 8}, "seconds": seconds, "error": None}},
+            "schedule": {"tile": [8, 16, 32], "warp_tile": [4, 16, 1], "lane_map": {"kind": "simd", "shape": [8]}},
+            "environment": env if env is not None else environment(host()), "label": "gemm", "variant": "cpu.gemm.packed"}
+
+
+def test_cache_round_trip_and_hits_from_memory(tuning_dir, monkeypatch):
+    cache = TuningCache()
+    cache.update("k1", lambda old: _entry())
+    assert cache.lookup("k1", environment(host()))["tile"] == [8, 16, 32]
+    assert cache.lookup("k1", {**environment(host()), "llvmlite": "0.0"}) is None  # stale: not used
+    reads = []
+    real = TuningCache._read
+    monkeypatch.setattr(TuningCache, "_read", lambda self: reads.append(1) or real(self))
+    for _ in range(100):  # a hit is a stat and a dict lookup: the file is not read again
+        TuningCache().lookup("k1", environment(host()))
+    assert reads == []
+    cache.update("k2", lambda old: _entry(2e-3))
+    assert set(TuningCache().entries()) == {"k1", "k2"} and len(reads) >= 1
+
+
+@pytest.mark.parametrize("content, why", [("{not json", "not JSON"), ('{"format": "other"}', "not a Tracea"),
+                                          ('{"format": "tracea-tuning-cache", "version": 99}', "version 99"),
+                                          ('{"format": "tracea-tuning-cache", "version": 1, "entries": {"k": 3}}',
+                                           "wrong shape")])
+def test_a_damaged_or_foreign_file_is_set_aside_not_lost(tuning_dir, content, why):
+    tuning_dir.mkdir(parents=True)
+    path = tuning_dir / "tuning_cache.json"
+    path.write_text(content)
+    with pytest.warns(UserWarning, match=why):
+        assert TuningCache().entries() == {}
+    aside = list(tuning_dir.glob("tuning_cache.json.bad-*"))
+    assert len(aside) == 1 and aside[0].read_text() == content  # nothing silently lost
+    TuningCache().update("k", lambda old: _entry())  # and a new cache starts
+    assert "k" in json.loads(path.read_text())["entries"]
+
+
+def _writer(directory: str, worker: int, start) -> None:
+    os.environ["TRACEA_TUNING_DIR"] = directory
+    from tracea.tuner.cache import TuningCache
+    start.wait()  # all at once: the lock is what keeps their updates
+    for i in range(25):
+        TuningCache().update(f"w{worker}-{i}", lambda old: {"configs": {}, "n": i})
+
+
+def test_processes_tuning_at_once_lose_nothing(tuning_dir):
+    ctx = multiprocessing.get_context("spawn")
+    start = ctx.Barrier(4)
+    procs = [ctx.Process(target=_writer, args=(str(tuning_dir), w, start)) for w in range(4)]
+    for p in procs:
+        p.start()
+    for p in procs:
+        p.join(60)
+        assert p.exitcode == 0
+    entries = json.loads((tuning_dir / "tuning_cache.json").read_text())["entries"]
+    assert set(entries) == {f"w{w}-{i}" for w in range(4) for i in range(25)}
+    assert not list(tuning_dir.glob("*.tmp"))
+
+
+def test_entry_key_covers_op_variant_device_and_threads():
+    caps = host()
+    facts = ("tracea.gemm", ("tensor<64x64xf32>", "tensor<64x64xf32>"), ("tensor<64x64xf32>",), ())
+    keys = {entry_key(facts, "cpu.gemm.packed", caps, 1), entry_key(facts, "cpu.gemm.packed", caps, 2),
+            entry_key(facts, "cpu.gemm.inner_product", caps, 1),
+            entry_key(facts, "cpu.gemm.packed", named("skylake-avx512"), 1),
+            entry_key(facts[:1] + (("tensor<64x64xf16>",) * 2,) + facts[2:], "cpu.gemm.packed", caps, 1)}
+    assert len(keys) == 5
+
+
+# --- the AutoTuner on real kernels -----------------------------------------------------------
+
+def _gemm(m, n, k):
+    return td.function(td.tensor((m, k)), td.tensor((k, n)), name="kernel")(td.gemm)
+
+
+def test_autotuner_tunes_stores_and_compile_uses_the_schedule(tuning_dir):
+    from tracea.tuner import AutoTuner
+    from tracea.tuner.autotuner import ProblemDescriptor, Shape
+    tuner = AutoTuner("cpu", budget=4, threads=1, workers=0, progress=False, repeats=3, initial=3)
+    result = tuner.optimize(ProblemDescriptor("gemm", Shape(m=48, n=40, k=24)))
+    assert result.variant_id == "cpu.gemm.packed" and len(result.evaluations) == 4
+    assert all(e.feasible for e in result.evaluations)
+    again = tuner.optimize(ProblemDescriptor("gemm", Shape(m=48, n=40, k=24)))
+    assert again.from_cache and again.schedule == result.schedule
+    # the Doctor plans that gemm, in any program, with the tuned schedule
+    from tracea.passes.pipeline import parse_pipeline, run_pipeline
+    program = td.function(td.tensor((48, 24)), td.tensor((24, 40)), name="other")(
+        lambda x, w: td.softmax(td.gemm(x, w))).text()
+    selected = run_pipeline(program, parse_pipeline("tracea-select-variant{threads=1}")).text
+    assert f"tile = array<i64: {', '.join(map(str, result.schedule.tile))}>" in selected
+    assert f"warp_tile = array<i64: {', '.join(map(str, result.schedule.warp_tile))}>" in selected
+    rng = np.random.default_rng(0)
+    x, w = rng.standard_normal((48, 24)).astype(np.float32), rng.standard_normal((24, 40)).astype(np.float32)
+    np.testing.assert_allclose(tracea.compile(_gemm(48, 40, 24), threads=1)(x, w), x @ w, rtol=1e-5, atol=1e-5)
+
+
+def test_a_candidate_with_wrong_numbers_is_rejected(tuning_dir, monkeypatch):
+    """A kernel that computes wrong numbers for some schedule (simulated: results of warp_m = 4
+    schedules corrupted by one ulp-scale bump) fails the reference check and never wins."""
+    from tracea.tuner import measure
+    from tracea.tuner.autotuner import AutoTuner
+    real_compile = tracea.compile
+
+    def compile_with_a_bug(text, **kw):
+        kernel = real_compile(text, **kw)
+        if "warp_tile = array<i64: 4," not in str(text):
+            return kernel
+        return lambda *args: np.asarray(kernel(*args)) * 1.01
+    monkeypatch.setattr(tracea, "compile", compile_with_a_bug)
+    tuner = AutoTuner("cpu", budget=10, threads=1, workers=0, progress=False, repeats=3, initial=10)
+    result = tuner.optimize(_gemm(64, 32, 32))
+    bad = [e for e in result.evaluations if e.config.get("warp_m") == 4]
+    assert bad and all(e.error.startswith("wrong numbers") for e in bad)
+    assert result.schedule.warp_tile[0] != 4
+    assert measure.TOLERANCE["f32"] < 0.01
+
+
+def test_stale_entries_are_rechecked_not_thrown_away(tuning_dir):
+    from tracea.tuner import AutoTuner
+    tuner = AutoTuner("cpu", budget=5, threads=1, workers=0, progress=False, repeats=3, initial=5)
+    first = tuner.optimize(_gemm(32, 32, 32))
+    cache = TuningCache()
+    key = first.key
+    cache.update(key, lambda old: {**old, "environment": {**old["environment"], "llvmlite": "0.0.1"}})
+    assert TuningCache().lookup(key, environment(host())) is None
+    tuner2 = AutoTuner("cpu", budget=2, threads=1, workers=0, progress=False, repeats=3)
+    second = tuner2.optimize(_gemm(32, 32, 32))
+    entry = TuningCache().get(key)
+    assert entry.fresh(environment(host())) and not second.from_cache
+    # the re-checked best (3) and the new evaluations (2) are what the entry now holds
+    assert len(entry.data["configs"]) == 3 + 2
+
+
+def test_compile_tune_true_searches_on_a_miss(tuning_dir, monkeypatch, capfd):
+    monkeypatch.setenv("TRACEA_TUNE_BUDGET", "3")
+    monkeypatch.setenv("TRACEA_PROGRESS", "1")
+    kernel = tracea.compile(_gemm(40, 24, 16), threads=1, tune=True)
+    err = capfd.readouterr().err
+    assert err.count("tune gemm 40x16 16x24 f32 [") == 3 and "best" in err
+    entries = TuningCache().entries()
+    assert len(entries) == 1 and next(iter(entries.values()))["label"] == "gemm 40x16 16x24 f32"
+    x, w = np.arange(640, dtype=np.float32).reshape(40, 16) / 100, np.ones((16, 24), np.float32)
+    np.testing.assert_allclose(kernel(x, w), x @ w, rtol=1e-6)
+    tracea.compile(_gemm(40, 24, 16), threads=1, tune=True)  # a hit: nothing more measured
+    assert "tune gemm" not in capfd.readouterr().err
+
+
+def test_tuning_a_gpu_device_is_refused_with_the_reason():
+    from tracea.errors import TraceaError
+    from tracea.tuner import AutoTuner
+    with pytest.raises(TraceaError, match="times only CPU kernels"):
+        AutoTuner("sm_90a")
+
+
+# --- the command line ------------------------------------------------------------------------
+
+def _tracea(*args, env=None):
+    return subprocess.run([sys.executable, "-m", "tracea.tools.cli", *args], capture_output=True, text=True,
+                          env={**os.environ, **(env or {})}, timeout=600)
+
+
+def test_tracea_tune_and_cache_commands(tmp_path):
+    program = tmp_path / "linear.mlir"
+    program.write_text(_gemm(24, 16, 8).text())
+    env = {"TRACEA_TUNING_DIR": str(tmp_path / "t"), "TRACEA_NUM_THREADS": "1"}
+    tuned = _tracea("tune", str(program), "--budget", "3", "--workers", "0", env=env)
+    assert tuned.returncode == 0, tuned.stderr
+    assert tuned.stderr.count("tune gemm 24x8 8x16 f32 [") == 3
+    assert "cpu.gemm.packed" in tuned.stdout and "tuning cache:" in tuned.stdout
+    listed = _tracea("cache", "list", env=env)
+    assert listed.returncode == 0 and "1 entries" in listed.stdout and "gemm 24x8 8x16 f32" in listed.stdout
+    key = listed.stdout.splitlines()[1].split()[0]
+    shown = _tracea("cache", "show", key, env=env)
+    assert shown.returncode == 0 and shown.stdout.count(" ms  {") == 3
+    assert _tracea("cache", "show", "zzzz", env=env).returncode == 1
+    cleared = _tracea("cache", "clear", env=env)
+    assert "removed 1 entries" in cleared.stdout
+    assert "0 entries" in _tracea("cache", "list", env=env).stdout
+    missing = _tracea("tune", str(tmp_path / "nope.mlir"), env=env)
+    assert missing.returncode == 1 and "no such file" in missing.stderr
