@@ -4,6 +4,7 @@ IREE's llvm-cpu, side by side in one run.
     .venv/bin/python bench/cpu.py                    # 1 and 2 threads, every shape
     .venv/bin/python bench/cpu.py --threads 2 --only gemm --markdown
     .venv/bin/python bench/cpu.py --interleaved      # as a program mixing them calls them
+    .venv/bin/python bench/cpu.py --interleaved --tune 30   # + each case tuned, beside the default
 
 Each thread count runs in a worker process whose thread pools (OpenBLAS, torch, IREE, Tracea)
 are all set to that count before they start. Within a case the implementations are timed in
@@ -11,7 +12,9 @@ blocks of calls, a pause before each block (median_times: each library at its be
 with --interleaved call by call, one after the other with no pause (interleaved_times: each
 call meets the thread pools the previous library left running, as in a program that calls
 numpy, torch and Tracea in turn). The median over all calls is reported, after warm-up.
-Tracea's ratio to each peer is peer time / Tracea time (> 1: Tracea is faster).
+Tracea's ratio to each peer is peer time / Tracea time (> 1: Tracea is faster). With --tune, the
+kernel on its variants' default schedules (TRACEA_USE_TUNED=0) and on the tuning cache's, after
+tuning the ops it lacks (tracea/tuner), are timed side by side.
 """
 from __future__ import annotations
 
@@ -20,6 +23,7 @@ import json
 import os
 import subprocess
 import sys
+import tempfile
 import time
 from dataclasses import dataclass, field
 from typing import Callable
@@ -199,7 +203,27 @@ def median_times(calls: dict[str, Callable], rounds: int, cycles: int = 5) -> di
     return {name: sorted(ts)[len(ts) // 2] for name, ts in samples.items()}
 
 
-def worker(threads: int, only: str | None, rounds: int, interleaved: bool = False) -> list[dict]:
+def _default_and_tuned(fn, threads: int, budget: int):
+    """The kernel on its variant's default schedules, and (budget > 0) on the tuning cache's,
+    after tuning its ops that the cache lacks (None when it has nothing to tune)."""
+    import tracea
+    from tracea.tuner.autotuner import AutoTuner, tune_program
+    os.environ["TRACEA_USE_TUNED"] = "0"
+    try:
+        default = tracea.compile(fn, threads=threads)
+    finally:
+        del os.environ["TRACEA_USE_TUNED"]
+    if budget <= 0:
+        return default, None
+    results = tune_program(fn, AutoTuner("cpu", threads=threads, budget=budget, progress=False))
+    if not results:
+        return default, None
+    for r in results:
+        print(f"  tuned: {r.describe()}", file=sys.stderr, flush=True)
+    return default, tracea.compile(fn, threads=threads)
+
+
+def worker(threads: int, only: str | None, rounds: int, interleaved: bool = False, tune: int = 0) -> list[dict]:
     import tracea
     try:
         import torch
@@ -218,14 +242,17 @@ def worker(threads: int, only: str | None, rounds: int, interleaved: bool = Fals
     for case in cases(only):
         fn, inputs = case.build()
         start = time.perf_counter()
+        tuned = None
         if isinstance(fn, tracea.dialects.Function):
-            kernel, args = tracea.compile(fn, threads=threads), inputs
+            (kernel, tuned), args = _default_and_tuned(fn, threads, tune), inputs
         else:  # a torch module, through the torch front end: called with tensors
             import torch
             args = [torch.from_numpy(a) for a in inputs]
             kernel = tracea.compile(fn, tuple(args), threads=threads)
         compile_s = time.perf_counter() - start
         calls = {"tracea": lambda k=kernel, a=args: k(*a)}
+        if tuned is not None:
+            calls["tuned"] = lambda k=tuned, a=args: k(*a)
         for peer, make in case.peers.items():
             if peer == "torch" and not have_torch:
                 continue
@@ -262,20 +289,30 @@ PEERS = ["numpy", "torch", "iree"]
 def _format_row(row) -> str:
     g = row["gflops"]
     parts = [f"{row['case']:<38} {row['threads']}T  tracea {g['tracea']:7.1f} GFLOP/s"]
+    if "tuned" in g:
+        parts.append(f"tuned {g['tuned']:7.1f} (x{g['tuned'] / g['tracea']:.2f} default)")
     for peer in PEERS:
         if peer in g:
-            parts.append(f"{peer} {g[peer]:7.1f} (x{g['tracea'] / g[peer]:.2f})")
+            parts.append(f"{peer} {g[peer]:7.1f} (x{g['tracea'] / g[peer]:.2f}"
+                         + (f", tuned x{g['tuned'] / g[peer]:.2f})" if "tuned" in g else ")"))
     parts.append(f"compile {row['compile_s']:.2f}s")
     return "  ".join(parts)
 
 
 def markdown(rows: list[dict]) -> str:
-    lines = ["| case | threads | Tracea GFLOP/s | numpy (OpenBLAS) | torch | IREE llvm-cpu | Tracea compile |",
-             "| --- | --- | --- | --- | --- | --- | --- |"]
+    tuned = any("tuned" in row["gflops"] for row in rows)
+    lines = ["| case | threads | Tracea GFLOP/s | " + ("tuned GFLOP/s (vs default) | " if tuned else "")
+             + "numpy (OpenBLAS) | torch | IREE llvm-cpu | Tracea compile |",
+             "| --- | --- | --- | " + ("--- | " if tuned else "") + "--- | --- | --- | --- |"]
     for row in rows:
         g = row["gflops"]
-        cells = [f"{g[p]:.1f} (**{g['tracea'] / g[p]:.2f}x**)" if p in g else "-" for p in PEERS]
-        lines.append(f"| {row['case']} | {row['threads']} | {g['tracea']:.1f} | " + " | ".join(cells)
+
+        def ratio(p):  # default's ratio to the peer, and the tuned kernel's
+            text = f"{g[p]:.1f} (**{g['tracea'] / g[p]:.2f}x**"
+            return text + (f", tuned **{g['tuned'] / g[p]:.2f}x**)" if "tuned" in g else ")")
+        cells = [ratio(p) if p in g else "-" for p in PEERS]
+        extra = [f"{g['tuned']:.1f} ({g['tuned'] / g['tracea']:.2f}x)" if "tuned" in g else "-"] if tuned else []
+        lines.append(f"| {row['case']} | {row['threads']} | {g['tracea']:.1f} | " + " | ".join(extra + cells)
                      + f" | {row['compile_s']:.2f} s |")
     return "\n".join(lines)
 
@@ -288,10 +325,13 @@ def main() -> int:
     parser.add_argument("--markdown", action="store_true", help="print a Markdown table at the end")
     parser.add_argument("--interleaved", action="store_true",
                         help="time call by call, implementations in turn, no pauses (default: blocks after a pause)")
+    parser.add_argument("--tune", type=int, default=0, metavar="BUDGET",
+                        help="also tune each case's ops (BUDGET evaluations each; the tuning cache answers "
+                             "those it has) and time the tuned kernel beside the default")
     parser.add_argument("--worker", type=int, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.worker:
-        print(json.dumps(worker(args.worker, args.only, args.rounds, args.interleaved)))
+        print(json.dumps(worker(args.worker, args.only, args.rounds, args.interleaved, args.tune)))
         return 0
     rows = []
     for threads in [int(t) for t in args.threads.split(",")]:
@@ -302,12 +342,16 @@ def main() -> int:
         # spins ~ms, Tracea's libomp 1 ms, OpenBLAS ~0.1 s.
         env = {**os.environ, "OPENBLAS_NUM_THREADS": str(threads), "OMP_NUM_THREADS": str(threads),
                "MKL_NUM_THREADS": str(threads), "TRACEA_NUM_THREADS": str(threads),
-               "TRACEA_DISK_CACHE": "0"}  # time real compiles, not cache loads
+               # a fresh kernel cache: real compiles are timed, and the tuner's compile workers can hand
+               # their kernels over through it
+               "TRACEA_CACHE_DIR": tempfile.mkdtemp(prefix="tracea-bench-")}
         cmd = [sys.executable, os.path.abspath(__file__), "--worker", str(threads), "--rounds", str(args.rounds)]
         if args.only:
             cmd += ["--only", args.only]
         if args.interleaved:
             cmd.append("--interleaved")
+        if args.tune:
+            cmd += ["--tune", str(args.tune)]
         done = subprocess.run(cmd, env=env, stdout=subprocess.PIPE, text=True)
         if done.returncode:
             return done.returncode

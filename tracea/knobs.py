@@ -96,6 +96,12 @@ def tuning_dir() -> Path:
     return Path(os.environ.get("TRACEA_TUNING_DIR") or Path.home() / ".tracea")
 
 
+def use_tuned() -> bool:
+    """TRACEA_USE_TUNED=0: compile with the variants' default schedules, ignoring the tuning
+    cache (an A/B of tuned against default)."""
+    return _flag("TRACEA_USE_TUNED", True)
+
+
 def tune() -> bool:
     """TRACEA_TUNE=1: compiles tune each kernel op the tuning cache has no schedule for (as
     tracea.compile(..., tune=True)); ~TRACEA_TUNE_BUDGET evaluations per op."""

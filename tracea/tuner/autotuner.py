@@ -85,8 +85,8 @@ class TunedSchedule:
 
 
 class AutoTuner:
-    """Tunes kernel ops on `device` ("cpu" / None: this machine's CPU; a GPU needs the GPU here
-    to time on). budget: new evaluations per op; seconds: a time limit per op; workers: compile
+    """Tunes kernel ops on `device` ("cpu" / None: this machine's CPU; a Capabilities: a machine
+    whose measurements come from elsewhere, see campaign.py). budget: new evaluations per op; seconds: a time limit per op; workers: compile
     processes (default: the cores, when the disk cache is on); progress: a line per evaluation
     on stderr (default: when stderr is a terminal or TRACEA_PROGRESS=1)."""
 
@@ -107,6 +107,10 @@ class AutoTuner:
         self.progress = knobs.show_progress() if progress is None else progress
         self.retune = retune  # search again where the cache has an entry
         self.results: list[TunedSchedule] = []  # what tune() returned, in order
+        # where measurements come from: this machine, or a cluster's nodes (campaign.py sets both)
+        self.environment = tuning_cache.environment(caps)
+        self.measurer = lambda tp, variant_id: Measurer(tp, variant_id, self.threads, repeats=self.repeats,
+                                                        workers=self.workers, seed=self.seed)
 
     # --- the seeds' API ---------------------------------------------------------------------
     def optimize(self, problem, *, retune: bool | None = None) -> TunedSchedule:
@@ -127,7 +131,7 @@ class AutoTuner:
         decision = plan(tp.problem, self.caps, self.threads, tuned=False)
         chosen = variant_by_id(decision.variant_id)
         key = tuning_cache.entry_key(tp.facts, chosen.id, self.caps, self.threads)
-        env = tuning_cache.environment(self.caps)
+        env = self.environment
         entry = self.cache.get(key)
         default = decision.schedule
         if chosen.search_space is None:
@@ -139,7 +143,7 @@ class AutoTuner:
 
         space = self._space(chosen, tp).include(default)
         complete = self._completer(chosen, tp)
-        measurer = Measurer(tp, chosen.id, self.threads, repeats=self.repeats, workers=self.workers, seed=self.seed)
+        measurer = self.measurer(tp, chosen.id)
         started = time.perf_counter()
         try:
             def evaluate(configs: list[dict]) -> list[Evaluation]:

@@ -204,9 +204,10 @@ class TuningCache:
 def tuned_schedule(problem, variant_id: str, caps, threads: int | None):
     """The tuned Schedule of the op `problem` was planned from (its view), if the cache at
     cache_path() has a fresh one; else None. A stat when the file is absent or unchanged."""
+    from .. import knobs
     from ..dialects.schedule import Schedule
     from ..errors import OpError
-    if problem.view is None:
+    if problem.view is None or not knobs.use_tuned():
         return None
     cache = TuningCache()
     if not cache.entries():
@@ -224,6 +225,9 @@ def tuned_schedule(problem, variant_id: str, caps, threads: int | None):
 def stamp() -> str:
     """Changes whenever the tuning cache file does: compiled kernels are keyed with it, so a
     kernel compiled before a tuning run is not reused after it."""
+    from .. import knobs
+    if not knobs.use_tuned():
+        return "tuning cache unused"
     try:
         s = cache_path().stat()
     except OSError:
