@@ -204,15 +204,18 @@ def median_times(calls: dict[str, Callable], rounds: int, cycles: int = 5) -> di
 
 
 def _default_and_tuned(fn, threads: int, budget: int):
-    """The kernel on its variant's default schedules, and (budget > 0) on the tuning cache's,
-    after tuning its ops that the cache lacks (None when it has nothing to tune)."""
+    """The kernel on its variant's default schedules, its compile seconds, and (budget > 0) the
+    kernel on the tuning cache's schedules, after tuning its ops that the cache lacks (None when
+    it has nothing to tune)."""
     import tracea
     from tracea.tuner.autotuner import AutoTuner, tune_program
     os.environ["TRACEA_USE_TUNED"] = "0"
+    start = time.perf_counter()
     try:
         default = tracea.compile(fn, threads=threads)
     finally:
         del os.environ["TRACEA_USE_TUNED"]
+    default = (default, time.perf_counter() - start)
     if budget <= 0:
         return default, None
     results = tune_program(fn, AutoTuner("cpu", threads=threads, budget=budget, progress=False))
@@ -244,12 +247,12 @@ def worker(threads: int, only: str | None, rounds: int, interleaved: bool = Fals
         start = time.perf_counter()
         tuned = None
         if isinstance(fn, tracea.dialects.Function):
-            (kernel, tuned), args = _default_and_tuned(fn, threads, tune), inputs
+            ((kernel, compile_s), tuned), args = _default_and_tuned(fn, threads, tune), inputs
         else:  # a torch module, through the torch front end: called with tensors
             import torch
             args = [torch.from_numpy(a) for a in inputs]
             kernel = tracea.compile(fn, tuple(args), threads=threads)
-        compile_s = time.perf_counter() - start
+            compile_s = time.perf_counter() - start
         calls = {"tracea": lambda k=kernel, a=args: k(*a)}
         if tuned is not None:
             calls["tuned"] = lambda k=tuned, a=args: k(*a)

@@ -154,6 +154,22 @@ def test_ties_within_the_tolerance_go_to_the_default_then_to_space_order():
     assert result.best.config == {"tile_m": 3} and result.evaluations[0].config == {"tile_m": 3}
 
 
+def test_the_default_is_timed_again_with_the_finalists():
+    """A slow first measurement of the default (a noisy moment) does not rule it out: the final
+    comparison times it beside the finalists, and at a tie it wins."""
+    space = SearchSpace().tile_m([1, 2, 3, 4])
+    first_times = {1: 2.0, 2: 1.0, 3: 1.3, 4: 1.5}  # the default (1) measured in a slow moment
+    evaluate, _ = _evaluate_with(lambda c: first_times[c["tile_m"]])
+    again = []
+
+    def confirm(configs):
+        again.append([c["tile_m"] for c in configs])
+        return [Evaluation(c, 1.0) for c in configs]  # together, they run alike
+    result = search(space, evaluate, budget=4, seed=0, strategy="random", first={"tile_m": 1}, confirm=confirm)
+    assert again == [[2, 1]] and result.best.config == {"tile_m": 1}
+    assert [e.config["tile_m"] for e in result.finalists] == [2, 1]
+
+
 def test_failures_are_learned_never_win_and_never_end_the_search():
     """Half of the space fails (tile_m > 32, as if out of registers), the side the valley's floor
     lies on. With the feasibility model the GP's proposals fail less than half as often as the
@@ -395,8 +411,8 @@ def test_a_campaign_on_a_local_ray_cluster_merges_into_the_cache(tuning_dir):
         seen_pids = set()
         real = campaign.RemoteMeasurer.evaluate
 
-        def spy(self, schedules):
-            out = real(self, schedules)
+        def spy(self, schedules, **kw):
+            out = real(self, schedules, **kw)
             seen_pids.update(self.pids)
             return out
         campaign.RemoteMeasurer.evaluate = spy

@@ -149,6 +149,9 @@ class AutoTuner:
             def evaluate(configs: list[dict]) -> list[Evaluation]:
                 return measurer.evaluate([(c, complete(space.schedule(c))) for c in configs])
 
+            def compare(configs: list[dict]) -> list[Evaluation]:
+                return measurer.compare([(c, complete(space.schedule(c))) for c in configs])
+
             prior = [] if retune else self._prior(entry, env, space, evaluate)
             first = next((c for c in space.configurations() if complete(space.schedule(c)) == default), None)
             default_time = None
@@ -156,11 +159,12 @@ class AutoTuner:
                 default_time = measurer.evaluate([({}, default)])[0].seconds
             result = search(space, evaluate, budget=self.budget, seconds=self.seconds, initial=self.initial,
                             batch=max(1, self.workers), seed=self.seed, first=first, prior=prior,
-                            confirm=evaluate, progress=self._printer(tp, started))
+                            confirm=compare, progress=self._printer(tp, started))
         finally:
             measurer.close()
-        if first is not None:
-            match = [e for e in prior + result.evaluations if config_key(e.config) == config_key(first)]
+        if first is not None:  # the default's time from the final comparison, where it had one
+            match = [e for e in result.finalists + prior + result.evaluations
+                     if config_key(e.config) == config_key(first)]
             default_time = match[0].seconds if match else None
         best = result.best
         schedule = complete(space.schedule(best.config)) if best else default

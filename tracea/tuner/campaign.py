@@ -45,15 +45,16 @@ def _probe() -> dict:
 
 
 def _evaluate(text: str, variant_id: str, schedules: list[tuple[dict, dict | None]], threads: int,
-              repeats: int) -> list[tuple]:
-    """Runs on a node: compile, check and time each schedule of the op in `text`."""
+              repeats: int, together: bool = False) -> list[tuple]:
+    """Runs on a node: compile, check and time each schedule of the op in `text` (together:
+    in rounds, as Measurer.compare)."""
     from ..dialects.schedule import Schedule
     from .measure import Measurer
     tp = TuningProblem.of(text)
     measurer = Measurer(tp, variant_id, threads, repeats=repeats, workers=0)
     try:
-        done = measurer.evaluate([(config, Schedule.from_dict(s) if s is not None else None)
-                                  for config, s in schedules])
+        work = [(config, Schedule.from_dict(s) if s is not None else None) for config, s in schedules]
+        done = measurer.compare(work) if together else measurer.evaluate(work)
     finally:
         measurer.close()
     return [(e.config, e.seconds, e.error, e.samples, os.getpid()) for e in done]
@@ -79,11 +80,12 @@ class RemoteMeasurer:
             num_cpus=cpus, scheduling_strategy=NodeAffinitySchedulingStrategy(node, soft=False)) for node in kind.nodes]
         self.pids: set[int] = set()  # the worker processes that measured (the tests check they are not this one)
 
-    def evaluate(self, schedules) -> list[Evaluation]:
-        shares = [schedules[i::len(self.tasks)] for i in range(len(self.tasks))]
+    def evaluate(self, schedules, together: bool = False) -> list[Evaluation]:
+        """Spread over the nodes; `together`: all on one node, timed in rounds (the finalists)."""
+        shares = [schedules] if together else [schedules[i::len(self.tasks)] for i in range(len(self.tasks))]
         futures = [task.remote(self.tp.text, self.variant_id,
                                [(c, s.as_dict() if s is not None else None) for c, s in share], self.threads,
-                               self.repeats) for task, share in zip(self.tasks, shares) if share]
+                               self.repeats, together) for task, share in zip(self.tasks, shares) if share]
         by_key = {}
         from .space import config_key
         for rows in self.ray.get(futures):
@@ -91,6 +93,9 @@ class RemoteMeasurer:
                 self.pids.add(pid)
                 by_key[config_key(config)] = Evaluation(config, seconds, error, samples)
         return [by_key[config_key(c)] for c, _ in schedules]
+
+    def compare(self, schedules) -> list[Evaluation]:
+        return self.evaluate(schedules, together=True)
 
     def close(self) -> None:
         pass

@@ -182,18 +182,44 @@ class Measurer:
         return [Evaluation(config, None, error) if error else self._run(config, text)
                 for (config, _), text, error in zip(schedules, texts, errors)]
 
-    def _run(self, config: dict, text: str) -> Evaluation:
+    def _checked(self, text: str):
+        """The compiled kernel of `text` if it computes the reference's numbers, else the reason."""
         import tracea
         try:
             kernel = tracea.compile(text, threads=self.threads)
             out = np.asarray(kernel(*self.inputs), dtype=np.float64)
         except TraceaError as e:
-            return Evaluation(config, None, f"{type(e).__name__}: {e}")
-        error = _mismatch(out, self.expected, self.dtype)
-        if error:
-            return Evaluation(config, None, error)
+            return f"{type(e).__name__}: {e}"
+        return _mismatch(out, self.expected, self.dtype) or kernel
+
+    def _run(self, config: dict, text: str) -> Evaluation:
+        kernel = self._checked(text)
+        if isinstance(kernel, str):
+            return Evaluation(config, None, kernel)
         samples = time_calls(lambda: kernel(*self.inputs), self.repeats, self.min_seconds)
         return Evaluation(config, statistics.median(samples), None, samples)
+
+    def compare(self, schedules: list[tuple[dict, Schedule]]) -> list[Evaluation]:
+        """The finalists timed again in rounds, one call of each per round (the machine's drift
+        then weighs on all alike): medians over at least `repeats` rounds and `min_seconds` each."""
+        kernels = [self._checked(self.problem.with_schedule(self.variant_id, s)) for _, s in schedules]
+        ready = [(i, k) for i, k in enumerate(kernels) if not isinstance(k, str)]
+        samples: dict[int, list[float]] = {i: [] for i, _ in ready}
+        for _, k in ready:
+            k(*self.inputs)  # warm-up
+        began = time.perf_counter()
+        rounds = 0
+        while ready and (rounds < 2 * self.repeats or time.perf_counter() - began < self.min_seconds * len(ready)):
+            rounds += 1
+            for i, k in ready:
+                start = time.perf_counter()
+                k(*self.inputs)
+                samples[i].append(time.perf_counter() - start)
+            if rounds >= 1000:
+                break
+        return [Evaluation(config, None, kernels[i]) if isinstance(kernels[i], str)
+                else Evaluation(config, statistics.median(samples[i]), None, samples[i])
+                for i, (config, _) in enumerate(schedules)]
 
 
 def time_calls(call, repeats: int, min_seconds: float) -> list[float]:

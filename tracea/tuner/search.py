@@ -44,6 +44,7 @@ class SearchResult:
     best: Evaluation | None
     evaluations: list[Evaluation]  # in the order they ran
     stopped: str  # why the search ended: "budget", "time", "target", "exhausted"
+    finalists: list[Evaluation] = field(default_factory=list)  # as timed again together at the end
 
     def evaluations_to_reach(self, seconds: float) -> int | None:
         """How many evaluations it took to first try a configuration at most `seconds`."""
@@ -179,7 +180,8 @@ def search(space: SearchSpace, evaluate: Callable[[list[dict]], list[Evaluation]
             if progress is not None:
                 progress(evaluation, made, best())
     preferred = config_key(first) if first is not None else None
-    return SearchResult(_winner(done, order, tolerance, confirm, preferred), done[len(done) - made:], stopped)
+    winner, finalists = _winner(done, order, tolerance, confirm, preferred)
+    return SearchResult(winner, done[len(done) - made:], stopped, finalists)
 
 
 def _latin_hypercube(points, count: int, taken: set[int], seed: int) -> list[int]:
@@ -236,17 +238,20 @@ def _propose(points, keys, tried, done, want, rng, learn_failures: bool = True) 
 
 
 def _winner(done: list[Evaluation], order: dict[str, int], tolerance: float, confirm,
-            preferred: str | None = None) -> Evaluation | None:
-    """The fastest, after the finalists (within 3 tolerances of the best) are timed again; ties
-    within `tolerance` go to `preferred` (the default), then to the first in the space's order."""
+            preferred: str | None = None) -> tuple[Evaluation | None, list[Evaluation]]:
+    """The fastest, after the finalists (within 3 tolerances of the best, and `preferred`, the
+    default) are timed again together; ties within `tolerance` go to `preferred`, then to the
+    first in the space's order."""
     feasible = sorted((e for e in done if e.feasible), key=lambda e: e.seconds)
     if not feasible:
-        return None
+        return None, []
     finalists = [e for e in feasible if e.seconds <= feasible[0].seconds * (1 + 3 * tolerance)][:4]
+    # the default is always timed again beside them: one slow first measurement must not rule it out
+    finalists += [e for e in feasible if config_key(e.config) == preferred and e not in finalists]
     if confirm is not None and len(finalists) > 1:
         again = {config_key(e.config): e for e in confirm([e.config for e in finalists]) if e.feasible}
         finalists = [again.get(config_key(e.config), e) for e in finalists]
         finalists.sort(key=lambda e: e.seconds)
     fastest = finalists[0].seconds
     tied = [e for e in finalists if e.seconds <= fastest * (1 + tolerance)]
-    return min(tied, key=lambda e: (config_key(e.config) != preferred, order[config_key(e.config)]))
+    return min(tied, key=lambda e: (config_key(e.config) != preferred, order[config_key(e.config)])), finalists
