@@ -364,6 +364,21 @@ def test_compile_tune_true_searches_on_a_miss(tuning_dir, monkeypatch, capfd):
     assert "tune gemm" not in capfd.readouterr().err
 
 
+def test_an_op_that_cannot_be_tuned_keeps_its_default_and_the_compile_goes_on(tuning_dir):
+    from tracea.errors import TraceaError
+    from tracea.tuner import AutoTuner
+
+    def broken(tp, variant_id):
+        raise TraceaError("the reference lowering failed")
+    tuner = AutoTuner("cpu", budget=2, threads=1, workers=0, progress=False)
+    tuner.measurer = broken
+    with pytest.warns(UserWarning, match="could not tune gemm 8x4 4x8 f32: the reference lowering failed"):
+        kernel = tracea.compile(_gemm(8, 8, 4), threads=1, tune=tuner)
+    x, w = np.ones((8, 4), np.float32), np.ones((4, 8), np.float32)
+    np.testing.assert_allclose(kernel(x, w), x @ w)
+    assert TuningCache().entries() == {}
+
+
 def test_tuning_a_gpu_device_is_refused_with_the_reason():
     from tracea.errors import TraceaError
     from tracea.tuner import AutoTuner
@@ -429,3 +444,22 @@ def test_a_campaign_on_a_local_ray_cluster_merges_into_the_cache(tuning_dir):
     assert {e["label"] for e in entries.values()} == {r.label for r in results}
     # this machine is the cluster's machine kind: its compiles use what the cluster measured
     assert all(TuningCache().lookup(r.key, environment(host())) == r.schedule.as_dict() for r in results)
+
+
+def test_tracea_tune_of_a_pytorch_model(tmp_path):
+    """`tracea tune FILE.py:FUNCTION`: the model goes through the torch front end, its raised
+    kernel ops are tuned (the linear: a gemm with its bias fused) and the model compiled."""
+    pytest.importorskip("torch_mlir", reason="the torch front end needs torch-mlir")
+    models = tmp_path / "models.py"
+    models.write_text("import torch\n\n"
+                      "def build():\n"
+                      "    torch.manual_seed(0)\n"
+                      "    model = torch.nn.Sequential(torch.nn.Linear(16, 24), torch.nn.ReLU()).eval()\n"
+                      "    return model, (torch.randn(40, 16),)\n")
+    env = {"TRACEA_TUNING_DIR": str(tmp_path / "t"), "TRACEA_NUM_THREADS": "1"}
+    tuned = _tracea("tune", f"{models}:build", "--budget", "2", "--workers", "0", env=env)
+    assert tuned.returncode == 0, tuned.stderr
+    assert tuned.stderr.count("tune fused_gemm 40x16 24x16 24") == 2, tuned.stderr
+    assert "cpu.gemm" in tuned.stdout
+    bad = _tracea("tune", f"{models}", env=env)
+    assert bad.returncode == 1 and "name the function" in bad.stderr
