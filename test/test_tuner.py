@@ -334,6 +334,27 @@ def test_a_candidate_with_wrong_numbers_is_rejected(tuning_dir, monkeypatch):
     assert measure.TOLERANCE["f32"] < 0.01
 
 
+def test_a_widened_space_reuses_what_was_measured(tuning_dir, monkeypatch):
+    """Unlike Triton, which retunes everything when one config is added: a new choice in the
+    variant's space searches again, and configurations the cache measured are not timed again."""
+    from tracea.tuner import AutoTuner
+    tuner = AutoTuner("cpu", budget=4, threads=1, workers=0, progress=False, repeats=3, initial=4)
+    first = tuner.optimize(_gemm(48, 32, 32))
+    measured = set(TuningCache().get(first.key).data["configs"])
+    import dataclasses
+    from tracea.codegen import variants as registry
+    packed = variant("cpu.gemm.packed")
+    narrow = packed.search_space
+    widened = dataclasses.replace(packed, search_space=lambda p, caps: narrow(p, caps).warp_m([2, 4, 6, 8, 12]))
+    monkeypatch.setitem(registry._REGISTRY, "cpu.gemm.packed", widened)
+    second = AutoTuner("cpu", budget=3, threads=1, workers=0, progress=False, repeats=3).optimize(_gemm(48, 32, 32))
+    assert not second.from_cache and len(second.evaluations) == 3
+    assert not {config_key(e.config) for e in second.evaluations} & measured
+    assert set(TuningCache().get(first.key).data["configs"]) >= measured
+    third = AutoTuner("cpu", budget=3, threads=1, workers=0, progress=False).optimize(_gemm(48, 32, 32))
+    assert third.from_cache
+
+
 def test_stale_entries_are_rechecked_not_thrown_away(tuning_dir):
     from tracea.tuner import AutoTuner
     tuner = AutoTuner("cpu", budget=5, threads=1, workers=0, progress=False, repeats=3, initial=5)

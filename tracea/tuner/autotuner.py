@@ -138,11 +138,13 @@ class AutoTuner:
         if chosen.search_space is None:
             raise TraceaError(f"{tp.label} runs on {chosen.id}, which has no schedule to tune "
                               f"(variants with a search space: {', '.join(_tunable())})")
-        if entry is not None and entry.fresh(env) and entry.data.get("schedule") and not retune:
+        space = self._space(chosen, tp).include(default)
+        # a hit: a fresh entry searched over this same space (a widened space searches again,
+        # re-using every configuration the entry measured)
+        if entry is not None and entry.fresh(env) and entry.data.get("schedule") and not retune \
+                and entry.data.get("space") == space.describe():
             return TunedSchedule(Schedule.from_dict(entry.data["schedule"]), chosen.id, entry.data.get("seconds"),
                                  entry.data.get("default_seconds"), [], key, tp.label, "cached", True)
-
-        space = self._space(chosen, tp).include(default)
         complete = self._completer(chosen, tp)
         measurer = self.measurer(tp, chosen.id)
         started = time.perf_counter()
