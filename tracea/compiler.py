@@ -114,12 +114,14 @@ def compile_program(program, *, target: str = "cpu", entry: str | None = None, s
 def _tuner(tune, target: str, strategy: str, threads: int | None):
     """The AutoTuner a compile tunes its ops with on a tuning-cache miss, or None: `tune` is
     True, False, an AutoTuner, or None for $TRACEA_TUNE."""
-    from .tuner.autotuner import AutoTuner
     if tune is None:
         tune = knobs.tune()
+    if not tune:  # the usual case: the tuner is not even imported
+        return None
+    from .tuner.autotuner import AutoTuner
     if isinstance(tune, AutoTuner):
         return tune
-    if not tune or strategy != "tiled":
+    if strategy != "tiled":
         return None
     if target != "cpu":
         raise CompileError(f"tune=True times kernels on the CPU only; compile for {target!r} without tuning")

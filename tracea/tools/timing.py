@@ -6,10 +6,15 @@ from typing import Callable
 
 
 def interleaved_times(calls: dict[str, Callable], rounds: int, seconds: float = 2.0) -> dict[str, float]:
+    """The median seconds of each of `calls`, timed as interleaved_samples does."""
+    return {name: sorted(ts)[len(ts) // 2] for name, ts in interleaved_samples(calls, rounds, seconds).items()}
+
+
+def interleaved_samples(calls: dict[str, Callable], rounds: int, seconds: float = 2.0) -> dict[str, list[float]]:
     """Each round calls every implementation once, back to back, no pause (each call meets the
     thread pools the previous one left running): the median seconds of each, over at least
     `rounds` rounds and `seconds` of them (a case of a few milliseconds fits whole in one of a
-    busy VM's spells with a core missing). Each round starts one implementation further on, so
+    busy VM's spells with a core missing): the seconds of every call of each. Each round starts one implementation further on, so
     each follows each of the others equally often (a small 2-thread kernel called right after a
     torch op ran 7-10 % slower than the same code called after Tracea's)."""
     samples: dict[str, list[float]] = {name: [] for name in calls}
@@ -24,4 +29,4 @@ def interleaved_times(calls: dict[str, Callable], rounds: int, seconds: float = 
             start = time.perf_counter()
             call()
             samples[name].append(time.perf_counter() - start)
-    return {name: sorted(ts)[len(ts) // 2] for name, ts in samples.items()}
+    return samples

@@ -87,9 +87,10 @@ class TunedSchedule:
 
 class AutoTuner:
     """Tunes kernel ops on `device` ("cpu" / None: this machine's CPU; a Capabilities: a machine
-    whose measurements come from elsewhere, see campaign.py). budget: new evaluations per op; seconds: a time limit per op; workers: compile
-    processes (default: the cores, when the disk cache is on); progress: a line per evaluation
-    on stderr (default: when stderr is a terminal or TRACEA_PROGRESS=1)."""
+    whose measurements come from elsewhere, see campaign.py). budget: new evaluations per op;
+    seconds: a time limit per op; workers: compile processes (default: the cores, when the disk
+    cache is on); progress: a line per evaluation on stderr (default: when stderr is a terminal
+    or TRACEA_PROGRESS=1)."""
 
     def __init__(self, device=None, *, threads: int | None = None, budget: int = 40, seconds: float | None = None,
                  cache: tuning_cache.TuningCache | None = None, workers: int | None = None,
@@ -260,7 +261,7 @@ def kernel_problems(program) -> list[TuningProblem]:
     from ..dialects.context import parse_module, shared_context
     from ..dialects.verify import tracea_ops
     from ..passes.pipeline import compile_or_raise, parse_pipeline
-    from .measure import KERNEL_OPS
+    from ..passes.select_variant import KERNEL_OPS
     text, name = _source(program)
     raised = compile_or_raise(text, [("raised", parse_pipeline(RAISE))], source_name=name).text
     found: dict[tuple, TuningProblem] = {}

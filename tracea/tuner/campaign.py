@@ -25,6 +25,7 @@ from dataclasses import dataclass
 from ..errors import TraceaError
 from .measure import TuningProblem
 from .search import Evaluation
+from .space import config_key
 
 
 def _ray():
@@ -87,7 +88,6 @@ class RemoteMeasurer:
                                [(c, s.as_dict() if s is not None else None) for c, s in share], self.threads,
                                self.repeats, together) for task, share in zip(self.tasks, shares) if share]
         by_key = {}
-        from .space import config_key
         for rows in self.ray.get(futures):
             for config, seconds, error, samples, pid in rows:
                 self.pids.add(pid)

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import statistics
 import sys
-import time
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -19,12 +18,13 @@ from ..codegen.variants import Problem
 from ..dialects.ops import view
 from ..dialects.schedule import Schedule
 from ..errors import TraceaError
+from ..passes.select_variant import KERNEL_OPS
+from ..tools.timing import interleaved_samples
 from .cache import op_facts
 from .search import Evaluation
 
 # |tuned - reference| <= tolerance x max(1, max |reference|), by the result's element type
 TOLERANCE = {"f32": 2e-4, "f64": 1e-9, "f16": 2e-2, "bf16": 5e-2}
-KERNEL_OPS = ("tracea.gemm", "tracea.fused_gemm", "tracea.conv2d", "tracea.attention", "tracea.softmax")
 
 
 @dataclass(frozen=True)
@@ -73,7 +73,7 @@ class TuningProblem:
             ops = [op for op in tracea_ops(module.operation) if op.name in KERNEL_OPS]
             if len(ops) != 1:
                 raise TraceaError(f"{name} has {len(ops)} kernel ops; tune a program with exactly one "
-                                  "(tracea tune / AutoTuner.tune_program take whole programs)")
+                                  "(tracea tune and tracea.tuner.autotuner.tune_program take whole programs)")
             return TuningProblem.from_op(ops[0])
 
     def with_schedule(self, variant_id: str, schedule: Schedule | None) -> str:
@@ -203,20 +203,8 @@ class Measurer:
         """The finalists timed again in rounds, one call of each per round (the machine's drift
         then weighs on all alike): medians over at least `repeats` rounds and `min_seconds` each."""
         kernels = [self._checked(self.problem.with_schedule(self.variant_id, s)) for _, s in schedules]
-        ready = [(i, k) for i, k in enumerate(kernels) if not isinstance(k, str)]
-        samples: dict[int, list[float]] = {i: [] for i, _ in ready}
-        for _, k in ready:
-            k(*self.inputs)  # warm-up
-        began = time.perf_counter()
-        rounds = 0
-        while ready and (rounds < 2 * self.repeats or time.perf_counter() - began < self.min_seconds * len(ready)):
-            rounds += 1
-            for i, k in ready:
-                start = time.perf_counter()
-                k(*self.inputs)
-                samples[i].append(time.perf_counter() - start)
-            if rounds >= 1000:
-                break
+        ready = {i: (lambda k=k: k(*self.inputs)) for i, k in enumerate(kernels) if not isinstance(k, str)}
+        samples = interleaved_samples(ready, 2 * self.repeats, self.min_seconds * len(ready)) if ready else {}
         return [Evaluation(config, None, kernels[i]) if isinstance(kernels[i], str)
                 else Evaluation(config, statistics.median(samples[i]), None, samples[i])
                 for i, (config, _) in enumerate(schedules)]
@@ -224,16 +212,7 @@ class Measurer:
 
 def time_calls(call, repeats: int, min_seconds: float) -> list[float]:
     """Seconds of each call after one warm-up: at least `repeats` calls and `min_seconds`."""
-    call()
-    samples: list[float] = []
-    began = time.perf_counter()
-    while len(samples) < repeats or time.perf_counter() - began < min_seconds:
-        start = time.perf_counter()
-        call()
-        samples.append(time.perf_counter() - start)
-        if len(samples) >= 1000:
-            break
-    return samples
+    return interleaved_samples({"call": call}, repeats, min_seconds)["call"]
 
 
 def _random(spec, rng) -> np.ndarray:

@@ -171,7 +171,7 @@ def search(space: SearchSpace, evaluate: Callable[[list[dict]], list[Evaluation]
                 tried.add(keys[i])
                 picks.append(i)
         if len(picks) < want:
-            for i in _propose(points, keys, tried, done, want - len(picks), rng, learn_failures):
+            for i in _propose(points, keys, order, tried, done, want - len(picks), rng, learn_failures):
                 tried.add(keys[i])
                 picks.append(i)
         for evaluation in evaluate([configs[i] for i in picks]):
@@ -203,7 +203,7 @@ def _latin_hypercube(points, count: int, taken: set[int], seed: int) -> list[int
     return chosen
 
 
-def _propose(points, keys, tried, done, want, rng, learn_failures: bool = True) -> list[int]:
+def _propose(points, keys, order, tried, done, want, rng, learn_failures: bool = True) -> list[int]:
     """The untried configurations of highest expected improvement x probability of feasibility
     (a batch takes the next best: the compiles of a batch run in parallel)."""
     import torch
@@ -212,8 +212,7 @@ def _propose(points, keys, tried, done, want, rng, learn_failures: bool = True) 
         untried = sorted(rng.sample(untried, CANDIDATE_LIMIT))
     if not done:
         return sorted(rng.sample(untried, want))
-    index = {k: i for i, k in enumerate(keys)}
-    seen = torch.stack([points[index[config_key(e.config)]] for e in done])
+    seen = torch.stack([points[order[config_key(e.config)]] for e in done])
     feasible = [e.feasible for e in done]
     candidates = points[untried]
     score = torch.ones(len(untried), dtype=points.dtype)
