@@ -768,3 +768,85 @@ def test_leftover_rows_of_partial_vectors_peel_the_last_one():
     rng = np.random.default_rng(7)
     x, m = rng.standard_normal((6, 197)).astype(np.float32), rng.random((6, 197)) < 0.5
     np.testing.assert_array_equal(kernel(x, m), np.where(m, x, -np.inf).astype(np.float32))
+
+
+def _nchw_conv_with(schedule, x, f, b, **opts):
+    args = [td.tensor(x.shape), td.tensor(f.shape)] + ([td.tensor(b.shape)] if b is not None else [])
+    fn = td.function(*args)(lambda *a: td.conv2d(*a, schedule=schedule, **opts))
+    return tracea.compile(fn, threads=2)(x, f, *([b] if b is not None else []))
+
+
+@pytest.mark.parametrize("mr,nv,run", [(1, 1, 1), (5, 2, 3), (3, 4, 1), (12, 1, 7), (2, 6, 100)])
+def test_direct_nchw_conv_runs_any_register_tile_and_run(mr, nv, run):
+    """The direct kernel's schedule (the tuner's knobs): MR filters (7 filters: a partial block
+    unless MR is 1) x NV position vectors, runs of whole register tiles of positions (past the
+    image's: one run); stride 2 so the phase planes are read at offsets."""
+    rng = np.random.default_rng(mr * 10 + nv)
+    x, f, b = ref.random(rng, (2, 3, 13, 11)) * 10.0, ref.random(rng, (7, 3, 3, 3)), ref.random(rng, (7,))
+    s = td.Schedule(tile=(mr, run * nv * LANES), warp_tile=(mr, nv * LANES), lane_map=td.LaneMap("simd", (LANES,)))
+    out = _nchw_conv_with(s, x, f, b, stride=2, padding=1)
+    ref.assert_close(out, ref.conv2d(x, f, b, (2, 2), (1,) * 4, (1, 1), 1, "nchw"), "f32", 27)
+
+
+@pytest.mark.parametrize("rows,nv,hw", [(1, 1, (9, 20)), (4, 1, (9, 20)), (3, 2, (7, 7)), (7, 1, (7, 7)), (2, 3, (5, 30))])
+def test_depthwise_nchw_conv_runs_any_register_tile(rows, nv, hw):
+    """The depthwise kernel's schedule: R output rows (a partial last group when R does not
+    divide them) x NV column vectors (several tiles a row, or one wider than the row)."""
+    c = 6
+    rng = np.random.default_rng(rows * 10 + nv)
+    x, f = ref.random(rng, (2, c) + hw) * 10.0, ref.random(rng, (c, 1, 3, 3))
+    s = td.Schedule(warp_tile=(rows, nv * LANES), lane_map=td.LaneMap("simd", (LANES,)))
+    out = _nchw_conv_with(s, x, f, None, padding=1, groups=c)
+    ref.assert_close(out, ref.conv2d(x, f, None, (1, 1), (1,) * 4, (1, 1), c, "nchw"), "f32", 9)
+
+
+@pytest.mark.parametrize("schedule,groups,message", [
+    (td.Schedule(tile=(4, 8), warp_tile=(2, 8)), 1, "tile = [MR"),
+    (td.Schedule(tile=(4, 12), warp_tile=(4, 12)), 1, "NV * lanes positions"),
+    (td.Schedule(tile=(12, 3 * LANES), warp_tile=(12, 3 * LANES)), 1, "vector registers"),
+    (td.Schedule(warp_tile=(2, 3)), 4, "NV * lanes columns"),
+    (td.Schedule(warp_tile=(8, 4 * LANES)), 4, "vector registers")])
+def test_nchw_conv_schedules_the_kernels_cannot_run_are_named(schedule, groups, message):
+    from dataclasses import replace
+    x, f = np.ones((1, 4, 8, 8), np.float32), np.ones((4, 4 // groups, 3, 3), np.float32)
+    with pytest.raises(tracea.CompileError, match=re.escape(message)):
+        _nchw_conv_with(replace(schedule, lane_map=td.LaneMap("simd", (LANES,))), x, f, None, groups=groups)
+
+
+def _serial_cases():
+    rng = np.random.default_rng(3)
+    import torch
+    t = torch.from_numpy
+    a, b, wt = ref.random(rng, (70, 40)), ref.random(rng, (40, 90)), ref.random(rng, (20, 600))
+    x, f = ref.random(rng, (2, 8, 40, 40)), ref.random(rng, (8, 8, 3, 3))  # (a single work item is not parallel)
+    dw = ref.random(rng, (8, 1, 3, 3))
+    q = ref.random(rng, (1, 2, 40, 2 * LANES))
+    yield "packed gemm", [a, b], lambda s: (lambda x_, y_: td.gemm(x_, y_, schedule=s)), a @ b, 40
+    yield "inner-product gemm", [wt[:5], wt], lambda s: (lambda x_, y_: td.gemm(x_, y_, transpose_b=True, schedule=s)), \
+        wt[:5] @ wt.T, 600
+    yield "direct conv", [x, f], lambda s: (lambda x_, f_: td.conv2d(x_, f_, padding=1, schedule=s)), \
+        torch.nn.functional.conv2d(t(x), t(f), padding=1).numpy(), 72
+    yield "depthwise nchw", [x, dw], lambda s: (lambda x_, f_: td.conv2d(x_, f_, padding=1, groups=8, schedule=s)), \
+        torch.nn.functional.conv2d(t(x), t(dw), padding=1, groups=8).numpy(), 9
+    xh, fh, dh = x.transpose(0, 2, 3, 1).copy(), f.transpose(2, 3, 1, 0).copy(), dw.transpose(2, 3, 1, 0).copy()
+    yield "implicit gemm (nhwc)", [xh, fh], lambda s: (lambda x_, f_: td.conv2d(x_, f_, padding=1, layout="nhwc", schedule=s)), \
+        torch.nn.functional.conv2d(t(x), t(f), padding=1).numpy().transpose(0, 2, 3, 1), 72
+    yield "depthwise nhwc", [xh, dh], lambda s: (lambda x_, f_: td.conv2d(x_, f_, padding=1, groups=8, layout="nhwc",
+                                                                          schedule=s)), \
+        torch.nn.functional.conv2d(t(x), t(dw), padding=1, groups=8).numpy().transpose(0, 2, 3, 1), 9
+    yield "attention", [q, q, q], lambda s: (lambda x_, y_, z_: td.attention(x_, y_, z_, causal=True, schedule=s)), \
+        torch.nn.functional.scaled_dot_product_attention(t(q), t(q), t(q), is_causal=True).numpy(), 40
+    yield "softmax", [a], lambda s: (lambda x_: td.softmax(x_, schedule=s)), scipy.special.softmax(a, axis=-1), 40
+
+
+@pytest.mark.parametrize("case", list(_serial_cases()), ids=lambda c: c[0])
+def test_a_kernel_scheduled_on_one_thread_runs_serially_in_a_threaded_program(case):
+    """Schedule(threads=1) (the tuner's threads knob; alone, the rest is the default's): the
+    kernel's loops run on the calling thread (no parallel loop is left to OpenMP) while the
+    program has two threads; with the default schedule the same kernel is parallel."""
+    _, args, build, expected, terms = case
+    for schedule, parallel in ((td.Schedule(threads=1), False), (None, True)):
+        fn = td.function(*[td.tensor(x.shape) for x in args])(build(schedule))
+        kernel = tracea.compile(fn, threads=2, keep_stages=True)
+        assert ("scf.parallel" in kernel.stages["linalg"]) == parallel
+        ref.assert_close(kernel(*args), expected, "f32", terms)

@@ -72,7 +72,7 @@ def test_function_input_types_are_checked():
 def test_schedule_round_trips_through_attributes():
     schedule = td.Schedule(tile=(128, 256, 64), warp_tile=(64, 64, 64), stages=4, swizzle=td.Swizzle.xor(3, 4, 3),
                            lane_map=td.LaneMap("wgmma", (64, 256, 16)), barrier="producer_consumer",
-                           persistent=132, group_m=16, cluster=2, store="tma")
+                           persistent=132, group_m=16, cluster=2, store="tma", threads=1)
     with td.make_context():
         attr = schedule.to_attr()
         assert td.Schedule.from_attr(ir.Attribute.parse(str(attr))) == schedule

@@ -313,6 +313,42 @@ def test_autotuner_tunes_stores_and_compile_uses_the_schedule(tuning_dir):
     np.testing.assert_allclose(tracea.compile(_gemm(48, 40, 24), threads=1)(x, w), x @ w, rtol=1e-5, atol=1e-5)
 
 
+@pytest.mark.parametrize("groups,variant_id", [(1, "cpu.conv2d.direct_nchw"), (8, "cpu.conv2d.depthwise_nchw")])
+def test_nchw_conv_kernels_are_tuned_over_their_register_tiles(tuning_dir, groups, variant_id):
+    """The direct and depthwise NCHW convs have spaces of their own (register tile, work item
+    runs); every candidate is checked and the tuned schedule is what the next compile runs."""
+    from tracea.tuner import AutoTuner
+    program = td.function(td.tensor((1, 8, 12, 12)), td.tensor((8, 8 // groups, 3, 3)), name="kernel")(
+        lambda x, f: td.conv2d(x, f, padding=1, groups=groups))
+    tuner = AutoTuner("cpu", budget=4, threads=1, workers=0, progress=False, repeats=3, initial=2)
+    result = tuner.optimize(program)
+    assert result.variant_id == variant_id and len(result.evaluations) == 4
+    assert all(e.feasible for e in result.evaluations)
+    assert len({config_key(e.config) for e in result.evaluations}) == 4
+    from tracea.passes.pipeline import parse_pipeline, run_pipeline
+    selected = run_pipeline(program.text(), parse_pipeline("tracea-select-variant{threads=1}")).text
+    assert f"warp_tile = array<i64: {', '.join(map(str, result.schedule.warp_tile))}>" in selected
+    kernel = tracea.compile(program, threads=1)
+    rng = np.random.default_rng(0)
+    x, f = rng.standard_normal((1, 8, 12, 12)).astype(np.float32), rng.standard_normal((8, 8 // groups, 3, 3)).astype(np.float32)
+    import torch
+    expected = torch.nn.functional.conv2d(torch.from_numpy(x), torch.from_numpy(f), padding=1, groups=groups).numpy()
+    np.testing.assert_allclose(kernel(x, f), expected, rtol=1e-4, atol=1e-4)
+
+
+def test_threads_are_a_knob_when_the_program_has_more_than_one():
+    """On 2 threads each kernel may also run on the calling thread alone (threads = 1); on one
+    thread there is nothing to choose."""
+    from tracea.tuner import AutoTuner
+    from tracea.tuner.measure import TuningProblem
+    tp = TuningProblem.of(_gemm(64, 64, 64))
+    for threads, knob in ((2, [0, 1]), (1, None)):
+        tuner = AutoTuner("cpu", threads=threads, workers=0, progress=False)
+        space = tuner._space(variant("cpu.gemm.packed"), tp)
+        assert space.knobs.get("threads") == knob
+        assert {space.schedule(c).threads for c in space.configurations()} == set(knob or [0])
+
+
 def test_a_candidate_with_wrong_numbers_is_rejected(tuning_dir, monkeypatch):
     """A kernel that computes wrong numbers for some schedule (simulated: results of warp_m = 4
     schedules corrupted by one ulp-scale bump) fails the reference check and never wins."""

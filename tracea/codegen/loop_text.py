@@ -9,7 +9,9 @@ from ..dialects.ops import TensorSpec
 class LoopText:
     """Lines of MLIR with fresh SSA names and index constants hoisted to the top."""
 
-    def __init__(self):
+    def __init__(self, serial: bool = False):
+        self.serial = serial  # parallel loops written as scf.for: the kernel runs on the calling thread
+        self._parallel_depths: list[int] = []
         self.lines: list[str] = []
         self.consts: dict[int, str] = {}
         self._n = 0
@@ -93,11 +95,24 @@ class LoopText:
         self.open(f"scf.for {iv} = {lo} to {hi} step {step}")
 
     def parallel(self, iv: str, lo: str, hi: str, step: str) -> None:
-        self.open(f"scf.parallel ({iv}) = ({lo}) to ({hi}) step ({step})")
+        self.parallel_nd([iv], [lo], [hi], [step])
+
+    def parallel_nd(self, ivs: list[str], los: list[str], his: list[str], steps: list[str]) -> None:
+        """An scf.parallel over several induction variables (serial: nested scf.for, the first outermost)."""
+        self._parallel_depths.append(self.depth)
+        if self.serial:
+            for iv, lo, hi, step in zip(ivs, los, his, steps):
+                self.for_(iv, lo, hi, step)
+        else:
+            self.open(f"scf.parallel ({', '.join(ivs)}) = ({', '.join(los)}) to ({', '.join(his)}) "
+                      f"step ({', '.join(steps)})")
 
     def close_parallel(self) -> None:
-        self.line("scf.reduce")
-        self.close()
+        depth = self._parallel_depths.pop()
+        if not self.serial:
+            self.line("scf.reduce")
+        while self.depth > depth:
+            self.close()
 
 
 def memref_text(shape, dtype: str) -> str:

@@ -105,6 +105,9 @@ class Schedule:
     # each block copying half of it into both by TMA multicast)
     cluster: int = 0
     store: str = "registers"  # one of STORE_MODES
+    # CPU: 1 runs the kernel on the calling thread alone (a small op loses more to waking the
+    # team than it gains from it); 0: on the program's thread team
+    threads: int = 0
 
     def validate(self) -> None:
         for name in ("tile", "warp_tile"):
@@ -127,6 +130,8 @@ class Schedule:
             raise OpError(f"schedule group_m (tile rows per launch group) must be >= 0, got {self.group_m}")
         if self.cluster not in (0, 1, 2):
             raise OpError(f"schedule cluster (blocks per cluster) must be 0, 1 or 2, got {self.cluster}")
+        if self.threads < 0:
+            raise OpError(f"schedule threads must be >= 0 (0: the program's threads), got {self.threads}")
         if self.store not in STORE_MODES:
             raise OpError(f"schedule store must be one of {', '.join(STORE_MODES)}; got '{self.store}'")
         if self.barrier not in BARRIER_MODES:
@@ -200,6 +205,8 @@ class Schedule:
             entries["cluster"] = _i64(self.cluster)
         if self.store != "registers":
             entries["store"] = ir.StringAttr.get(self.store)
+        if self.threads:
+            entries["threads"] = _i64(self.threads)
         return ir.DictAttr.get(entries)
 
     @staticmethod
@@ -221,7 +228,7 @@ class Schedule:
                 values[key] = decode_int(value, where)
             elif key in ("barrier", "store"):
                 values[key] = decode_str(value, where)
-            elif key in ("persistent", "group_m", "cluster"):
+            elif key in ("persistent", "group_m", "cluster", "threads"):
                 values[key] = decode_int(value, where)
             elif key == "swizzle":
                 values[key] = _decode_swizzle(value)

@@ -3,7 +3,7 @@ schedule, and why every other one was rejected; and `Context`, the seeds' entry 
 (`tracea.Context().plan_kernel("flash_attention_2", precision="BF16")`)."""
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from ..errors import TraceaError
@@ -38,7 +38,12 @@ class Decision:
 def plan(problem: Problem, caps: Capabilities, threads: int | None = None, tuned: bool = True) -> Decision:
     """The highest-priority variant whose constraints `problem` and `caps` meet, its schedule
     (the problem's own; else, when `tuned`, the tuning cache's for this op and device; else
-    the variant's default), and every rejection with its reason."""
+    the variant's default), and every rejection with its reason. A schedule that gives only
+    `threads` asks for the rest as if it had none."""
+    own = problem.schedule
+    if own is not None and own.threads and replace(own, threads=0) == type(own)():
+        decision = plan(replace(problem, schedule=None), caps, threads, tuned)
+        return replace(decision, schedule=replace(decision.schedule or own, threads=own.threads))
     rejected, fitting = [], []
     for v in variants(caps.backend):
         why = v.rejects(problem, caps)

@@ -184,6 +184,8 @@ class AutoTuner:
     # --- pieces -----------------------------------------------------------------------------
     def _space(self, chosen, tp: TuningProblem) -> SearchSpace:
         space = chosen.search_space(tp.problem, self.caps)
+        if self.caps.backend == "cpu" and self.threads > 1:
+            space.threads([0, 1])  # the program's team, or the calling thread alone
         complete = self._completer(chosen, tp)
         if chosen.check_schedule is not None:
             def legal(config: dict, schedule: Schedule) -> bool:

@@ -24,7 +24,7 @@ from ..errors import OpError, TraceaError
 _TILE = {"tile_m": 0, "tile_n": 1, "tile_k": 2}
 _WARP = {"warp_m": 0, "warp_n": 1, "warp_k": 2}
 _FIELDS = {"tile": "tile", "warp_tile": "warp_tile", "stages": "stages", "swizzle": "swizzle", "barrier": "barrier", "persistent": "persistent",
-           "group_m": "group_m", "cluster": "cluster", "store": "store"}
+           "group_m": "group_m", "cluster": "cluster", "store": "store", "threads": "threads"}
 
 
 class SpaceError(TraceaError, ValueError):
@@ -77,6 +77,10 @@ class SearchSpace:
 
     def barrier_modes(self, choices) -> "SearchSpace":
         return self.knob("barrier", choices)
+
+    def threads(self, choices) -> "SearchSpace":
+        """CPU: 1 (the calling thread alone) or the program's threads."""
+        return self.knob("threads", choices)
 
     def lanes(self, lanes: int) -> "SearchSpace":
         """Every schedule on SIMD vectors of `lanes` lanes (the CPU kernels' lane_map)."""

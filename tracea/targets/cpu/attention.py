@@ -63,7 +63,7 @@ def _yield(t: LoopText, values: list[str], vt: str) -> None:
     t.close()
 
 
-def attention_kernel_text(name: str, v: OpView, location: str) -> str:
+def attention_kernel_text(name: str, v: OpView, location: str, threads: int = 1) -> str:
     q, k, val = (v.operands[n] for n in ("query", "key", "value"))
     out = v.result
     s = v.attrs["schedule"]
@@ -80,7 +80,7 @@ def attention_kernel_text(name: str, v: OpView, location: str) -> str:
     scale = AttentionDef.scale(v.attrs, d)
     causal = v.attrs["causal"]
     vt, it = f"vector<{L}xf32>", f"vector<{L}xi32>"
-    t = LoopText()
+    t = LoopText(serial=threads == 1)
 
     def alloc(shape, dtype="f32"):
         return t.op(f"memref.alloc() {{alignment = 64 : i64}} : {memref_text(shape, dtype)}", "m"), memref_text(shape, dtype)

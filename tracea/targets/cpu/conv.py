@@ -22,6 +22,8 @@ past K.
 from __future__ import annotations
 
 from ...dialects.ops import Conv2dDef, OpView
+from ...dialects.schedule import LaneMap, Schedule
+from ...errors import OpError
 from ...codegen.loop_text import LoopText, memref_text
 
 
@@ -196,14 +198,47 @@ def _conv_params(x, f, bias) -> str:
     return ", ".join(f"%arg{i}: {spec}" for i, spec in enumerate([x, f] + ([bias] if bias is not None else [])))
 
 
-def conv_nchw_kernel_text(name: str, v: OpView, location: str, lanes: int, accumulators: int,
-                          threads: int, l2_bytes: int = 512 * 1024) -> str:
+def direct_nchw_schedule(v: OpView, lanes: int, accumulators: int, threads: int,
+                         l2_bytes: int = 512 * 1024) -> Schedule:
+    """The direct kernel's default: warp_tile = [MR filters, NV vectors of positions] (the
+    register tile), tile = [MR, positions per work item] (a run of whole segments of NV vectors)."""
+    (_, _, _, _), (n, c, h, w), (k, kh_n, _), (oh_n, _), (sh, sw), (dh, _), pads = nchw_geometry(v)
+    ws = -(-(w + pads[2] + pads[3]) // sw)
+    MR, NV = register_tile(k, accumulators, oh_n * ws, lanes)
+    seg = NV * lanes
+    q_segs = -(-oh_n * ws // seg)
+    # about 8 tasks per thread (for balance), each a run of segments for one filter block
+    q_tasks = min(q_segs, -(-threads * 8 // (n * -(-k // MR))))
+    per_task = -(-q_segs // q_tasks)
+    # A run's input rows (all channels and phases) stay in half of L2 while every filter block
+    # reads them in turn (tasks ordered filter block fastest): a 3x3 stride-2 conv's 128
+    # channels of 32x32 pixels are 640 KB of planes, streamed from L3 once per filter block
+    rows = max(1, l2_bytes // 2 // (c * sh * sw * ws * 4) - (kh_n - 1) * dh // sh - 1)
+    per_task = max(1, min(per_task, rows * ws // seg))
+    return Schedule(tile=(MR, per_task * seg), warp_tile=(MR, seg), lane_map=LaneMap("simd", (lanes,)))
+
+
+def check_direct_nchw_schedule(s: Schedule, registers: int) -> None:
+    """Raises OpError naming what the direct kernel cannot run of `s`."""
+    lanes = s.lane_map.shape[-1] if s.lane_map is not None else 0
+    if (s.warp_tile is None or s.tile is None or len(s.warp_tile) != 2 or len(s.tile) != 2 or not lanes
+            or s.warp_tile[1] % lanes or s.tile[0] != s.warp_tile[0] or s.tile[1] % s.warp_tile[1]):
+        raise OpError("the direct NCHW conv kernel's schedule is warp_tile = [MR filters, NV * lanes positions] "
+                      "(the register tile), tile = [MR, a multiple of the register tile's positions] (a work "
+                      f"item's run), lane_map simd; got tile {s.tile}, warp_tile {s.warp_tile}, lanes {lanes or None}")
+    mr, nv = s.warp_tile[0], s.warp_tile[1] // lanes
+    if mr * nv + 2 > registers:
+        raise OpError(f"direct conv register tile {mr} filters x {nv} vectors needs {mr * nv + 2} vector "
+                      f"registers (accumulators, a load, a broadcast); this CPU has {registers}")
+
+
+def conv_nchw_kernel_text(name: str, v: OpView, location: str, schedule: Schedule, threads: int = 1) -> str:
     (x, f, bias, out), (n, c, h, w), (k, kh_n, kw_n), (oh_n, ow_n), (sh, sw), (dh, dw), pads = nchw_geometry(v)
     top, bottom, left, right = pads
-    L = lanes
+    L = schedule.lane_map.shape[-1]
     hs, ws = -(-(h + top + bottom) // sh), -(-(w + left + right) // sw)  # a phase plane's rows, pitch
     q_n = oh_n * ws
-    MR, NV = register_tile(k, accumulators, q_n, L)
+    MR, NV = schedule.warp_tile[0], schedule.warp_tile[1] // L
     seg = NV * L
     kb_n = -(-k // MR)
     qpad = -(-q_n // seg) * seg
@@ -211,7 +246,7 @@ def conv_nchw_kernel_text(name: str, v: OpView, location: str, lanes: int, accum
     plane = -(-max(last_read + 1, hs * ws) // L) * L
     phases = sh * sw
     vt = f"vector<{L}xf32>"
-    t = LoopText()
+    t = LoopText(serial=threads == 1)
 
     def alloc(shape):
         return t.op(f"memref.alloc() {{alignment = 64 : i64}} : {memref_text(shape, 'f32')}", "m"), memref_text(shape, "f32")
@@ -252,15 +287,7 @@ def conv_nchw_kernel_text(name: str, v: OpView, location: str, lanes: int, accum
     # --- MR filters x NV vectors of positions per register tile ---------------------------------
     OP, OP_t = alloc((n, kb_n * MR, qpad))
     q_segs = qpad // seg
-    # about 8 tasks per thread (for balance), each a run of segments for one filter block
-    q_tasks = min(q_segs, -(-threads * 8 // (n * kb_n)))
-    per_task = -(-q_segs // q_tasks)
-    # A run's input rows (all channels and phases) stay in half of L2 while every filter block
-    # reads them in turn (tasks ordered filter block fastest): a 3x3 stride-2 conv's 128
-    # channels of 32x32 pixels are 640 KB of planes, streamed from L3 once per filter block
-    row_bytes = c * phases * ws * 4
-    rows = max(1, l2_bytes // 2 // row_bytes - (kh_n - 1) * dh // sh - 1)
-    per_task = max(1, min(per_task, rows * ws // seg))
+    per_task = min(schedule.tile[1] // seg, q_segs)
     q_tasks = -(-q_segs // per_task)
     t.parallel("%task", t.c(0), t.c(n * kb_n * q_tasks), t.c(1))
     t.line(f"%n = arith.divui %task, {t.c(kb_n * q_tasks)} : index")
@@ -370,7 +397,26 @@ def depthwise_rows(oh: int, vectors: int, accumulators: int) -> int:
 DEPTHWISE_ITEMS_PER_THREAD = 8
 
 
-def conv_depthwise_nchw_kernel_text(name: str, v: OpView, location: str, lanes: int, accumulators: int,
+def depthwise_nchw_schedule(v: OpView, lanes: int, accumulators: int) -> Schedule:
+    """The depthwise kernel's default: warp_tile = [R output rows, NV * lanes columns]."""
+    (_, _, _, _), _, _, (oh_n, ow_n), _, _, _ = nchw_geometry(v)
+    NV, _ = depthwise_tile(ow_n, lanes, accumulators)
+    return Schedule(warp_tile=(depthwise_rows(oh_n, NV, accumulators), NV * lanes), lane_map=LaneMap("simd", (lanes,)))
+
+
+def check_depthwise_nchw_schedule(s: Schedule, registers: int) -> None:
+    """Raises OpError naming what the depthwise kernel cannot run of `s`."""
+    lanes = s.lane_map.shape[-1] if s.lane_map is not None else 0
+    if s.warp_tile is None or len(s.warp_tile) != 2 or not lanes or s.warp_tile[1] % lanes:
+        raise OpError("the depthwise NCHW conv kernel's schedule is warp_tile = [R output rows, NV * lanes "
+                      f"columns] (the register tile), lane_map simd; got warp_tile {s.warp_tile}, lanes {lanes or None}")
+    rows, nv = s.warp_tile[0], s.warp_tile[1] // lanes
+    if rows * nv + 2 > registers:
+        raise OpError(f"depthwise conv register tile {rows} rows x {nv} vectors needs {rows * nv + 2} vector "
+                      f"registers (accumulators, a load, a broadcast); this CPU has {registers}")
+
+
+def conv_depthwise_nchw_kernel_text(name: str, v: OpView, location: str, schedule: Schedule,
                                     threads: int = 1) -> str:
     """A depthwise NCHW f32 conv (groups = channels = filters): runs of (image, channel) pairs in
     parallel; per pair, the channel's zero-padded phase planes (as the direct kernel's), then
@@ -378,14 +424,14 @@ def conv_depthwise_nchw_kernel_text(name: str, v: OpView, location: str, lanes: 
     times R x NV loads."""
     (x, f, bias, out), (n, c, h, w), (_, kh_n, kw_n), (oh_n, ow_n), (sh, sw), (dh, dw), pads = nchw_geometry(v)
     top, bottom, left, right = pads
-    L = lanes
-    NV, tiles = depthwise_tile(ow_n, L, accumulators)
-    R = depthwise_rows(oh_n, NV, accumulators)
+    L = schedule.lane_map.shape[-1]
+    NV = schedule.warp_tile[1] // L
+    tiles, R = -(-ow_n // (NV * L)), min(schedule.warp_tile[0], oh_n)
     hs, ws = -(-(h + top + bottom) // sh), -(-(w + left + right) // sw)
     last_read = (oh_n - 1) * ws + tiles * NV * L - 1 + ((kh_n - 1) * dh // sh) * ws + (kw_n - 1) * dw // sw
     plane = -(-max(last_read + 1, hs * ws) // L) * L
     vt = f"vector<{L}xf32>"
-    t = LoopText()
+    t = LoopText(serial=threads == 1)
     (X, X_t), (W, W_t), (B, B_t), (O, O_t) = _operand_buffers(t, x, f, bias, out)
     per_item = -(-n * c // min(n * c, DEPTHWISE_ITEMS_PER_THREAD * max(1, threads)))
     items = -(-n * c // per_item)
@@ -460,7 +506,8 @@ def _depthwise_tile(t: LoopText, row0: str, R: int, tile: int, NV: int, L: int, 
                        f": {O_t}, {mt}, {vt}")
 
 
-def conv_depthwise_nhwc_kernel_text(name: str, v: OpView, location: str, lanes: int, accumulators: int) -> str:
+def conv_depthwise_nhwc_kernel_text(name: str, v: OpView, location: str, lanes: int, accumulators: int,
+                                    threads: int = 1) -> str:
     """A depthwise NHWC f32 conv (filter [KH, KW, 1, C]): rows of output pixels in parallel; per
     pixel, blocks of channel vectors accumulate the taps inside the image (each tap a vector of
     the filter times a vector of the input: channels are contiguous in both)."""
@@ -474,7 +521,7 @@ def conv_depthwise_nhwc_kernel_text(name: str, v: OpView, location: str, lanes: 
     top, _, left, _ = Conv2dDef.pads(v.attrs)
     L = lanes
     vt, mt = f"vector<{L}xf32>", f"vector<{L}xi1>"
-    t = LoopText()
+    t = LoopText(serial=threads == 1)
     (X, X_t), (W, W_t), (B, B_t), (O, O_t) = _operand_buffers(t, x, f, bias, out)
     zv = t.op(f"arith.constant dense<0.0> : {vt}", "z")
 

@@ -376,7 +376,7 @@ def gemm_kernel_text(name: str, v: OpView, location: str, gather: ConvGather | N
     """A private function on tensors (the op's operands in order) computing the op, its work
     shared among `threads`; with `gather`, its first argument is the image whose im2col is A."""
     p = GemmPlan.from_view(v, threads)
-    t = LoopText()
+    t = LoopText(serial=threads == 1)
     L, MR, NR = p.lanes, p.mr, p.nr
     nv = NR // L
     vf32 = f"vector<{L}xf32>"
@@ -574,7 +574,7 @@ def gemm_kernel_text(name: str, v: OpView, location: str, gather: ConvGather | N
         pack_a(mc, a_block_view()[1], one_strip=True)
         t.close()
         t.close_parallel()
-    t.open(f"scf.parallel (%ic, %jb) = ({t.c(0)}, {t.c(0)}) to ({t.c(p.m)}, {nc}) step ({t.c(p.mc)}, {t.c(NB)})")
+    t.parallel_nd(["%ic", "%jb"], [t.c(0), t.c(0)], [t.c(p.m), nc], [t.c(p.mc), t.c(NB)])
     mc = t.min_(t.op(f"arith.subi {t.c(p.m)}, %ic : index", "i"), t.c(p.mc))
     block, Ap = a_block_view()
     item = t.add(t.mul(block, t.c(chunks)), t.op(f"arith.divui %jb, {t.c(NB)} : index", "i"))
@@ -664,7 +664,7 @@ def gemm_dot_kernel_text(name: str, v: OpView, location: str, threads: int = 1) 
     Rows and columns past the edges load the last row / column instead (their sums are dropped),
     so edge tiles need no separate path. schedule: tile [MC, NC, KC], warp_tile [MR, NR, lanes]."""
     p = GemmPlan.from_view(v, threads)
-    t = LoopText()
+    t = LoopText(serial=threads == 1)
     L, MR, NR = p.lanes, p.mr, p.nr
     vf32 = f"vector<{L}xf32>"
     a, b = v.operands["a"], v.operands["b"]
@@ -720,8 +720,7 @@ def gemm_dot_kernel_text(name: str, v: OpView, location: str, threads: int = 1) 
     t.line(f"memref.store {t.load_f32(A, A_t, [a_batch, '%ar', '%k'], p.a_dtype)}, {Ap}[{t.c(0)}, %ar, %k] : {Ap_t}")
     t.close()
     t.close_parallel()
-    t.open(f"scf.parallel (%ic, %jb) = ({t.c(0)}, {t.c(0)}) to ({t.c(p.m)}, {t.c(p.n)}) "
-           f"step ({t.c(p.mc)}, {t.c(NB)})")
+    t.parallel_nd(["%ic", "%jb"], [t.c(0), t.c(0)], [t.c(p.m), t.c(p.n)], [t.c(p.mc), t.c(NB)])
     item = t.add(t.mul(t.op(f"arith.divui %ic, {t.c(p.mc)} : index", "i"), t.c(chunks)),
                  t.op(f"arith.divui %jb, {t.c(NB)} : index", "i"))
     T = t.op(f"memref.subview {T_all}[{item}, 0, 0] [1, {MR}, {NR}] [1, 1, 1] : {T_all_t} to {T_t}", "m")

@@ -22,7 +22,9 @@ from ...doctor.capabilities import CPU, Capabilities, host, host_cpu
 from ...codegen.variants import (OPS, BackendIs, Problem, Rule, SimdWidthAtLeast, Variant, known, register_variant,
                                variant)
 from .attention import attention_kernel_text, qk_tile, tile_registers
-from .conv import conv_depthwise_nchw_kernel_text, conv_depthwise_nhwc_kernel_text, conv_nchw_kernel_text
+from .conv import (check_depthwise_nchw_schedule, check_direct_nchw_schedule, conv_depthwise_nchw_kernel_text,
+                   conv_depthwise_nhwc_kernel_text, conv_nchw_kernel_text, depthwise_nchw_schedule,
+                   direct_nchw_schedule, nchw_geometry)
 from ...codegen.conv_gather import implicit_gemm
 from .gemm import conv_k_block, gemm_dot_kernel_text, gemm_kernel_text
 from .softmax import softmax_kernel_text
@@ -299,6 +301,57 @@ def _conv_default(p: Problem, caps: Capabilities, threads: int | None) -> Schedu
     return conv_gemm_schedule(p.view, caps.cpu, threads or caps.cpu.cores)
 
 
+def _direct_default(p: Problem, caps: Capabilities, threads: int | None) -> Schedule | None:
+    if p.schedule is not None or p.view is None:
+        return p.schedule
+    cpu = caps.cpu
+    return direct_nchw_schedule(p.view, cpu.f32_lanes, cpu.vector_registers * 3 // 4, threads or cpu.cores, cpu.l2_bytes)
+
+
+def _direct_space(p: Problem, caps: Capabilities) -> SearchSpace:
+    """The direct kernel's knobs: the register tile (MR filters x NV position vectors) and the
+    positions of a work item (rounded to whole register tiles, cut to the image's)."""
+    lanes, registers = caps.cpu.f32_lanes, caps.cpu.vector_registers
+    _, _, (k, _, _), (oh, _), (_, sw), _, pads = nchw_geometry(p.view)
+    positions = oh * -(-(p.view.operands["input"].shape[3] + pads[2] + pads[3]) // sw)
+
+    def fit(s: Schedule) -> Schedule:
+        mr, seg = s.warp_tile
+        return replace(s, tile=(mr, min(_round_up(s.tile[1], seg), _round_up(positions, seg))))
+
+    return (SearchSpace(base=Schedule(tile=(1, 1)), adjust=fit).lanes(lanes).warp_m([1, 2, 3, 4, 5, 6, 8, 12])
+            .warp_n([lanes * v for v in (1, 2, 3, 4, 6)]).tile_n([64, 256, 1024, 4096, 16384])
+            .constrain(f"the register tile fits {registers} vector registers",
+                       lambda c, s: c["warp_m"] * c["warp_n"] // lanes + 2 <= registers)
+            .constrain("no more filter rows than filters", lambda c, s: c["warp_m"] <= _round_up(k, 2)))
+
+
+def _direct_check(p: Problem, caps: Capabilities, s: Schedule) -> None:
+    check_direct_nchw_schedule(s, caps.cpu.vector_registers)
+
+
+def _depthwise_default(p: Problem, caps: Capabilities, threads: int | None) -> Schedule | None:
+    if p.schedule is not None or p.view is None or p.layout != "nchw":
+        return p.schedule
+    return depthwise_nchw_schedule(p.view, caps.cpu.f32_lanes, caps.cpu.vector_registers - 4)
+
+
+def _depthwise_space(p: Problem, caps: Capabilities) -> SearchSpace:
+    """The depthwise kernel's register tile: R output rows x NV vectors of columns."""
+    lanes, registers = caps.cpu.f32_lanes, caps.cpu.vector_registers
+    _, _, _, (oh, ow), _, _, _ = nchw_geometry(p.view)
+    vectors = -(-ow // lanes)
+    return (SearchSpace().lanes(lanes).warp_m([r for r in (1, 2, 3, 4, 6, 7, 8, 12) if r <= oh])
+            .warp_n([lanes * v for v in range(1, 13) if v <= vectors])
+            .constrain(f"the register tile fits {registers} vector registers",
+                       lambda c, s: c["warp_m"] * c["warp_n"] // lanes + 2 <= registers))
+
+
+def _depthwise_check(p: Problem, caps: Capabilities, s: Schedule) -> None:
+    if p.layout == "nchw":
+        check_depthwise_nchw_schedule(s, caps.cpu.vector_registers)
+
+
 def _attention_fits(p: Problem, caps: Capabilities) -> bool | None:
     if _simd_schedule(p) is not None:
         return _simd_schedule(p)  # a SIMD schedule asks for the kernel (its check names a bad head dim)
@@ -379,10 +432,11 @@ for _variant in (
     Variant("cpu.conv2d.direct_nchw", "cpu", ("conv2d",), (ON_CPU, SIMD, Rule(
         "NCHW, groups = 1, f32 throughout", lambda p, caps: False if p.dtype != "f32" else None if p.layout is None
         else p.layout == "nchw" and p.groups == 1 and all(d == "f32" for d in (p.dtypes or (p.dtype,))))), 30,
-        "direct convolution over phase planes (no transposes, no im2col)", frozenset({"simd"})),
+        "direct convolution over phase planes (no transposes, no im2col)", frozenset({"simd"}),
+        _direct_default, _direct_space, _direct_check),
     Variant("cpu.conv2d.depthwise_nchw", "cpu", ("conv2d",), (ON_CPU, SIMD, _depthwise("nchw")), 30,
         "per channel: zero-padded phase planes, each output row in register tiles of column vectors",
-        frozenset({"simd"})),
+        frozenset({"simd"}), _depthwise_default, _depthwise_space, _depthwise_check),
     Variant("cpu.conv2d.depthwise_nhwc", "cpu", ("conv2d",), (ON_CPU, SIMD, _depthwise("nhwc")), 30,
         "per output pixel, blocks of channel vectors over the taps inside the image", frozenset({"simd"})),
     Variant("cpu.conv2d.implicit_gemm", "cpu", ("conv2d",), (ON_CPU, SIMD, Rule(
@@ -410,26 +464,25 @@ def _emit(module: ir.Operation, op: ir.Operation, v: OpView, variant_id: str, in
     chosen = variant(variant_id)
     if chosen.check_schedule is not None and schedule is not None:
         chosen.check_schedule(Problem.from_view(v), host(), schedule)
+    if schedule is not None and schedule.threads:
+        threads = min(threads, schedule.threads)
     if variant_id == "cpu.softmax.online":
         inline_kernel(op, softmax_kernel_text(f"__tracea_cpu_softmax_{index}", v, schedule.lane_map.shape[-1],
-                                              str(op.location)))
+                                              str(op.location), threads))
     elif variant_id == "cpu.attention.flash":
-        inline_kernel(op, attention_kernel_text(f"__tracea_cpu_attention_{index}", v, str(op.location)))
+        inline_kernel(op, attention_kernel_text(f"__tracea_cpu_attention_{index}", v, str(op.location), threads))
     elif variant_id in ("cpu.gemm.packed", "cpu.gemm.inner_product"):
         kernel = gemm_dot_kernel_text if variant_id == "cpu.gemm.inner_product" else gemm_kernel_text
         inline_kernel(op, kernel(f"__tracea_cpu_gemm_{index}", v, str(op.location), threads=threads))
     elif variant_id == "cpu.conv2d.direct_nchw":
-        cpu = host_cpu()
-        inline_kernel(op, conv_nchw_kernel_text(f"__tracea_conv_{index}", v, str(op.location), cpu.f32_lanes,
-                                                cpu.vector_registers * 3 // 4, threads, cpu.l2_bytes))
+        inline_kernel(op, conv_nchw_kernel_text(f"__tracea_conv_{index}", v, str(op.location), schedule, threads))
     elif variant_id == "cpu.conv2d.depthwise_nchw":
-        cpu = host_cpu()
-        inline_kernel(op, conv_depthwise_nchw_kernel_text(f"__tracea_conv_{index}", v, str(op.location),
-                                                          cpu.f32_lanes, cpu.vector_registers - 4, threads))
+        inline_kernel(op, conv_depthwise_nchw_kernel_text(f"__tracea_conv_{index}", v, str(op.location), schedule,
+                                                          threads))
     elif variant_id == "cpu.conv2d.depthwise_nhwc":
         cpu = host_cpu()
         inline_kernel(op, conv_depthwise_nhwc_kernel_text(f"__tracea_conv_{index}", v, str(op.location),
-                                                          cpu.f32_lanes, cpu.vector_registers // 2))
+                                                          cpu.f32_lanes, cpu.vector_registers // 2, threads))
     elif variant_id in ("cpu.conv2d.implicit_gemm", "cpu.conv2d.pointwise_nchw"):
         writer = KernelWriter(f"__tracea_conv_{index}", v.operands, v.result)
         lower = conv_pointwise_nchw if variant_id == "cpu.conv2d.pointwise_nchw" else conv_as_gemm

@@ -18,7 +18,7 @@ LOWEST = "-3.40282347E+38"
 ROW_IN_CACHE = 32768
 
 
-def softmax_kernel_text(name: str, v: OpView, lanes: int, location: str) -> str:
+def softmax_kernel_text(name: str, v: OpView, lanes: int, location: str, threads: int = 1) -> str:
     x = v.operands["input"]
     out = v.result
     n = x.shape[-1]
@@ -28,7 +28,7 @@ def softmax_kernel_text(name: str, v: OpView, lanes: int, location: str) -> str:
     L = lanes
     vt, it = f"vector<{L}xf32>", f"vector<{L}xi32>"
     xvt, ovt = f"vector<{L}x{x.dtype}>", f"vector<{L}x{out.dtype}>"
-    t = LoopText()
+    t = LoopText(serial=threads == 1)
 
     def flat(arg, spec, alloc):
         mem_t = memref_text(spec.shape, spec.dtype)
