@@ -129,14 +129,19 @@ class Body:
         return self._new("f32", f"arith.select {cond}, {x}, {y} : f32")
 
 
+def constant_text(value, type_: str) -> str:
+    """An arith.constant of `value` as `type_`: every lane of a vector type, or a scalar."""
+    return f"arith.constant {'dense<' + repr(value) + '>' if type_.startswith('vector') else repr(value)} : {type_}"
+
+
 def vector_exp(t, x: str, vt: str, it: str, at_most_zero: bool = False) -> str:
-    """exp(x) on an f32 vector (Cephes expf: x = n ln2 + r, exp(r) by a degree-6 polynomial,
+    """exp(x) on an f32 vector or scalar (Cephes expf: x = n ln2 + r, exp(r) by a degree-6 polynomial,
     2^n from exponent bits, in two factors so that results near f32's largest and subnormal ones
     come out right); above 88.72 the largest finite exp, below -104 (exp(-inf) too) 0. `t` is any writer
     with op(text, hint) -> SSA name. at_most_zero: the caller knows x <= 0 (a softmax's x - max),
     which saves the clamp at the top of the range."""
     def const(value: float) -> str:
-        return t.op(f"arith.constant dense<{value!r}> : {vt}", "k")
+        return t.op(constant_text(value, vt), "k")
 
     if not at_most_zero:  # the whole range: 2^n in two factors, so n may reach 128 (and -150)
         x = t.op(f"arith.minimumf {x}, {const(88.72283935546875)} : {vt}", "e")
@@ -155,13 +160,13 @@ def vector_exp(t, x: str, vt: str, it: str, at_most_zero: bool = False) -> str:
     ni = t.op(f"arith.fptosi {n} : {vt} to {it}", "e")
 
     def power_of_two(k: str) -> str:
-        bits = t.op(f"arith.addi {k}, {t.op(f'arith.constant dense<127> : {it}', 'k')} : {it}", "e")
-        bits = t.op(f"arith.shli {bits}, {t.op(f'arith.constant dense<23> : {it}', 'k')} : {it}", "e")
+        bits = t.op(f"arith.addi {k}, {t.op(constant_text(127, it), 'k')} : {it}", "e")
+        bits = t.op(f"arith.shli {bits}, {t.op(constant_text(23, it), 'k')} : {it}", "e")
         return t.op(f"arith.bitcast {bits} : {it} to {vt}", "e")
 
     if at_most_zero:  # n in [-127, 0]: 2^-127 is 0 as bits, and so is the result
         return t.op(f"arith.mulf {y}, {power_of_two(ni)} : {vt}", "e")
-    half = t.op(f"arith.shrsi {ni}, {t.op(f'arith.constant dense<1> : {it}', 'k')} : {it}", "e")
+    half = t.op(f"arith.shrsi {ni}, {t.op(constant_text(1, it), 'k')} : {it}", "e")
     rest = t.op(f"arith.subi {ni}, {half} : {it}", "e")
     y = t.op(f"arith.mulf {y}, {power_of_two(half)} : {vt}", "e")
     return t.op(f"arith.mulf {y}, {power_of_two(rest)} : {vt}", "e")

@@ -60,6 +60,10 @@ class GPU:
 
     def describe(self) -> str:
         where = f", driver {self.driver_version}" if self.driver_version else " (named profile)"
+        if self.arch.startswith("vulkan"):
+            return (f"{self.name} {self.arch}: subgroup {self.warp_size}, {self.shared_bytes_per_block // 1024} KiB "
+                    f"shared memory, {self.threads_per_block} invocations per workgroup, "
+                    f"{self.matrix_units or 'no cooperative matrices'}{where}")
         return (f"{self.name} {self.arch}: {self.multiprocessors} SMs, warp {self.warp_size}, "
                 f"{self.shared_bytes_per_block // 1024} KiB shared memory per block "
                 f"({self.shared_bytes_per_multiprocessor // 1024} per SM), {self.registers_per_thread} registers "
@@ -95,8 +99,17 @@ GPU_PROFILES = {
                   80 * 1024 * MiB),
 }
 
+# Vulkan devices (arch: the Vulkan version the SPIR-V is for). lavapipe is Mesa's Vulkan driver on
+# the CPU (Debian's mesa-vulkan-drivers): subgroups of 8, 32 KiB of shared memory, no
+# VK_KHR_cooperative_matrix
+VULKAN_PROFILES = {
+    "vulkan-lavapipe": GPU("vulkan1.3", "llvmpipe (lavapipe)", 0, 1, 8, 32 * KiB, 32 * KiB, 0, 0, 1024, "", "",
+                           2048 * MiB),
+}
+
 PROFILES = {**{name: Capabilities("cpu", name, cpu=cpu) for name, cpu in CPU_PROFILES.items()},
-            **{name: Capabilities("cuda", name, gpu=gpu) for name, gpu in GPU_PROFILES.items()}}
+            **{name: Capabilities("cuda", name, gpu=gpu) for name, gpu in GPU_PROFILES.items()},
+            **{name: Capabilities("vulkan", name, gpu=gpu) for name, gpu in VULKAN_PROFILES.items()}}
 
 
 def named(name: str) -> Capabilities:
@@ -214,6 +227,23 @@ def probe_nvidia() -> list[Capabilities] | str:
         return found or f"no NVIDIA GPU of sm_80 or newer among the {count} device(s)"
     except Exception as e:  # a probe names its failure, never crashes the doctor
         return f"the NVIDIA probe failed: {type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"
+
+
+@lru_cache(maxsize=1)
+def probe_vulkan() -> list[Capabilities] | str:
+    """This machine's Vulkan devices, or why there are none (no `vulkan` package, no loader, no
+    driver). Probed once a process; never raises."""
+    try:
+        from ..runtime.vulkan_runtime import VulkanDevice, VulkanError
+    except ImportError as e:
+        return f"the Vulkan runtime cannot load ({e})"
+    try:
+        found = [Capabilities("vulkan", f"vulkan:{i}", gpu=d.gpu()) for i, d in enumerate(VulkanDevice.all())]
+        return found or "the Vulkan loader sees no device (apt-get install mesa-vulkan-drivers gives lavapipe)"
+    except VulkanError as e:
+        return str(e)
+    except Exception as e:  # a probe names its failure, never crashes the doctor
+        return f"the Vulkan probe failed: {type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"
 
 
 def _total_memory(driver, device) -> int:

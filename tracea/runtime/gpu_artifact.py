@@ -119,3 +119,44 @@ class GpuKernelArtifact:
             out += [("ptr", value), ("ptr", value), ("i64", 0)]
             out += [("i64", s) for s in param.shape] + [("i64", s) for s in strides]
         return out
+
+
+SPIRV_FORMAT = "tracea-spirv-kernel-1"
+
+
+@dataclass(frozen=True)
+class SpirvKernelArtifact:
+    """A Vulkan compute kernel: its SPIR-V module (entry point `name`), the Vulkan version it is
+    for, the workgroups of a launch (`grid`) and their size (`block`), and the storage buffers it
+    binds, in binding order (inputs, then outputs). Saved as `<path>.spv` and `<path>.json`."""
+    name: str
+    arch: str  # "vulkan1.3"
+    spirv: bytes
+    grid: tuple[int, int, int]
+    block: tuple[int, int, int]
+    params: tuple[Param, ...]
+
+    def save(self, path: str | Path) -> Path:
+        path = Path(path)
+        Path(str(path) + ".spv").write_bytes(self.spirv)
+        meta = {k: v for k, v in asdict(self).items() if k != "spirv"}
+        meta["params"] = [asdict(p) for p in self.params]
+        Path(str(path) + ".json").write_text(json.dumps({"format": SPIRV_FORMAT, **meta}, indent=1))
+        return path
+
+    @staticmethod
+    def load(path: str | Path) -> "SpirvKernelArtifact":
+        path = Path(path)
+        try:
+            meta = json.loads(Path(str(path) + ".json").read_text())
+            spirv = Path(str(path) + ".spv").read_bytes()
+        except OSError as e:
+            raise TraceaError(f"cannot load the Vulkan kernel {path}: {e.strerror} ({e.filename})") from None
+        except ValueError:
+            raise TraceaError(f"{path}.json is damaged: not JSON") from None
+        if meta.pop("format", None) != SPIRV_FORMAT:
+            raise TraceaError(f"{path}.json is not a Tracea Vulkan kernel description")
+        params = tuple(Param(p["name"], p["dtype"], tuple(p["shape"]), p.get("output", False))
+                       for p in meta.pop("params"))
+        return SpirvKernelArtifact(spirv=spirv, params=params, grid=tuple(meta.pop("grid")),
+                                   block=tuple(meta.pop("block")), **meta)

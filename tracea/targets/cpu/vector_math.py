@@ -18,7 +18,7 @@ from dataclasses import dataclass
 
 import mlir.ir as ir
 
-from ...codegen.kernel_text import vector_exp
+from ...codegen.kernel_text import constant_text, vector_exp
 from ...passes.lower_to_linalg import inline_kernel
 from ...passes.registry import TraceaPass, register
 
@@ -38,8 +38,9 @@ class _Text:
 
 
 def _vector_function(name: str, lanes: int, compute) -> str:
-    """func @name(%x) on f32 vectors: compute(t, vt, it, bt) -> its value, NaN passed through."""
-    vt, it, bt = f"vector<{lanes}xf32>", f"vector<{lanes}xi32>", f"vector<{lanes}xi1>"
+    """func @name(%x) on f32 vectors (lanes 0: on an f32 scalar): compute(t, vt, it, bt) -> its
+    value, NaN passed through."""
+    vt, it, bt = (f"vector<{lanes}xf32>", f"vector<{lanes}xi32>", f"vector<{lanes}xi1>") if lanes else ("f32", "i32", "i1")
     t = _Text()
     y = compute(t, vt, it, bt)
     nan = t.op(f"arith.cmpf uno, %x, %x : {vt}", "p")
@@ -50,7 +51,7 @@ def _vector_function(name: str, lanes: int, compute) -> str:
 
 def _splat(t, vt: str, value: float) -> str:
     """A constant vector of `value`."""
-    return t.op(f"arith.constant dense<{value!r}> : {vt}", "k")
+    return t.op(constant_text(value, vt), "k")
 
 
 def _horner(t, vt: str, coefficients, v: str) -> str:
@@ -149,3 +150,22 @@ class VectorExpPass(TraceaPass):
         module.walk(collect)
         for op, lanes in found:
             inline_kernel(op, _FUNCTIONS[op.name](lanes))
+
+
+@register
+@dataclass(frozen=True)
+class ScalarErfPass(TraceaPass):
+    NAME = "tracea-scalar-erf"
+    SUMMARY = "math.erf on f32 scalars as the polynomial of tracea-vector-exp (SPIR-V has no erf)"
+
+    def run(self, module: ir.Operation) -> None:
+        found = []
+
+        def collect(op):
+            if op.name == "math.erf" and str(op.results[0].type) == "f32":
+                found.append(op)
+            return ir.WalkResult.ADVANCE
+
+        module.walk(collect)
+        for op in found:
+            inline_kernel(op, erf_function(0))

@@ -24,13 +24,11 @@ from dataclasses import dataclass, replace
 
 import mlir.ir as ir
 
-from ...dialects.ops import Epilogue, OpView, view
+from ...dialects.ops import Epilogue, OpView
 from ...dialects.schedule import Schedule
 from ...doctor.capabilities import Capabilities, named
-from ...doctor.engine import PlanError
 from ...codegen.variants import (ArchIs, BackendIs, DtypeIn, Problem, Rule, SharedMemoryAtLeast, SmAtLeast, Variant,
                                WarpSizeIs, register_variant)
-from ...dialects.verify import tracea_ops
 from ...errors import OpError
 from ...tuner.space import SearchSpace
 from ...codegen.conv_gather import implicit_gemm
@@ -45,8 +43,8 @@ from .wgmma import default_tiles as default_wgmma_tiles
 from .wgmma import grid as wgmma_grid
 from . import wgmma_attention
 from .wgmma_attention import WgmmaAttentionTiles
-from ...passes.registry import PassFailed, TraceaPass, option, register
-from ...passes.select_variant import select
+from ...codegen.gpu_kernels import functions_to_kernels
+from ...passes.registry import TraceaPass, option, register
 
 CHIPS = ("sm_80", "sm_90a")
 
@@ -345,35 +343,7 @@ for _variant, _emitter in (
     EMITTERS[_variant.id] = _emitter
 
 
-def _fits_in_memory(v: OpView, caps: Capabilities) -> None:
-    """Operands a GPU cannot hold are an input error (their tile loops would also be absurdly
-    long to plan)."""
-    for name, spec in [*v.operands.items(), ("result", v.result)]:
-        size = math.prod(spec.shape) * {"f16": 2, "bf16": 2}.get(spec.dtype, 4)
-        if size > caps.gpu.memory_bytes:
-            raise OpError(f"{'the result' if name == 'result' else f'operand {name!r}'} ({spec}) takes "
-                          f"{size / 2 ** 30:,.0f} GiB; the {caps.gpu.name} ({caps.gpu.arch}) has "
-                          f"{caps.gpu.memory_bytes / 2 ** 30:,.0f} GiB: split the problem")
-
-
 KERNEL_OPS = ("tracea.gemm", "tracea.fused_gemm", "tracea.conv2d", "tracea.attention")
-
-
-def _single_kernel_op(func: ir.Operation) -> ir.Operation:
-    ops = tracea_ops(func)
-    kernels = [op for op in ops if op.name in KERNEL_OPS]
-    if len(ops) != 1 or len(kernels) != 1:
-        raise OpError(f"an NVIDIA kernel is made from a function computing one gemm / fused_gemm / conv2d / "
-                      f"attention; "
-                      f"@{ir.StringAttr(func.attributes['sym_name']).value} has "
-                      f"{', '.join(op.name for op in ops) or 'no tracea op'}")
-    op = kernels[0]
-    args = list(func.regions[0].blocks[0].arguments)
-    operands = list(op.operands)
-    if len(operands) != len(args) or any(not (x == arg) for x, arg in zip(operands, args)):
-        raise OpError(f"{op.name}'s operands must be the function's arguments, in order: they become the "
-                      "kernel's parameters (then the result buffer)")
-    return op
 
 
 @register
@@ -387,38 +357,7 @@ class GpuKernelsPass(TraceaPass):
     chip: str = option("sm_80", "the NVIDIA architecture the kernels are for", CHIPS)
 
     def run(self, module: ir.Operation) -> None:
-        body = module.regions[0].blocks[0]
-        funcs = [op.operation for op in body.operations if op.operation.name == "func.func"]
-        kernels = []
-        failed = False
-        for func in funcs:
-            name = ir.StringAttr(func.attributes["sym_name"]).value
-            try:
-                op = _single_kernel_op(func)
-                _fits_in_memory(view(op), named(self.chip))
-                variant_id = select(op, named(self.chip))
-                text, launch = EMITTERS[variant_id](view(op), name)
-            except (OpError, PlanError) as e:
-                func.location.emit_error(f"{self.NAME}: {e}")
-                failed = True
-                continue
-            kernels.append((func, text, launch))
-        if failed:
-            raise PassFailed()  # each function's error was emitted at it
-        with module.context, module.location:
-            module.attributes["gpu.container_module"] = ir.UnitAttr.get()
-            previous = None  # the kernels go into the first gpu.module, in the functions' order
-            for func, text, launch in kernels:
-                parsed = ir.Module.parse(text)
-                generated = parsed.body.operations[0].operation  # gpu.module @kernels
-                kernel = generated.regions[0].blocks[0].operations[0].operation
-                kernel.attributes["tracea.launch"] = launch.to_attr()
-                if previous is None:
-                    generated.move_before(func)
-                else:
-                    kernel.move_after(previous)
-                previous = kernel
-                func.erase()
+        functions_to_kernels(module, named(self.chip), KERNEL_OPS, "NVIDIA", EMITTERS, self.NAME)
 
 
 @register

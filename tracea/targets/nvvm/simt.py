@@ -44,19 +44,24 @@ class SimtTiles:
             raise ValueError(f"{x * y} threads per block; at most 1024")
 
 
-def simt_gemm_module_text(g: MmaGemm, tiles: SimtTiles = SimtTiles(), name: str = "gemm") -> str:
+def simt_gemm_module_text(g: MmaGemm, tiles: SimtTiles = SimtTiles(), name: str = "gemm", spirv: bool = False) -> str:
     """A gpu.module with kernel @name(A, B[, bias][, residual], C) (the parameters of
-    gpu_mma.kernel_params), any float inputs, f32 accumulation."""
+    gpu_mma.kernel_params), any float inputs, f32 accumulation. The kernel is plain gpu dialect,
+    so the Vulkan target runs it too (`spirv`: its shared tiles are allocations in address space
+    3, as MLIR's SPIR-V conversion takes them, and it has the entry point's workgroup size)."""
     tiles.validate()
     m, n, k = g.m, g.n, g.k
     BM, BN, BK, TM, TN = tiles.block_m, tiles.block_n, tiles.block_k, tiles.thread_m, tiles.thread_n
     TX, TY = tiles.threads
     nthreads = TX * TY
-    ws = "#gpu.address_space<workgroup>"
+    ws = "3" if spirv else "#gpu.address_space<workgroup>"
     As_t, Bs_t = f"memref<{BK}x{BM}xf32, {ws}>", f"memref<{BK}x{BN}xf32, {ws}>"
     A_t, B_t, C_t = g.matrix_type("A", g.dtype), g.matrix_type("B", g.dtype), g.matrix_type("C", g.out_dtype)
     t = LoopText()
     t.depth = 3
+    if spirv:
+        t.line(f"%As = memref.alloc() : {As_t}")
+        t.line(f"%Bs = memref.alloc() : {Bs_t}")
     for line in collapse_views(g):
         t.line(line)
     zero = t.op("arith.constant 0.0 : f32", "z")
@@ -128,7 +133,14 @@ def simt_gemm_module_text(g: MmaGemm, tiles: SimtTiles = SimtTiles(), name: str 
                 t.line(line)
             t.line(f"memref.store {x}, %C[{r}, {c}] : {C_t}")
             t.close()
+    if spirv:
+        return gpu_module_text(t, name, kernel_params(g), (TX, TY), attributes=spirv_entry_point((TX, TY, 1)))
     return gpu_module_text(t, name, kernel_params(g), (TX, TY), f"%As: {As_t}, %Bs: {Bs_t}")
+
+
+def spirv_entry_point(workgroup: tuple[int, int, int]) -> str:
+    """The attribute MLIR's SPIR-V conversion makes a kernel's entry point (and its LocalSize) from."""
+    return f", spirv.entry_point_abi = #spirv.entry_point_abi<workgroup_size = [{', '.join(map(str, workgroup))}]>"
 
 
 def grid(m: int, n: int, tiles: SimtTiles = SimtTiles(), batch: int = 1) -> tuple[int, int, int]:

@@ -1,0 +1,130 @@
+"""The Vulkan target for real: SPIR-V made by MLIR's conversion, checked by spirv-val, dispatched
+on this machine's Vulkan device (lavapipe, Mesa's driver on the CPU, which ./dev installs) and
+compared with numpy / torch."""
+from __future__ import annotations
+
+import subprocess
+
+import numpy as np
+import pytest
+import torch
+
+import reference as ref
+import tracea
+from tracea import dialects as td
+from tracea.doctor import Context
+from tracea.doctor.capabilities import probe_vulkan
+from tracea.errors import ArgumentError, CompileError
+from tracea.runtime.gpu_artifact import SpirvKernelArtifact
+
+FOUND = probe_vulkan()
+pytestmark = pytest.mark.skipif(isinstance(FOUND, str), reason=f"no Vulkan device: {FOUND}")
+
+
+def _run(fn, *arrays):
+    kernel = tracea.compile(fn, target="vulkan", keep_stages=True)
+    return kernel, kernel(*arrays)
+
+
+@pytest.mark.parametrize("m,k,n", [(1, 1, 1), (64, 48, 80), (65, 33, 130), (7, 300, 9), (200, 64, 64)])
+@pytest.mark.parametrize("transpose_b", [False, True])
+def test_gemm_runs_on_the_vulkan_device(m, k, n, transpose_b):
+    """Tiles cut by every edge (M, N, K off the 64 x 64 x 16 tile), nn.Linear's B^T, large values."""
+    rng = np.random.default_rng(m * 1000 + n)
+    a = ref.random(rng, (m, k), scale=100.0)
+    b = ref.random(rng, (n, k) if transpose_b else (k, n))
+    fn = td.function(td.tensor(a.shape), td.tensor(b.shape))(lambda x, y: td.gemm(x, y, transpose_b=transpose_b))
+    kernel, out = _run(fn, a, b)
+    ref.assert_close(out, ref.gemm(a, b, transpose_b=transpose_b), "f32", k)
+    assert "spirv.module" in kernel.stages["spirv"] and kernel.artifact.block == (16, 16, 1)
+
+
+@pytest.mark.parametrize("batched_b", [False, True])
+def test_batched_gemm(batched_b):
+    rng = np.random.default_rng(1)
+    a, b = ref.random(rng, (3, 2, 20, 30)), ref.random(rng, (3, 2, 30, 17) if batched_b else (30, 17))
+    _, out = _run(td.function(td.tensor(a.shape), td.tensor(b.shape))(td.gemm), a, b)
+    ref.assert_close(out, ref.gemm(a, b), "f32", 30)
+
+
+@pytest.mark.parametrize("steps", ["bias_gelu", "bias_relu_residual", "silu", "gelu_tanh"])
+def test_fused_epilogues(steps):
+    """The epilogue runs in the shader: exact GELU's erf as a polynomial (SPIR-V has none), over
+    inputs large enough to reach its tails."""
+    rng = np.random.default_rng(2)
+    m, k, n = 70, 33, 130
+    a, w = ref.random(rng, (m, k), scale=3.0), ref.random(rng, (n, k))
+    bias, residual = ref.random(rng, (n,)), ref.random(rng, (m, n))
+    x = torch.from_numpy(ref.gemm(a, w, transpose_b=True))
+    f = torch.nn.functional
+    specs = [td.tensor((m, k)), td.tensor((n, k))]
+    if steps == "bias_gelu":
+        fn = td.function(*specs, td.tensor(n))(lambda p, q, b: td.fused_gemm(p, q, [td.bias_add(b), td.gelu()],
+                                                                               transpose_b=True))
+        args, expected = [a, w, bias], f.gelu(x + torch.from_numpy(bias).double())
+    elif steps == "bias_relu_residual":
+        fn = td.function(*specs, td.tensor(n), td.tensor((m, n)))(lambda p, q, b, r: td.fused_gemm(
+            p, q, [td.bias_add(b), td.relu(), td.residual_add(r)], transpose_b=True))
+        args, expected = [a, w, bias, residual], f.relu(x + torch.from_numpy(bias).double()) + torch.from_numpy(residual)
+    elif steps == "silu":
+        fn = td.function(*specs)(lambda p, q: td.fused_gemm(p, q, [td.silu()], transpose_b=True))
+        args, expected = [a, w], f.silu(x)
+    else:
+        fn = td.function(*specs)(lambda p, q: td.fused_gemm(p, q, [td.gelu(approximate="tanh")], transpose_b=True))
+        args, expected = [a, w], f.gelu(x, approximate="tanh")
+    _, out = _run(fn, *args)
+    ref.assert_close(out, expected.numpy(), "f32", k)
+
+
+def test_every_module_passes_spirv_val_and_a_bad_one_is_refused(tmp_path):
+    from tracea.targets.spirv.target import spirv_val, validate
+    if spirv_val() is None:
+        pytest.skip("spirv-val is not installed (apt-get install spirv-tools)")
+    fn = td.function(td.tensor((8, 8)), td.tensor((8, 8)))(td.gemm)
+    kernel = tracea.compile(fn, target="vulkan")
+    path = tmp_path / "k.spv"
+    path.write_bytes(kernel.artifact.spirv)
+    assert subprocess.run(["spirv-val", "--target-env", "vulkan1.3", str(path)]).returncode == 0
+    damaged = bytearray(kernel.artifact.spirv)
+    damaged[40:44] = b"\xff\xff\xff\xff"
+    with pytest.raises(CompileError, match="spirv-val rejected"):
+        validate(bytes(damaged), "vulkan1.3", "@damaged")
+
+
+def test_an_artifact_saved_and_loaded_runs_again(tmp_path):
+    from tracea.runtime.vulkan_runtime import VulkanDevice, VulkanKernel
+    rng = np.random.default_rng(3)
+    a, b = ref.random(rng, (30, 20)), ref.random(rng, (20, 10))
+    kernel = tracea.compile(td.function(td.tensor(a.shape), td.tensor(b.shape))(td.gemm), target="vulkan")
+    loaded = SpirvKernelArtifact.load(kernel.artifact.save(tmp_path / "gemm"))
+    assert loaded == kernel.artifact
+    ref.assert_close(VulkanKernel(loaded, VulkanDevice.get(0))(a, b), a @ b, "f32", 20)
+    (tmp_path / "gemm.json").write_text("{not json")
+    with pytest.raises(tracea.TraceaError, match="damaged"):
+        SpirvKernelArtifact.load(tmp_path / "gemm")
+
+
+def test_bad_input_gets_errors_that_name_it():
+    fn = td.function(td.tensor((4, 8)), td.tensor((8, 3)))(td.gemm)
+    kernel = tracea.compile(fn, target="vulkan")
+    with pytest.raises(ArgumentError, match=r"shape \(8, 3\)"):
+        kernel(np.ones((4, 8), np.float32), np.ones((3, 8), np.float32))
+    with pytest.raises(ArgumentError, match="takes 2 array"):
+        kernel(np.ones((4, 8), np.float32))
+    softmax = td.function(td.tensor((4, 8)))(td.softmax)
+    with pytest.raises(CompileError, match="one gemm / fused_gemm"):
+        tracea.compile(softmax, target="vulkan")
+    half = td.function(td.tensor((4, 8), "f16"), td.tensor((8, 3), "f16"))(td.gemm)
+    with pytest.raises(CompileError, match="not f32"):
+        tracea.compile(half, target="vulkan")
+    with pytest.raises(ValueError, match="there is no vulkan:7"):
+        tracea.compile(fn, target="vulkan", chip="vulkan:7")
+    with pytest.raises(tracea.TraceaError, match="a profile, not a device"):
+        tracea.compile(fn, target="vulkan", chip="vulkan-lavapipe")
+
+
+def test_the_doctor_plans_vulkan_kernels_from_the_device_properties():
+    device = FOUND[0]
+    assert device.backend == "vulkan" and device.gpu.warp_size >= 1 and device.gpu.shared_bytes_per_block >= 16384
+    assert Context(device).plan_kernel("gemm", m=64, n=64, k=64).variant_id == "vulkan.gemm.simt"
+    assert Context("vulkan-lavapipe").plan_kernel("matmul").variant_id == "vulkan.gemm.simt"

@@ -1,0 +1,80 @@
+"""tracea-spirv-kernels: each function computing one gemm / fused_gemm becomes a Vulkan compute
+kernel (a gpu.func that MLIR's SPIR-V conversion takes), chosen by the Doctor from the device's
+properties.
+
+f32 GEMMs run the SIMT kernel the NVIDIA target also has (targets/nvvm/simt.py: plain gpu
+dialect, shared-memory tiles of A and B, a 4 x 4 register tile per invocation, the fused
+epilogue), its shared tiles written as allocations in address space 3 (workgroup attributions
+abort this MLIR's conversion) and its workgroup size as the entry point's.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import mlir.ir as ir
+
+from ...codegen.gpu_kernels import functions_to_kernels
+from ...codegen.variants import BackendIs, DtypeIn, SharedMemoryAtLeast, Variant, register_variant
+from ...dialects.ops import OpView
+from ...doctor.capabilities import Capabilities, named
+from ...passes.registry import PassFailed, TraceaPass, option, register
+from ..nvvm.kernels import Launch, mma_gemm
+from ..nvvm.simt import SimtTiles, simt_gemm_module_text
+from ..nvvm.simt import grid as simt_grid
+
+KERNEL_OPS = ("tracea.gemm", "tracea.fused_gemm")
+
+
+def emit_simt_gemm(v: OpView, name: str) -> tuple[str, Launch]:
+    g, tiles = mma_gemm(v), SimtTiles()
+    x, y = tiles.threads
+    return simt_gemm_module_text(g, tiles, name, spirv=True), Launch(
+        simt_grid(g.m, g.n, tiles, math.prod(g.lead) if g.batch_grid else 1), (x, y, 1), 0)
+
+
+ON_VULKAN = BackendIs("vulkan")
+_TILES = SimtTiles()
+EMITTERS = {}
+for _variant, _emitter in (
+    (Variant("vulkan.gemm.simt", "vulkan", ("gemm", "fused_gemm"), (
+        ON_VULKAN, DtypeIn(("f32",)),
+        SharedMemoryAtLeast(4 * _TILES.block_k * (_TILES.block_m + _TILES.block_n))), 10,
+        "SIMT: shared-memory tiles of A and B, a 4 x 4 register tile per invocation, fused epilogue",
+        frozenset({"simd"})), emit_simt_gemm),
+):
+    register_variant(_variant)
+    EMITTERS[_variant.id] = _emitter
+
+
+def vulkan_capabilities(device: str) -> Capabilities:
+    """A device of this machine ("vulkan:N") or a named profile ("vulkan-lavapipe")."""
+    if device.startswith("vulkan:"):
+        from ...doctor.capabilities import probe_vulkan
+        found = probe_vulkan()
+        if isinstance(found, str):
+            raise ValueError(f"no Vulkan device here: {found}")
+        wanted = [c for c in found if c.name == device]
+        if not wanted:
+            raise ValueError(f"there is no {device}; this machine has {', '.join(c.name for c in found)}")
+        return wanted[0]
+    caps = named(device)
+    if caps.backend != "vulkan":
+        raise ValueError(f"{device!r} is a {caps.backend} profile, not a Vulkan device")
+    return caps
+
+
+@register
+@dataclass(frozen=True)
+class SpirvKernelsPass(TraceaPass):
+    NAME = "tracea-spirv-kernels"
+    SUMMARY = ("make each function's gemm / fused_gemm a Vulkan compute kernel (a gpu.module kernel for MLIR's "
+               "SPIR-V conversion) with its launch configuration")
+    device: str = option("vulkan-lavapipe", "the Vulkan device: vulkan:N (this machine's) or a profile")
+
+    def run(self, module: ir.Operation) -> None:
+        try:
+            caps = vulkan_capabilities(self.device)
+        except ValueError as e:
+            raise PassFailed(str(e)) from None
+        functions_to_kernels(module, caps, KERNEL_OPS, "Vulkan", EMITTERS, self.NAME)

@@ -1,0 +1,138 @@
+"""The Vulkan target: tracea ops -> gpu-dialect kernels (stage "gpu": tracea-spirv-kernels, the
+Doctor's choice for the device) -> SPIR-V (stage "spirv": MLIR's SPIR-V conversion for Vulkan:
+storage buffers at (set 0, binding i), the entry point's workgroup size) -> a SPIR-V binary
+(gpu-module-to-binary, in the compiler child), checked by `spirv-val` for the device's Vulkan
+version before anything is dispatched. runtime/vulkan_runtime.py runs it.
+"""
+from __future__ import annotations
+
+import base64
+import functools
+import json
+import shutil
+import subprocess
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+
+import mlir.ir as ir
+from mlir.passmanager import PassManager
+
+from ...errors import CompileError
+from ...passes.pipeline import Pipeline, parse_pipeline
+from ...runtime.gpu_artifact import Param, SpirvKernelArtifact
+from ..base import Build, Target, package_version, register_target
+from ..nvvm.target import KEPT_LAUNCHES, _assembly_of_binary
+from .kernels import vulkan_capabilities
+
+
+@dataclass(frozen=True)
+class VulkanOptions:
+    device: str  # "vulkan:N" (a device of this machine) or a profile (code only, nothing to run it on)
+    name: str  # the device's name: kernels are chosen from its properties
+    arch: str  # the Vulkan version: "vulkan1.3"
+
+
+def spirv_version(arch: str) -> str:
+    """The SPIR-V version a Vulkan version takes (1.1 and later: SPIR-V 1.3)."""
+    return "v1.0" if arch == "vulkan1.0" else "v1.3"
+
+
+def spirv_lowering(arch: str) -> str:
+    return (f"tracea-keep-launches, tracea-scalar-erf, spirv-attach-target{{ver={spirv_version(arch)} caps=Shader "
+            "exts=SPV_KHR_storage_buffer_storage_class}, gpu.module(fold-memref-alias-ops, lower-affine, arith-expand, convert-math-to-spirv), convert-gpu-to-spirv, "
+            "spirv.module(spirv-lower-abi-attrs, spirv-update-vce)")
+
+
+def serialize(module: ir.Operation) -> bytes:
+    """The SPIR-V binary of the module's spirv.module (which convert-gpu-to-spirv puts beside the
+    gpu.module; gpu-module-to-binary serializes it from inside one)."""
+    body = module.regions[0].blocks[0]
+    found = {name: [op.operation for op in body.operations if op.operation.name == name]
+             for name in ("spirv.module", "gpu.module")}
+    if len(found["spirv.module"]) != 1 or len(found["gpu.module"]) != 1:
+        raise CompileError(f"expected one spirv.module and one gpu.module, found {len(found['spirv.module'])} "
+                           f"and {len(found['gpu.module'])}")
+    kernels = list(found["gpu.module"][0].regions[0].blocks[0].operations)
+    found["spirv.module"][0].move_before(kernels[0])
+    for op in kernels:
+        op.erase()
+    PassManager.parse("builtin.module(gpu-module-to-binary)", context=module.context).run(module)
+    return _assembly_of_binary(module)
+
+
+@functools.cache
+def spirv_val() -> str | None:
+    return shutil.which("spirv-val")
+
+
+def validate(binary: bytes, arch: str, kernel: str) -> None:
+    """spirv-val for the Vulkan version (where SPIRV-Tools is installed): an invalid module is a
+    compiler bug, reported before a driver sees it."""
+    tool = spirv_val()
+    if tool is None:
+        return
+    with tempfile.TemporaryDirectory() as tmp:
+        path = Path(tmp) / "kernel.spv"
+        path.write_bytes(binary)
+        done = subprocess.run([tool, "--target-env", arch, str(path)], capture_output=True, text=True)
+    if done.returncode:
+        raise CompileError(f"spirv-val rejected the SPIR-V of {kernel} for {arch}:\n"
+                           f"{(done.stderr or done.stdout).strip()}")
+
+
+@register_target
+class VulkanTarget(Target):
+    """compile(..., target="vulkan") runs on this machine's Vulkan device 0, or `chip="vulkan:N"`:
+    a callable on numpy arrays. One gemm / fused_gemm (f32) per function."""
+    name = "vulkan"
+
+    def options(self, *, strategy: str = "tiled", threads: int | None = None, chip: str | None = None) -> VulkanOptions:
+        if strategy != "tiled":
+            raise ValueError(f"target 'vulkan' has one strategy, 'tiled' (got {strategy!r}); the reference "
+                             "strategy is the CPU's")
+        if threads is not None:
+            raise ValueError("threads= sizes the CPU's thread teams; a Vulkan kernel's workgroups come from its "
+                             "variant")
+        caps = vulkan_capabilities(chip or "vulkan:0")
+        return VulkanOptions(chip or "vulkan:0", caps.gpu.name, caps.gpu.arch)
+
+    def stages(self, options: VulkanOptions) -> dict[str, Pipeline]:
+        return {"gpu": parse_pipeline(f"tracea-verify, tracea-spirv-kernels{{device={options.device}}}"),
+                "spirv": parse_pipeline(spirv_lowering(options.arch))}
+
+    def toolchain(self, options: VulkanOptions) -> tuple[str, ...]:
+        return (*super().toolchain(options), package_version("vulkan"))
+
+    def device(self, options: VulkanOptions):
+        from ...runtime.vulkan_runtime import VulkanDevice, VulkanError
+        if not options.device.startswith("vulkan:"):
+            raise VulkanError(f"{options.device} is a profile, not a device of this machine: compile for "
+                              "'vulkan:N' to run the kernel")
+        return VulkanDevice.get(int(options.device.split(":")[1]))
+
+    def codegen(self, module: ir.Operation, options: VulkanOptions) -> bytes:
+        launches = ir.DictAttr(module.attributes[KEPT_LAUNCHES]) if KEPT_LAUNCHES in module.attributes else {}
+        launches = {a.name: str(a.attr) for a in launches}
+        return json.dumps({"spirv": base64.b64encode(serialize(module)).decode(), "launches": launches}).encode()
+
+    def package(self, code: bytes, signature, options: VulkanOptions) -> SpirvKernelArtifact:
+        from ...dialects.context import shared_context
+        from ..nvvm.kernels import Launch
+
+        code = json.loads(code)
+        binary = base64.b64decode(code["spirv"])
+        validate(binary, options.arch, f"@{signature.name}")
+        with shared_context("host"):
+            launch = Launch.from_attr(ir.Attribute.parse(code["launches"][signature.name]))
+        names = signature.arg_names or [f"arg{i}" for i in range(len(signature.inputs))]
+        params = [Param(n, s.dtype, s.shape) for n, s in zip(names, signature.inputs)]
+        params += [Param("out" if len(signature.outputs) == 1 else f"out{i}", s.dtype, s.shape, output=True)
+                   for i, s in enumerate(signature.outputs)]
+        return SpirvKernelArtifact(signature.name, options.arch, binary, launch.grid, launch.block, tuple(params))
+
+    def load(self, build: Build, options: VulkanOptions, device):
+        from ...runtime.vulkan_runtime import VulkanKernel
+        kernel = VulkanKernel(build.artifact, device)
+        kernel.stages = build.stages
+        return kernel
