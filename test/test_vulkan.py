@@ -128,3 +128,19 @@ def test_the_doctor_plans_vulkan_kernels_from_the_device_properties():
     assert device.backend == "vulkan" and device.gpu.warp_size >= 1 and device.gpu.shared_bytes_per_block >= 16384
     assert Context(device).plan_kernel("gemm", m=64, n=64, k=64).variant_id == "vulkan.gemm.simt"
     assert Context("vulkan-lavapipe").plan_kernel("matmul").variant_id == "vulkan.gemm.simt"
+
+
+@pytest.mark.parametrize("shape", [(4, 8), (3, 1000), (2, 3, 5), (7,), (16, 257)])
+def test_softmax_along_the_last_axis(shape):
+    """A workgroup per row (32 to 256 invocations, rows shorter and longer than it), scores of
+    +-50, -inf masks, and a row of -inf only (NaN, as torch gives)."""
+    rng = np.random.default_rng(len(shape) * 100 + shape[-1])
+    x = (rng.random(shape, dtype=np.float32) - 0.5) * 100
+    if len(shape) > 1:
+        x[0] = -np.inf
+        x[-1, ::3] = -np.inf
+    _, out = _run(td.function(td.tensor(shape))(td.softmax), x)
+    expected = torch.softmax(torch.from_numpy(x), -1).numpy()
+    np.testing.assert_array_equal(np.isnan(out), np.isnan(expected))
+    ok = ~np.isnan(expected)
+    ref.assert_close(out[ok], expected[ok], "f32")

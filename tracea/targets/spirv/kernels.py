@@ -1,4 +1,4 @@
-"""tracea-spirv-kernels: each function computing one gemm / fused_gemm becomes a Vulkan compute
+"""tracea-spirv-kernels: each function computing one gemm / fused_gemm / softmax becomes a Vulkan compute
 kernel (a gpu.func that MLIR's SPIR-V conversion takes), chosen by the Doctor from the device's
 properties.
 
@@ -15,15 +15,21 @@ from dataclasses import dataclass
 import mlir.ir as ir
 
 from ...codegen.gpu_kernels import functions_to_kernels
-from ...codegen.variants import BackendIs, DtypeIn, SharedMemoryAtLeast, Variant, register_variant
+from ...codegen.variants import BackendIs, DtypeIn, Rule, SharedMemoryAtLeast, Variant, register_variant
 from ...dialects.ops import OpView
 from ...doctor.capabilities import Capabilities, named
 from ...passes.registry import PassFailed, TraceaPass, option, register
 from ..nvvm.kernels import Launch, mma_gemm
 from ..nvvm.simt import SimtTiles, simt_gemm_module_text
 from ..nvvm.simt import grid as simt_grid
+from .softmax import MAX_WORKGROUP, softmax_module_text
 
-KERNEL_OPS = ("tracea.gemm", "tracea.fused_gemm")
+KERNEL_OPS = ("tracea.gemm", "tracea.fused_gemm", "tracea.softmax")
+
+
+def emit_softmax(v: OpView, name: str) -> tuple[str, Launch]:
+    text, grid, workgroup = softmax_module_text(v, name)
+    return text, Launch(grid, workgroup, 0)
 
 
 def emit_simt_gemm(v: OpView, name: str) -> tuple[str, Launch]:
@@ -42,6 +48,11 @@ for _variant, _emitter in (
         SharedMemoryAtLeast(4 * _TILES.block_k * (_TILES.block_m + _TILES.block_n))), 10,
         "SIMT: shared-memory tiles of A and B, a 4 x 4 register tile per invocation, fused epilogue",
         frozenset({"simd"})), emit_simt_gemm),
+    (Variant("vulkan.softmax.workgroup_row", "vulkan", ("softmax",), (
+        ON_VULKAN, DtypeIn(("f32",)), SharedMemoryAtLeast(4 * MAX_WORKGROUP),
+        Rule("along the last axis", lambda p, caps: p.last_axis)), 10,
+        "a workgroup per row: max, then sum of exp, reduced in shared memory; one read of the row each",
+        frozenset({"simd"})), emit_softmax),
 ):
     register_variant(_variant)
     EMITTERS[_variant.id] = _emitter
