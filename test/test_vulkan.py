@@ -144,3 +144,22 @@ def test_softmax_along_the_last_axis(shape):
     np.testing.assert_array_equal(np.isnan(out), np.isnan(expected))
     ok = ~np.isnan(expected)
     ref.assert_close(out[ok], expected[ok], "f32")
+
+
+@pytest.mark.parametrize("n,hw,c,f,kernel,stride,padding,dilation,bias", [
+    (1, (8, 8), 3, 5, (3, 3), 1, 1, 1, True), (2, (13, 11), 6, 7, (3, 2), (2, 1), (1, 0, 2, 1), (1, 2), False),
+    (1, (5, 5), 4, 64, (1, 1), 1, 0, 1, True), (2, (16, 16), 16, 32, (7, 7), 2, 3, 1, True)])
+def test_nhwc_conv_is_an_implicit_gemm(n, hw, c, f, kernel, stride, padding, dilation, bias):
+    """The SIMT GEMM gathering its A tiles from the image: strides, asymmetric padding (taps in the
+    padding read 0), dilation, a 7x7 stride-2 stem, bias in the epilogue."""
+    rng = np.random.default_rng(c * 10 + f)
+    x, w, b = ref.random(rng, (n, *hw, c)), ref.random(rng, (*kernel, c, f)), ref.random(rng, (f,))
+    specs = [td.tensor(x.shape), td.tensor(w.shape)] + ([td.tensor(b.shape)] if bias else [])
+    fn = td.function(*specs)(lambda *a: td.conv2d(*a, stride=stride, padding=padding, dilation=dilation,
+                                                   layout="nhwc"))
+    _, out = _run(fn, x, w, *([b] if bias else []))
+    pads = (padding,) * 4 if isinstance(padding, int) else padding
+    strides = (stride, stride) if isinstance(stride, int) else stride
+    dilations = (dilation, dilation) if isinstance(dilation, int) else dilation
+    expected = ref.conv2d(x, w, b if bias else None, strides, pads, dilations, 1, "nhwc")
+    ref.assert_close(out, expected, "f32", c * kernel[0] * kernel[1])

@@ -57,6 +57,8 @@ def simt_gemm_module_text(g: MmaGemm, tiles: SimtTiles = SimtTiles(), name: str 
     ws = "3" if spirv else "#gpu.address_space<workgroup>"
     As_t, Bs_t = f"memref<{BK}x{BM}xf32, {ws}>", f"memref<{BK}x{BN}xf32, {ws}>"
     A_t, B_t, C_t = g.matrix_type("A", g.dtype), g.matrix_type("B", g.dtype), g.matrix_type("C", g.out_dtype)
+    if g.conv is not None:
+        A_t = memref_text(g.conv.image.shape, g.dtype)
     t = LoopText()
     t.depth = 3
     if spirv:
@@ -90,7 +92,9 @@ def simt_gemm_module_text(g: MmaGemm, tiles: SimtTiles = SimtTiles(), name: str 
     # cooperative copies: element e of the tile for e = tid, tid + threads, ...
     t.for_("%e", tid, t.c(BM * BK), t.c(nthreads))
     mm, kk = t.op(f"arith.divui %e, {t.c(BK)} : index", "i"), t.op(f"arith.remui %e, {t.c(BK)} : index", "i")
-    if g.transpose_a:
+    if g.conv is not None:
+        a = gathered_load(t, g, A_t, t.add(row0, mm), t.add("%k0", kk), zero)
+    elif g.transpose_a:
         a = guarded_load("%A", A_t, t.add("%k0", kk), t.add(row0, mm), k, m)
     else:
         a = guarded_load("%A", A_t, t.add(row0, mm), t.add("%k0", kk), m, k)
@@ -136,6 +140,34 @@ def simt_gemm_module_text(g: MmaGemm, tiles: SimtTiles = SimtTiles(), name: str 
     if spirv:
         return gpu_module_text(t, name, kernel_params(g), (TX, TY), attributes=spirv_entry_point((TX, TY, 1)))
     return gpu_module_text(t, name, kernel_params(g), (TX, TY), f"%As: {As_t}, %Bs: {Bs_t}")
+
+
+def gathered_load(t: LoopText, g: MmaGemm, image_t: str, row: str, col: str, zero: str) -> str:
+    """Element (row, col) of a conv's im2col matrix, read from the NHWC image %A: row (n, oy, ox),
+    col (ky, kx, c); 0 past the matrix and in the padding (a negative coordinate is a huge
+    unsigned one, so one unsigned compare per axis checks both sides)."""
+    (_, h, w, c), (_, kw), (oh, ow) = g.conv.image.shape, g.conv.kernel, g.conv.out_hw
+    (sy, sx), (dy, dx), (top, left) = g.conv.stride, g.conv.dilation, g.conv.top_left
+
+    def divmod_(x: str, d: int) -> tuple[str, str]:
+        return t.op(f"arith.divui {x}, {t.c(d)} : index", "i"), t.op(f"arith.remui {x}, {t.c(d)} : index", "i")
+
+    n, pixel = divmod_(row, oh * ow)
+    oy, ox = divmod_(pixel, ow)
+    ky, rest = divmod_(col, kw * c)
+    kx, ch = divmod_(rest, c)
+    iy = t.op(f"arith.subi {t.add(t.mul(oy, t.c(sy)), t.mul(ky, t.c(dy)))}, {t.c(top)} : index", "i")
+    ix = t.op(f"arith.subi {t.add(t.mul(ox, t.c(sx)), t.mul(kx, t.c(dx)))}, {t.c(left)} : index", "i")
+    inside = t.cmp("ult", row, t.c(g.m))
+    for value, bound in ((col, g.k), (iy, h), (ix, w)):
+        inside = t.op(f"arith.andi {inside}, {t.cmp('ult', value, t.c(bound))} : i1", "p")
+    value = t.fresh("v")
+    t.open(f"{value} = scf.if {inside} -> (f32)")
+    t.line(f"scf.yield {t.load_f32('%A', image_t, [n, iy, ix, ch], g.dtype)} : f32")
+    t.else_()
+    t.line(f"scf.yield {zero} : f32")
+    t.close()
+    return value
 
 
 def spirv_entry_point(workgroup: tuple[int, int, int]) -> str:

@@ -1,4 +1,4 @@
-"""tracea-spirv-kernels: each function computing one gemm / fused_gemm / softmax becomes a Vulkan compute
+"""tracea-spirv-kernels: each function computing one gemm / fused_gemm / NHWC conv2d / softmax becomes a Vulkan compute
 kernel (a gpu.func that MLIR's SPIR-V conversion takes), chosen by the Doctor from the device's
 properties.
 
@@ -19,12 +19,15 @@ from ...codegen.variants import BackendIs, DtypeIn, Rule, SharedMemoryAtLeast, V
 from ...dialects.ops import OpView
 from ...doctor.capabilities import Capabilities, named
 from ...passes.registry import PassFailed, TraceaPass, option, register
+from ...codegen.conv_gather import implicit_gemm
+from ...dialects.ops import Epilogue
 from ..nvvm.kernels import Launch, mma_gemm
+from ..nvvm.mma import MmaGemm
 from ..nvvm.simt import SimtTiles, simt_gemm_module_text
 from ..nvvm.simt import grid as simt_grid
 from .softmax import MAX_WORKGROUP, softmax_module_text
 
-KERNEL_OPS = ("tracea.gemm", "tracea.fused_gemm", "tracea.softmax")
+KERNEL_OPS = ("tracea.gemm", "tracea.fused_gemm", "tracea.conv2d", "tracea.softmax")
 
 
 def emit_softmax(v: OpView, name: str) -> tuple[str, Launch]:
@@ -32,8 +35,21 @@ def emit_softmax(v: OpView, name: str) -> tuple[str, Launch]:
     return text, Launch(grid, workgroup, 0)
 
 
+def emit_simt_conv(v: OpView, name: str) -> tuple[str, Launch]:
+    """An NHWC conv2d as an implicit GEMM on the SIMT kernel, its A tiles gathered from the image."""
+    m, n, k, gather = implicit_gemm(v)
+    bias = v.operands.get("bias")
+    g = MmaGemm(m, n, k, gather.image.dtype, v.result.dtype, False, (Epilogue("bias_add"),) if bias else (),
+                bias.dtype if bias else None, None, gather)
+    return _simt(g, name)
+
+
 def emit_simt_gemm(v: OpView, name: str) -> tuple[str, Launch]:
-    g, tiles = mma_gemm(v), SimtTiles()
+    return _simt(mma_gemm(v), name)
+
+
+def _simt(g: MmaGemm, name: str) -> tuple[str, Launch]:
+    tiles = SimtTiles()
     x, y = tiles.threads
     return simt_gemm_module_text(g, tiles, name, spirv=True), Launch(
         simt_grid(g.m, g.n, tiles, math.prod(g.lead) if g.batch_grid else 1), (x, y, 1), 0)
@@ -48,6 +64,13 @@ for _variant, _emitter in (
         SharedMemoryAtLeast(4 * _TILES.block_k * (_TILES.block_m + _TILES.block_n))), 10,
         "SIMT: shared-memory tiles of A and B, a 4 x 4 register tile per invocation, fused epilogue",
         frozenset({"simd"})), emit_simt_gemm),
+    (Variant("vulkan.conv2d.implicit_gemm", "vulkan", ("conv2d",), (
+        ON_VULKAN, DtypeIn(("f32",)), SharedMemoryAtLeast(4 * _TILES.block_k * (_TILES.block_m + _TILES.block_n)),
+        Rule("layout='nhwc' (filter HWCF; transpose an NCHW input to NHWC first)",
+             lambda p, caps: None if p.layout is None else p.layout == "nhwc"),
+        Rule("groups=1", lambda p, caps: None if p.groups is None else p.groups == 1)), 10,
+        "the SIMT GEMM with its A tiles gathered from the NHWC image (implicit GEMM), bias in the epilogue",
+        frozenset({"simd"})), emit_simt_conv),
     (Variant("vulkan.softmax.workgroup_row", "vulkan", ("softmax",), (
         ON_VULKAN, DtypeIn(("f32",)), SharedMemoryAtLeast(4 * MAX_WORKGROUP),
         Rule("along the last axis", lambda p, caps: p.last_axis)), 10,
