@@ -163,3 +163,21 @@ def test_nhwc_conv_is_an_implicit_gemm(n, hw, c, f, kernel, stride, padding, dil
     dilations = (dilation, dilation) if isinstance(dilation, int) else dilation
     expected = ref.conv2d(x, w, b if bias else None, strides, pads, dilations, 1, "nhwc")
     ref.assert_close(out, expected, "f32", c * kernel[0] * kernel[1])
+
+
+@pytest.mark.parametrize("q_shape,keys,value_dim,causal,scale", [
+    ((1, 2, 40, 16), 40, 16, False, None), ((2, 3, 70, 64), 50, 32, True, None), ((5, 8), 9, 8, False, 3.0),
+    ((1, 1, 130, 128), 130, 128, True, None), ((1, 2, 33, 32), 300, 32, False, 40.0), ((1, 1, 9, 16), 200, 16, True, None)])
+def test_flash_attention(q_shape, keys, value_dim, causal, scale):
+    """Queries off the 64-query workgroup, keys off the key block, a value head dim unlike the
+    query's, causal with fewer keys than queries and the reverse, head dim 128 (smaller key
+    blocks), a large score scale (online softmax rescaling by large steps)."""
+    rng = np.random.default_rng(keys + q_shape[-2])
+    lead, d = q_shape[:-2], q_shape[-1]
+    q, k, v = ref.random(rng, q_shape), ref.random(rng, (*lead, keys, d)), ref.random(rng, (*lead, keys, value_dim))
+    fn = td.function(td.tensor(q.shape), td.tensor(k.shape), td.tensor(v.shape))(
+        lambda a, b, c: td.attention(a, b, c, causal=causal, scale=scale))
+    _, out = _run(fn, q, k, v)
+    t = [torch.from_numpy(x).double() for x in (q, k, v)]
+    expected = torch.nn.functional.scaled_dot_product_attention(*t, is_causal=causal, scale=scale).numpy()
+    ref.assert_close(out, expected, "f32", d)

@@ -1,6 +1,6 @@
-"""tracea-spirv-kernels: each function computing one gemm / fused_gemm / NHWC conv2d / softmax becomes a Vulkan compute
-kernel (a gpu.func that MLIR's SPIR-V conversion takes), chosen by the Doctor from the device's
-properties.
+"""tracea-spirv-kernels: each function computing one gemm / fused_gemm / NHWC conv2d / attention /
+softmax becomes a Vulkan compute kernel (a gpu.func that MLIR's SPIR-V conversion takes), chosen
+by the Doctor from the device's properties.
 
 f32 GEMMs run the SIMT kernel the NVIDIA target also has (targets/nvvm/simt.py: plain gpu
 dialect, shared-memory tiles of A and B, a 4 x 4 register tile per invocation, the fused
@@ -25,9 +25,15 @@ from ..nvvm.kernels import Launch, mma_gemm
 from ..nvvm.mma import MmaGemm
 from ..nvvm.simt import SimtTiles, simt_gemm_module_text
 from ..nvvm.simt import grid as simt_grid
+from .attention import QUERIES, SHARED_BYTES, attention_module_text
 from .softmax import MAX_WORKGROUP, softmax_module_text
 
-KERNEL_OPS = ("tracea.gemm", "tracea.fused_gemm", "tracea.conv2d", "tracea.softmax")
+KERNEL_OPS = ("tracea.gemm", "tracea.fused_gemm", "tracea.conv2d", "tracea.attention", "tracea.softmax")
+
+
+def emit_attention(v: OpView, name: str) -> tuple[str, Launch]:
+    text, grid, workgroup = attention_module_text(v, name)
+    return text, Launch(grid, workgroup, 0)
 
 
 def emit_softmax(v: OpView, name: str) -> tuple[str, Launch]:
@@ -71,6 +77,10 @@ for _variant, _emitter in (
         Rule("groups=1", lambda p, caps: None if p.groups is None else p.groups == 1)), 10,
         "the SIMT GEMM with its A tiles gathered from the NHWC image (implicit GEMM), bias in the epilogue",
         frozenset({"simd"})), emit_simt_conv),
+    (Variant("vulkan.attention.flash_simt", "vulkan", ("attention",), (
+        ON_VULKAN, DtypeIn(("f32",)), SharedMemoryAtLeast(SHARED_BYTES)), 10,
+        f"flash attention: a workgroup per {QUERIES} queries, key and value blocks in shared memory, online "
+        "softmax per invocation", frozenset({"simd"})), emit_attention),
     (Variant("vulkan.softmax.workgroup_row", "vulkan", ("softmax",), (
         ON_VULKAN, DtypeIn(("f32",)), SharedMemoryAtLeast(4 * MAX_WORKGROUP),
         Rule("along the last axis", lambda p, caps: p.last_axis)), 10,
