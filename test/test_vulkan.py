@@ -112,7 +112,7 @@ def test_bad_input_gets_errors_that_name_it():
     with pytest.raises(ArgumentError, match="takes 2 array"):
         kernel(np.ones((4, 8), np.float32))
     two = td.function(td.tensor((4, 8)), td.tensor((8, 3)))(lambda a, b: td.softmax(td.gemm(a, b)))
-    with pytest.raises(CompileError, match="one gemm / fused_gemm / conv2d / softmax; @lambda has tracea.gemm, tracea.softmax"):
+    with pytest.raises(CompileError, match="one gemm / fused_gemm / conv2d / attention / softmax; @lambda has tracea.gemm, tracea.softmax"):
         tracea.compile(two, target="vulkan")
     half = td.function(td.tensor((4, 8), "f16"), td.tensor((8, 3), "f16"))(td.gemm)
     with pytest.raises(CompileError, match="not f32"):
