@@ -133,8 +133,10 @@ def compile_gpu(program, *, chip: str = "sm_80", entry: str | None = None):
     (f16 / bf16 on Tensor Cores, f32 on the SIMT kernel): a runtime.gpu_artifact.GpuKernelArtifact
     holding the cubin (ptxas-checked against `chip`'s limits), its PTX and the launch
     configuration; `.save(path)` writes it for a machine with a GPU (no MLIR needed there). The
-    same path as compile(..., target="cuda"), stopped before loading. Raises CompileError."""
-    backend = get_target("cuda")
+    same path as compile(..., target="cuda"), stopped before loading. A Vulkan `chip` (a device
+    "vulkan:N" or a profile such as "vulkan-coopmat") gives a SpirvKernelArtifact the same way.
+    Raises CompileError."""
+    backend = get_target("vulkan" if chip.startswith("vulkan") else "cuda")
     text, source_name = _source(program)
     return _build(program, text, source_name, backend, backend.options(chip=chip), entry, False).artifact
 

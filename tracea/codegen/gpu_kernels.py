@@ -50,7 +50,7 @@ def single_kernel_op(func: ir.Operation, kinds: tuple[str, ...], target: str) ->
 def functions_to_kernels(module: ir.Operation, caps: Capabilities, kinds: tuple[str, ...], target: str,
                          emitters: dict[str, Callable], pass_name: str) -> None:
     """Replace every function of `module` by the kernel the emitter of its op's variant writes
-    (emitter(view, name) -> (gpu.module text, launch with to_attr())). Errors are emitted at the
+    (emitter(view, name, caps) -> (gpu.module text, launch with to_attr())). Errors are emitted at the
     functions, then PassFailed."""
     body = module.regions[0].blocks[0]
     funcs = [op.operation for op in body.operations if op.operation.name == "func.func"]
@@ -61,7 +61,7 @@ def functions_to_kernels(module: ir.Operation, caps: Capabilities, kinds: tuple[
             op = single_kernel_op(func, kinds, target)
             fits_in_memory(view(op), caps)
             variant_id = select(op, caps)
-            text, launch = emitters[variant_id](view(op), name)
+            text, launch = emitters[variant_id](view(op), name, caps)
         except (OpError, PlanError) as e:
             func.location.emit_error(f"{pass_name}: {e}")
             failed = True

@@ -105,6 +105,9 @@ GPU_PROFILES = {
 VULKAN_PROFILES = {
     "vulkan-lavapipe": GPU("vulkan1.3", "llvmpipe (lavapipe)", 0, 1, 8, 32 * KiB, 32 * KiB, 0, 0, 1024, "", "",
                            2048 * MiB),
+    # a GPU with VK_KHR_cooperative_matrix (f16 16x16x16 -> f32) and subgroups of 32: code only here
+    "vulkan-coopmat": GPU("vulkan1.3", "Vulkan GPU with cooperative matrices", 0, 1, 32, 48 * KiB, 48 * KiB, 0, 0,
+                          1024, "cooperative_matrix", "", 8192 * MiB),
 }
 
 PROFILES = {**{name: Capabilities("cpu", name, cpu=cpu) for name, cpu in CPU_PROFILES.items()},

@@ -135,6 +135,7 @@ class SpirvKernelArtifact:
     grid: tuple[int, int, int]
     block: tuple[int, int, int]
     params: tuple[Param, ...]
+    capabilities: tuple[str, ...] = ()  # the SPIR-V capabilities it declares
 
     def save(self, path: str | Path) -> Path:
         path = Path(path)
@@ -159,4 +160,5 @@ class SpirvKernelArtifact:
         params = tuple(Param(p["name"], p["dtype"], tuple(p["shape"]), p.get("output", False))
                        for p in meta.pop("params"))
         return SpirvKernelArtifact(spirv=spirv, params=params, grid=tuple(meta.pop("grid")),
-                                   block=tuple(meta.pop("block")), **meta)
+                                   block=tuple(meta.pop("block")), capabilities=tuple(meta.pop("capabilities", ())),
+                                   **meta)

@@ -219,6 +219,11 @@ class VulkanKernel:
     last dispatch's time on the device."""
 
     def __init__(self, artifact, device: VulkanDevice):
+        if "CooperativeMatrixKHR" in artifact.capabilities and COOPERATIVE_MATRIX not in device.extensions:
+            # (lavapipe would build the pipeline and compute garbage)
+            raise VulkanError(f"{artifact.name} uses cooperative matrices and {device.name} has no "
+                              f"{COOPERATIVE_MATRIX}: compile it for this device (its kernels are chosen from its "
+                              "properties)")
         self.artifact, self.device = artifact, device
         self.inputs = [p for p in artifact.params if not p.output]
         self.outputs = [p for p in artifact.params if p.output]

@@ -161,26 +161,26 @@ def mma_gemm(v: OpView) -> MmaGemm:
                    batched_b=batched_b, transpose_a=transpose_a)
 
 
-def emit_wgmma_gemm(v: OpView, name: str) -> tuple[str, Launch]:
+def emit_wgmma_gemm(v: OpView, name: str, caps: Capabilities | None = None) -> tuple[str, Launch]:
     g, tiles = mma_gemm(v), wgmma_tiles(_schedule(v))
     return wgmma_gemm_module_text(g, tiles, name), Launch(
         wgmma_grid(g, tiles), (tiles.threads, 1, 1), tiles.shared_bytes(), tensor_maps(g, tiles))
 
 
-def emit_mma_gemm(v: OpView, name: str) -> tuple[str, Launch]:
+def emit_mma_gemm(v: OpView, name: str, caps: Capabilities | None = None) -> tuple[str, Launch]:
     g, tiles = mma_gemm(v), mma_tiles(_schedule(v))
     return mma_gemm_module_text(g, tiles, name), Launch(mma_grid(g, tiles), (tiles.threads, 1, 1),
                                                         tiles.shared_bytes())
 
 
-def emit_simt_gemm(v: OpView, name: str) -> tuple[str, Launch]:
+def emit_simt_gemm(v: OpView, name: str, caps: Capabilities | None = None) -> tuple[str, Launch]:
     g, tiles = mma_gemm(v), SimtTiles()  # fixed tiles: the fallback is not tuned
     x, y = tiles.threads
     return simt_gemm_module_text(g, tiles, name), Launch(
         simt_grid(g.m, g.n, tiles, math.prod(g.lead) if g.batch_grid else 1), (x, y, 1), 0)
 
 
-def emit_conv(v: OpView, name: str) -> tuple[str, Launch]:
+def emit_conv(v: OpView, name: str, caps: Capabilities | None = None) -> tuple[str, Launch]:
     """An NHWC conv2d as an implicit GEMM on the mma.sync kernel (on sm_90a too: its A tiles are
     gathers, which TMA's tiled mode does not do)."""
     m, n, k, gather = implicit_gemm(v)
@@ -198,14 +198,14 @@ def mma_attention(v: OpView) -> MmaAttention:
                         q.shape[-1] ** -0.5 if scale is None else scale, v.attrs["causal"])
 
 
-def emit_wgmma_attention(v: OpView, name: str) -> tuple[str, Launch]:
+def emit_wgmma_attention(v: OpView, name: str, caps: Capabilities | None = None) -> tuple[str, Launch]:
     a, tiles = mma_attention(v), wgmma_attention_tiles(_schedule(v))
     return wgmma_attention.wgmma_attention_module_text(a, tiles, name), Launch(
         attention_grid(a, tiles), (tiles.threads, 1, 1), tiles.shared_bytes(a.head_dim),
         wgmma_attention.tensor_maps(a, tiles))
 
 
-def emit_mma_attention(v: OpView, name: str) -> tuple[str, Launch]:
+def emit_mma_attention(v: OpView, name: str, caps: Capabilities | None = None) -> tuple[str, Launch]:
     a, tiles = mma_attention(v), attention_tiles(_schedule(v))
     return attention_module_text(a, tiles, name), Launch(attention_grid(a, tiles), (tiles.threads, 1, 1),
                                                          tiles.shared_bytes(a.head_dim))

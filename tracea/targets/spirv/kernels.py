@@ -26,22 +26,28 @@ from ..nvvm.mma import MmaGemm
 from ..nvvm.simt import SimtTiles, simt_gemm_module_text
 from ..nvvm.simt import grid as simt_grid
 from .attention import QUERIES, SHARED_BYTES, attention_module_text
+from .cooperative import TILE, cooperative_gemm_module_text
 from .softmax import MAX_WORKGROUP, softmax_module_text
 
 KERNEL_OPS = ("tracea.gemm", "tracea.fused_gemm", "tracea.conv2d", "tracea.attention", "tracea.softmax")
 
 
-def emit_attention(v: OpView, name: str) -> tuple[str, Launch]:
+def emit_cooperative_gemm(v: OpView, name: str, caps: Capabilities | None = None) -> tuple[str, Launch]:
+    text, grid, workgroup = cooperative_gemm_module_text(v, name, caps.gpu.warp_size)
+    return text, Launch(grid, workgroup, 0)
+
+
+def emit_attention(v: OpView, name: str, caps: Capabilities | None = None) -> tuple[str, Launch]:
     text, grid, workgroup = attention_module_text(v, name)
     return text, Launch(grid, workgroup, 0)
 
 
-def emit_softmax(v: OpView, name: str) -> tuple[str, Launch]:
+def emit_softmax(v: OpView, name: str, caps: Capabilities | None = None) -> tuple[str, Launch]:
     text, grid, workgroup = softmax_module_text(v, name)
     return text, Launch(grid, workgroup, 0)
 
 
-def emit_simt_conv(v: OpView, name: str) -> tuple[str, Launch]:
+def emit_simt_conv(v: OpView, name: str, caps: Capabilities | None = None) -> tuple[str, Launch]:
     """An NHWC conv2d as an implicit GEMM on the SIMT kernel, its A tiles gathered from the image."""
     m, n, k, gather = implicit_gemm(v)
     bias = v.operands.get("bias")
@@ -50,7 +56,7 @@ def emit_simt_conv(v: OpView, name: str) -> tuple[str, Launch]:
     return _simt(g, name)
 
 
-def emit_simt_gemm(v: OpView, name: str) -> tuple[str, Launch]:
+def emit_simt_gemm(v: OpView, name: str, caps: Capabilities | None = None) -> tuple[str, Launch]:
     return _simt(mma_gemm(v), name)
 
 
@@ -70,6 +76,16 @@ for _variant, _emitter in (
         SharedMemoryAtLeast(4 * _TILES.block_k * (_TILES.block_m + _TILES.block_n))), 10,
         "SIMT: shared-memory tiles of A and B, a 4 x 4 register tile per invocation, fused epilogue",
         frozenset({"simd"})), emit_simt_gemm),
+    (Variant("vulkan.gemm.cooperative_matrix", "vulkan", ("gemm",), (
+        ON_VULKAN, Rule("the device has VK_KHR_cooperative_matrix",
+                        lambda p, caps: caps.gpu is not None and caps.gpu.matrix_units == "cooperative_matrix"),
+        DtypeIn(("f16",)), Rule("an f32 result (out_dtype='f32')", lambda p, caps: p.out_dtype == "f32"),
+        Rule(f"M, N and K multiples of {TILE}, A not transposed, one matrix each (no batch)",
+             lambda p, caps: None if None in (p.m, p.n, p.k, p.transpose_a, p.batched_b) else (
+                 p.m % TILE == 0 and p.n % TILE == 0 and p.k % TILE == 0 and not p.transpose_a and not p.batched_b
+                 and p.batch in (None, 1)))), 20,
+        f"cooperative matrices: a subgroup per {TILE} x {TILE} tile of C, f16 {TILE} x {TILE} x {TILE} products "
+        "accumulated in f32", frozenset({"matrix_units"})), emit_cooperative_gemm),
     (Variant("vulkan.conv2d.implicit_gemm", "vulkan", ("conv2d",), (
         ON_VULKAN, DtypeIn(("f32",)), SharedMemoryAtLeast(4 * _TILES.block_k * (_TILES.block_m + _TILES.block_n)),
         Rule("layout='nhwc' (filter HWCF; transpose an NCHW input to NHWC first)",

