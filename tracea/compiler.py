@@ -134,9 +134,10 @@ def compile_gpu(program, *, chip: str = "sm_80", entry: str | None = None):
     holding the cubin (ptxas-checked against `chip`'s limits), its PTX and the launch
     configuration; `.save(path)` writes it for a machine with a GPU (no MLIR needed there). The
     same path as compile(..., target="cuda"), stopped before loading. A Vulkan `chip` (a device
-    "vulkan:N" or a profile such as "vulkan-coopmat") gives a SpirvKernelArtifact the same way.
+    "vulkan:N" or a profile such as "vulkan-coopmat") gives a SpirvKernelArtifact the same way, a
+    Metal one ("metal-apple") a MetalKernelArtifact (MSL).
     Raises CompileError."""
-    backend = get_target("vulkan" if chip.startswith("vulkan") else "cuda")
+    backend = get_target(next((t for t in ("vulkan", "metal") if chip.startswith(t)), "cuda"))
     text, source_name = _source(program)
     return _build(program, text, source_name, backend, backend.options(chip=chip), entry, False).artifact
 

@@ -60,7 +60,7 @@ class GPU:
 
     def describe(self) -> str:
         where = f", driver {self.driver_version}" if self.driver_version else " (named profile)"
-        if self.arch.startswith("vulkan"):
+        if self.arch.startswith(("vulkan", "metal")):
             return (f"{self.name} {self.arch}: subgroup {self.warp_size}, {self.shared_bytes_per_block // 1024} KiB "
                     f"shared memory, {self.threads_per_block} invocations per workgroup, "
                     f"{self.matrix_units or 'no cooperative matrices'}{where}")
@@ -110,9 +110,17 @@ VULKAN_PROFILES = {
                           1024, "cooperative_matrix", "", 8192 * MiB),
 }
 
+# Apple GPUs through Metal (arch: the Metal Shading Language version the MSL is for): simdgroups
+# of 32, 32 KiB of threadgroup memory, 1024 threads per threadgroup
+METAL_PROFILES = {
+    "metal-apple": GPU("metal2.3", "Apple GPU (M1 or newer)", 0, 1, 32, 32 * KiB, 32 * KiB, 0, 0, 1024, "", "",
+                       8192 * MiB),
+}
+
 PROFILES = {**{name: Capabilities("cpu", name, cpu=cpu) for name, cpu in CPU_PROFILES.items()},
             **{name: Capabilities("cuda", name, gpu=gpu) for name, gpu in GPU_PROFILES.items()},
-            **{name: Capabilities("vulkan", name, gpu=gpu) for name, gpu in VULKAN_PROFILES.items()}}
+            **{name: Capabilities("vulkan", name, gpu=gpu) for name, gpu in VULKAN_PROFILES.items()},
+            **{name: Capabilities("metal", name, gpu=gpu) for name, gpu in METAL_PROFILES.items()}}
 
 
 def named(name: str) -> Capabilities:

@@ -162,3 +162,72 @@ class SpirvKernelArtifact:
         return SpirvKernelArtifact(spirv=spirv, params=params, grid=tuple(meta.pop("grid")),
                                    block=tuple(meta.pop("block")), capabilities=tuple(meta.pop("capabilities", ())),
                                    **meta)
+
+
+def buffer_params(signature) -> list[Param]:
+    """A kernel's tensor parameters from its function's signature: the inputs (named after the
+    function's arguments when known), then the outputs."""
+    names = signature.arg_names or [f"arg{i}" for i in range(len(signature.inputs))]
+    params = [Param(n, s.dtype, s.shape) for n, s in zip(names, signature.inputs)]
+    return params + [Param("out" if len(signature.outputs) == 1 else f"out{i}", s.dtype, s.shape, output=True)
+                     for i, s in enumerate(signature.outputs)]
+
+
+def checked_inputs(kernel: str, params, arrays) -> list:
+    """The input arrays of a kernel taking buffers, each checked against its Param (count, shape,
+    dtype) and made contiguous."""
+    import numpy as np
+    from .dtypes import to_numpy
+    inputs = [p for p in params if not p.output]
+    if len(arrays) != len(inputs):
+        raise ArgumentError(f"{kernel} takes {len(inputs)} array(s) ({', '.join(p.name for p in inputs)}), "
+                            f"got {len(arrays)}")
+    checked = []
+    for param, value in zip(inputs, arrays):
+        value = np.asarray(value)
+        if value.shape != tuple(param.shape) or value.dtype != to_numpy(param.dtype):
+            raise ArgumentError(f"{kernel}: argument {param.name} must be a {param.dtype} array of shape "
+                                f"{tuple(param.shape)}, got {value.dtype} {value.shape}")
+        checked.append(np.ascontiguousarray(value))
+    return checked
+
+
+METAL_FORMAT = "tracea-metal-kernel-1"
+
+
+@dataclass(frozen=True)
+class MetalKernelArtifact:
+    """A Metal compute kernel: its MSL source (entry point `name`, buffer i at [[buffer(i)]]), the
+    MSL version, the threadgroups of a launch (`grid`) and their size (`block`), and its buffers
+    (inputs, then outputs). Saved as `<path>.metal` and `<path>.json`."""
+    name: str
+    arch: str  # "metal2.3"
+    msl: str
+    grid: tuple[int, int, int]
+    block: tuple[int, int, int]
+    params: tuple[Param, ...]
+
+    def save(self, path: str | Path) -> Path:
+        path = Path(path)
+        Path(str(path) + ".metal").write_text(self.msl)
+        meta = {k: v for k, v in asdict(self).items() if k != "msl"}
+        meta["params"] = [asdict(p) for p in self.params]
+        Path(str(path) + ".json").write_text(json.dumps({"format": METAL_FORMAT, **meta}, indent=1))
+        return path
+
+    @staticmethod
+    def load(path: str | Path) -> "MetalKernelArtifact":
+        path = Path(path)
+        try:
+            meta = json.loads(Path(str(path) + ".json").read_text())
+            msl = Path(str(path) + ".metal").read_text()
+        except OSError as e:
+            raise TraceaError(f"cannot load the Metal kernel {path}: {e.strerror} ({e.filename})") from None
+        except ValueError:
+            raise TraceaError(f"{path}.json is damaged: not JSON") from None
+        if meta.pop("format", None) != METAL_FORMAT:
+            raise TraceaError(f"{path}.json is not a Tracea Metal kernel description")
+        params = tuple(Param(p["name"], p["dtype"], tuple(p["shape"]), p.get("output", False))
+                       for p in meta.pop("params"))
+        return MetalKernelArtifact(msl=msl, params=params, grid=tuple(meta.pop("grid")), block=tuple(meta.pop("block")),
+                                   **meta)

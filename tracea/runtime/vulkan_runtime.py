@@ -16,7 +16,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ..errors import ArgumentError, TraceaError
+from ..errors import TraceaError
 
 API_VERSION = (1, 3)
 COOPERATIVE_MATRIX = "VK_KHR_cooperative_matrix"
@@ -233,18 +233,10 @@ class VulkanKernel:
 
     def __call__(self, *arrays):
         from .dtypes import to_numpy
+        from .gpu_artifact import checked_inputs
         a = self.artifact
-        if len(arrays) != len(self.inputs):
-            raise ArgumentError(f"{a.name} takes {len(self.inputs)} array(s) "
-                                f"({', '.join(p.name for p in self.inputs)}), got {len(arrays)}")
         buffers = []
-        for slot, (param, value) in enumerate(zip(self.inputs, arrays)):
-            dtype = to_numpy(param.dtype)
-            value = np.asarray(value)
-            if value.shape != tuple(param.shape) or value.dtype != dtype:
-                raise ArgumentError(f"{a.name}: argument {param.name} must be a {param.dtype} array of shape "
-                                    f"{tuple(param.shape)}, got {value.dtype} {value.shape}")
-            data = np.ascontiguousarray(value)
+        for slot, data in enumerate(checked_inputs(a.name, a.params, arrays)):
             buffer = self.device.buffer(slot, max(data.nbytes, 4))
             buffer.mapped[:data.nbytes] = data.tobytes()
             buffers.append(buffer)

@@ -24,7 +24,7 @@ from ...doctor.capabilities import GPU_PROFILES
 from ...errors import CompileError
 from ...passes.pipeline import Pipeline, compile_or_raise, parse_pipeline
 from ...passes.registry import TraceaPass, register
-from ...runtime.gpu_artifact import GpuKernelArtifact, Param
+from ...runtime.gpu_artifact import GpuKernelArtifact, Param, buffer_params
 from ..base import Build, Target, register_target
 
 
@@ -215,10 +215,7 @@ class NvvmTarget(Target):
         cubin = assemble(ptx, chip)
         block_threads = launch.block[0] * launch.block[1] * launch.block[2]
         check_launch(f"@{signature.name}", cubin, block_threads, launch.dynamic_shared_bytes)
-        names = signature.arg_names or [f"arg{i}" for i in range(len(signature.inputs))]
-        params = [Param(n, s.dtype, s.shape) for n, s in zip(names, signature.inputs)]
-        params += [Param("out" if len(signature.outputs) == 1 else f"out{i}", s.dtype, s.shape, output=True)
-                   for i, s in enumerate(signature.outputs)]
+        params = buffer_params(signature)
         params += [Param(f"{params[m.operand].name}.tensor_map", "tensormap", None, False,
                          (m.operand, *m.box, m.swizzle_bytes, m.rank)) for m in launch.tensor_maps]
         return GpuKernelArtifact(signature.name, chip, cubin.image, ptx, launch.grid, launch.block,

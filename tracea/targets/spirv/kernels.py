@@ -67,48 +67,59 @@ def _simt(g: MmaGemm, name: str) -> tuple[str, Launch]:
         simt_grid(g.m, g.n, tiles, math.prod(g.lead) if g.batch_grid else 1), (x, y, 1), 0)
 
 
-ON_VULKAN = BackendIs("vulkan")
 _TILES = SimtTiles()
+GEMM_SHARED_BYTES = 4 * _TILES.block_k * (_TILES.block_m + _TILES.block_n)
 EMITTERS = {}
-for _variant, _emitter in (
-    (Variant("vulkan.gemm.simt", "vulkan", ("gemm", "fused_gemm"), (
-        ON_VULKAN, DtypeIn(("f32",)),
-        SharedMemoryAtLeast(4 * _TILES.block_k * (_TILES.block_m + _TILES.block_n))), 10,
-        "SIMT: shared-memory tiles of A and B, a 4 x 4 register tile per invocation, fused epilogue",
-        frozenset({"simd"})), emit_simt_gemm),
-    (Variant("vulkan.gemm.cooperative_matrix", "vulkan", ("gemm",), (
-        ON_VULKAN, Rule("a device with VK_KHR_cooperative_matrix",
-                        lambda p, caps: caps.gpu is not None and caps.gpu.matrix_units == "cooperative_matrix"),
-        DtypeIn(("f16",)), Rule("an f32 result (out_dtype='f32')", lambda p, caps: p.out_dtype == "f32"),
-        Rule(f"M, N and K multiples of {TILE}, A not transposed, one matrix each (no batch)",
-             lambda p, caps: None if None in (p.m, p.n, p.k, p.transpose_a, p.batched_b) else (
-                 p.m % TILE == 0 and p.n % TILE == 0 and p.k % TILE == 0 and not p.transpose_a and not p.batched_b
-                 and p.batch in (None, 1)))), 20,
-        f"cooperative matrices: a subgroup per {TILE} x {TILE} tile of C, f16 {TILE} x {TILE} x {TILE} products "
-        "accumulated in f32", frozenset({"matrix_units"})), emit_cooperative_gemm),
-    (Variant("vulkan.conv2d.implicit_gemm", "vulkan", ("conv2d",), (
-        ON_VULKAN, DtypeIn(("f32",)), SharedMemoryAtLeast(4 * _TILES.block_k * (_TILES.block_m + _TILES.block_n)),
-        Rule("layout='nhwc' (filter HWCF; transpose an NCHW input to NHWC first)",
-             lambda p, caps: None if p.layout is None else p.layout == "nhwc"),
-        Rule("groups=1", lambda p, caps: None if p.groups is None else p.groups == 1)), 10,
-        "the SIMT GEMM with its A tiles gathered from the NHWC image (implicit GEMM), bias in the epilogue",
-        frozenset({"simd"})), emit_simt_conv),
-    (Variant("vulkan.attention.flash_simt", "vulkan", ("attention",), (
-        ON_VULKAN, DtypeIn(("f32",)), SharedMemoryAtLeast(SHARED_BYTES)), 10,
-        f"flash attention: a workgroup per {QUERIES} queries, key and value blocks in shared memory, online "
-        "softmax per invocation", frozenset({"simd"})), emit_attention),
-    (Variant("vulkan.softmax.workgroup_row", "vulkan", ("softmax",), (
-        ON_VULKAN, DtypeIn(("f32",)), SharedMemoryAtLeast(4 * MAX_WORKGROUP),
-        Rule("along the last axis", lambda p, caps: p.last_axis)), 10,
-        "a workgroup per row: max, then sum of exp, reduced in shared memory; one read of the row each",
-        frozenset({"simd"})), emit_softmax),
-):
-    register_variant(_variant)
-    EMITTERS[_variant.id] = _emitter
 
 
-def vulkan_capabilities(device: str) -> Capabilities:
-    """A device of this machine ("vulkan:N") or a named profile ("vulkan-lavapipe")."""
+def _register(backend: str) -> None:
+    """The SIMT kernels, on Vulkan and on Metal (whose MSL SPIRV-Cross makes from the same SPIR-V)."""
+    on = BackendIs(backend)
+    for variant_, emitter in (
+        (Variant(f"{backend}.gemm.simt", backend, ("gemm", "fused_gemm"), (
+            on, DtypeIn(("f32",)), SharedMemoryAtLeast(GEMM_SHARED_BYTES)), 10,
+            "SIMT: shared-memory tiles of A and B, a 4 x 4 register tile per invocation, fused epilogue",
+            frozenset({"simd"})), emit_simt_gemm),
+        (Variant(f"{backend}.conv2d.implicit_gemm", backend, ("conv2d",), (
+            on, DtypeIn(("f32",)), SharedMemoryAtLeast(GEMM_SHARED_BYTES),
+            Rule("layout='nhwc' (filter HWCF; transpose an NCHW input to NHWC first)",
+                 lambda p, caps: None if p.layout is None else p.layout == "nhwc"),
+            Rule("groups=1", lambda p, caps: None if p.groups is None else p.groups == 1)), 10,
+            "the SIMT GEMM with its A tiles gathered from the NHWC image (implicit GEMM), bias in the epilogue",
+            frozenset({"simd"})), emit_simt_conv),
+        (Variant(f"{backend}.attention.flash_simt", backend, ("attention",), (
+            on, DtypeIn(("f32",)), SharedMemoryAtLeast(SHARED_BYTES)), 10,
+            f"flash attention: a workgroup per {QUERIES} queries, key and value blocks in shared memory, online "
+            "softmax per invocation", frozenset({"simd"})), emit_attention),
+        (Variant(f"{backend}.softmax.workgroup_row", backend, ("softmax",), (
+            on, DtypeIn(("f32",)), SharedMemoryAtLeast(4 * MAX_WORKGROUP),
+            Rule("along the last axis", lambda p, caps: p.last_axis)), 10,
+            "a workgroup per row: max, then sum of exp, reduced in shared memory; one read of the row each",
+            frozenset({"simd"})), emit_softmax),
+    ):
+        register_variant(variant_)
+        EMITTERS[variant_.id] = emitter
+
+
+for _backend in ("vulkan", "metal"):
+    _register(_backend)
+_COOPERATIVE = Variant("vulkan.gemm.cooperative_matrix", "vulkan", ("gemm",), (
+    BackendIs("vulkan"), Rule("a device with VK_KHR_cooperative_matrix",
+                              lambda p, caps: caps.gpu is not None and caps.gpu.matrix_units == "cooperative_matrix"),
+    DtypeIn(("f16",)), Rule("an f32 result (out_dtype='f32')", lambda p, caps: p.out_dtype == "f32"),
+    Rule(f"M, N and K multiples of {TILE}, A not transposed, one matrix each (no batch)",
+         lambda p, caps: None if None in (p.m, p.n, p.k, p.transpose_a, p.batched_b) else (
+             p.m % TILE == 0 and p.n % TILE == 0 and p.k % TILE == 0 and not p.transpose_a and not p.batched_b
+             and p.batch in (None, 1)))), 20,
+    f"cooperative matrices: a subgroup per {TILE} x {TILE} tile of C, f16 {TILE} x {TILE} x {TILE} products "
+    "accumulated in f32", frozenset({"matrix_units"}))
+register_variant(_COOPERATIVE)
+EMITTERS[_COOPERATIVE.id] = emit_cooperative_gemm
+
+
+def device_capabilities(device: str) -> Capabilities:
+    """A Vulkan device of this machine ("vulkan:N") or a named Vulkan or Metal profile
+    ("vulkan-lavapipe", "metal-apple")."""
     if device.startswith("vulkan:"):
         from ...doctor.capabilities import probe_vulkan
         found = probe_vulkan()
@@ -119,8 +130,8 @@ def vulkan_capabilities(device: str) -> Capabilities:
             raise ValueError(f"there is no {device}; this machine has {', '.join(c.name for c in found)}")
         return wanted[0]
     caps = named(device)
-    if caps.backend != "vulkan":
-        raise ValueError(f"{device!r} is a {caps.backend} profile, not a Vulkan device")
+    if caps.backend not in ("vulkan", "metal"):
+        raise ValueError(f"{device!r} is a {caps.backend} profile, not a Vulkan or Metal device")
     return caps
 
 
@@ -128,13 +139,13 @@ def vulkan_capabilities(device: str) -> Capabilities:
 @dataclass(frozen=True)
 class SpirvKernelsPass(TraceaPass):
     NAME = "tracea-spirv-kernels"
-    SUMMARY = ("make each function's gemm / fused_gemm a Vulkan compute kernel (a gpu.module kernel for MLIR's "
-               "SPIR-V conversion) with its launch configuration")
-    device: str = option("vulkan-lavapipe", "the Vulkan device: vulkan:N (this machine's) or a profile")
+    SUMMARY = ("make each function's gemm / fused_gemm / conv2d / attention / softmax a Vulkan or Metal compute "
+               "kernel (a gpu.module kernel for MLIR's SPIR-V conversion) with its launch configuration")
+    device: str = option("vulkan-lavapipe", "the device: vulkan:N (this machine's) or a Vulkan or Metal profile")
 
     def run(self, module: ir.Operation) -> None:
         try:
-            caps = vulkan_capabilities(self.device)
+            caps = device_capabilities(self.device)
         except ValueError as e:
             raise PassFailed(str(e)) from None
-        functions_to_kernels(module, caps, KERNEL_OPS, "Vulkan", EMITTERS, self.NAME)
+        functions_to_kernels(module, caps, KERNEL_OPS, caps.backend.capitalize(), EMITTERS, self.NAME)

