@@ -66,8 +66,8 @@ def exp_function(lanes: int) -> str:
     def compute(t, vt, it, bt):
         y = vector_exp(t, "%x", vt, it)
         big = t.op(f"arith.cmpf ogt, %x, {_splat(t, vt, OVERFLOW)} : {vt}", "p")
-        return t.op(f"arith.select {big}, {t.op(f'arith.constant dense<0x7F800000> : {vt}', 'k')}, {y} : {bt}, {vt}",
-                    "s")
+        inf = "dense<0x7F800000>" if vt.startswith("vector") else "0x7F800000"
+        return t.op(f"arith.select {big}, {t.op(f'arith.constant {inf} : {vt}', 'k')}, {y} : {bt}, {vt}", "s")
 
     return _vector_function("exp", lanes, compute)
 
@@ -154,18 +154,20 @@ class VectorExpPass(TraceaPass):
 
 @register
 @dataclass(frozen=True)
-class ScalarErfPass(TraceaPass):
-    NAME = "tracea-scalar-erf"
-    SUMMARY = "math.erf on f32 scalars as the polynomial of tracea-vector-exp (SPIR-V has no erf)"
+class ScalarMathPass(TraceaPass):
+    NAME = "tracea-scalar-math"
+    SUMMARY = ("math.exp, math.tanh and math.erf on f32 scalars as the polynomials of tracea-vector-exp (GPU "
+               "kernels: SPIR-V has no erf and Vulkan's exp may be off by 3 + 2|x| ulps; AMD's would be calls "
+               "into ROCm's device library)")
 
     def run(self, module: ir.Operation) -> None:
         found = []
 
         def collect(op):
-            if op.name == "math.erf" and str(op.results[0].type) == "f32":
+            if op.name in _FUNCTIONS and str(op.results[0].type) == "f32":
                 found.append(op)
             return ir.WalkResult.ADVANCE
 
         module.walk(collect)
         for op in found:
-            inline_kernel(op, erf_function(0))
+            inline_kernel(op, _FUNCTIONS[op.name](0))

@@ -44,7 +44,7 @@ def spirv_lowering(arch: str, cooperative_matrix: bool = False) -> str:
         version = "v1.6"
         caps += ["Float16", "StorageBuffer16BitAccess", "CooperativeMatrixKHR", "VulkanMemoryModel"]
         exts += ["SPV_KHR_16bit_storage", "SPV_KHR_cooperative_matrix", "SPV_KHR_vulkan_memory_model"]
-    return (f"tracea-keep-launches, tracea-scalar-erf, spirv-attach-target{{ver={version} caps={','.join(caps)} "
+    return (f"tracea-keep-launches, tracea-scalar-math, spirv-attach-target{{ver={version} caps={','.join(caps)} "
             f"exts={','.join(exts)}}}, gpu.module(fold-memref-alias-ops, lower-affine, arith-expand, "
             "convert-math-to-spirv), convert-gpu-to-spirv, spirv.module(spirv-lower-abi-attrs, spirv-update-vce), "
             "tracea-vulkan-memory-model")
