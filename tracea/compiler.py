@@ -135,9 +135,11 @@ def compile_gpu(program, *, chip: str = "sm_80", entry: str | None = None):
     configuration; `.save(path)` writes it for a machine with a GPU (no MLIR needed there). The
     same path as compile(..., target="cuda"), stopped before loading. A Vulkan `chip` (a device
     "vulkan:N" or a profile such as "vulkan-coopmat") gives a SpirvKernelArtifact the same way, a
-    Metal one ("metal-apple") a MetalKernelArtifact (MSL).
+    Metal one ("metal-apple") a MetalKernelArtifact (MSL), an AMD one ("gfx90a", "gfx942",
+    "gfx1100") a HsacoKernelArtifact (code object).
     Raises CompileError."""
-    backend = get_target(next((t for t in ("vulkan", "metal") if chip.startswith(t)), "cuda"))
+    backend = get_target(next((t for t in ("vulkan", "metal") if chip.startswith(t)), "rocm" if chip.startswith("gfx")
+                              else "cuda"))
     text, source_name = _source(program)
     return _build(program, text, source_name, backend, backend.options(chip=chip), entry, False).artifact
 

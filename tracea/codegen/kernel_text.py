@@ -148,7 +148,14 @@ def vector_exp(t, x: str, vt: str, it: str, at_most_zero: bool = False) -> str:
         x = t.op(f"arith.maximumf {x}, {const(-104.0)} : {vt}", "e")
     else:
         x = t.op(f"arith.maximumf {x}, {const(-88.0)} : {vt}", "e")
-    n = t.op(f"math.floor {t.op(f'math.fma {x}, {const(1.4426950408889634)}, {const(0.5)} : {vt}', 'e')} : {vt}", "e")
+    y = t.op(f"math.fma {x}, {const(1.4426950408889634)}, {const(0.5)} : {vt}", "e")
+    if vt.startswith("vector"):
+        n = t.op(f"math.floor {y} : {vt}", "e")
+    else:  # GPU kernels: floor without a device-library call (ROCm's would be __ocml_floor_f32)
+        truncated = t.op(f"arith.sitofp {t.op(f'arith.fptosi {y} : {vt} to {it}', 'e')} : {it} to {vt}", "e")
+        below = t.op(f"arith.cmpf olt, {y}, {truncated} : {vt}", "e")
+        n = t.op(f"arith.subf {truncated}, {t.op(f'arith.select {below}, {const(1.0)}, {const(0.0)} : {vt}', 'e')} "
+                 f": {vt}", "e")
     r = t.op(f"math.fma {n}, {const(-0.693359375)}, {x} : {vt}", "e")
     r = t.op(f"math.fma {n}, {const(2.12194440e-4)}, {r} : {vt}", "e")
     y = const(1.9875691500e-4)

@@ -60,6 +60,10 @@ class GPU:
 
     def describe(self) -> str:
         where = f", driver {self.driver_version}" if self.driver_version else " (named profile)"
+        if self.arch.startswith("gfx"):
+            return (f"{self.name} {self.arch}: {self.multiprocessors} CUs, wave{self.warp_size}, "
+                    f"{self.shared_bytes_per_block // 1024} KiB LDS per workgroup, {self.registers_per_thread} VGPRs "
+                    f"per lane, {self.matrix_units.upper()}{where}")
         if self.arch.startswith(("vulkan", "metal")):
             return (f"{self.name} {self.arch}: subgroup {self.warp_size}, {self.shared_bytes_per_block // 1024} KiB "
                     f"shared memory, {self.threads_per_block} invocations per workgroup, "
@@ -110,6 +114,17 @@ VULKAN_PROFILES = {
                           1024, "cooperative_matrix", "", 8192 * MiB),
 }
 
+# AMD GPUs (ROCm; arch: the LLVM AMDGPU processor): CDNA wave64 with MFMA, RDNA3 wave32 with WMMA;
+# 64 KiB of LDS per workgroup; VGPRs per lane (CDNA: 512 with the accumulation registers)
+ROCM_PROFILES = {
+    "gfx90a": GPU("gfx90a", "AMD Instinct MI250X (one GCD)", 0, 110, 64, 64 * KiB, 64 * KiB, 0, 512, 1024, "mfma", "",
+                  64 * 1024 * MiB),
+    "gfx942": GPU("gfx942", "AMD Instinct MI300X", 0, 304, 64, 64 * KiB, 64 * KiB, 0, 512, 1024, "mfma", "",
+                  192 * 1024 * MiB),
+    "gfx1100": GPU("gfx1100", "AMD Radeon RX 7900 XTX", 0, 96, 32, 64 * KiB, 64 * KiB, 0, 256, 1024, "wmma", "",
+                   24 * 1024 * MiB),
+}
+
 # Apple GPUs through Metal (arch: the Metal Shading Language version the MSL is for): simdgroups
 # of 32, 32 KiB of threadgroup memory, 1024 threads per threadgroup
 METAL_PROFILES = {
@@ -120,7 +135,8 @@ METAL_PROFILES = {
 PROFILES = {**{name: Capabilities("cpu", name, cpu=cpu) for name, cpu in CPU_PROFILES.items()},
             **{name: Capabilities("cuda", name, gpu=gpu) for name, gpu in GPU_PROFILES.items()},
             **{name: Capabilities("vulkan", name, gpu=gpu) for name, gpu in VULKAN_PROFILES.items()},
-            **{name: Capabilities("metal", name, gpu=gpu) for name, gpu in METAL_PROFILES.items()}}
+            **{name: Capabilities("metal", name, gpu=gpu) for name, gpu in METAL_PROFILES.items()},
+            **{name: Capabilities("rocm", name, gpu=gpu) for name, gpu in ROCM_PROFILES.items()}}
 
 
 def named(name: str) -> Capabilities:

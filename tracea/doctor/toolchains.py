@@ -72,6 +72,25 @@ def _llvmlite() -> Tool:
         return Tool("llvmlite", purpose, False, missing=f"{type(e).__name__}: {e}; pip install llvmlite==0.50.0")
 
 
+def _ld_lld() -> Tool:
+    from ..targets.rocdl.target import lld
+    purpose = "links AMD code objects (HSACO) for the ROCm target"
+    path = lld()
+    if path is None:
+        return Tool("ld.lld", purpose, False, missing="apt-get install lld-19 (ld.lld 15 or newer)")
+    return Tool("ld.lld", purpose, True, _version_of([path, "--version"]), path)
+
+
+def _hip_runtime() -> Tool:
+    from ..runtime.hip_launcher import HipError, _hip
+    purpose = "ROCm's HIP runtime: launching AMD kernels on a GPU"
+    try:
+        _hip()
+    except HipError as e:
+        return Tool("HIP runtime", purpose, False, missing=str(e).split(";")[0])
+    return Tool("HIP runtime", purpose, True)
+
+
 def _spirv_val() -> Tool:
     from ..targets.spirv.target import spirv_val
     purpose = "validates every SPIR-V module before a Vulkan driver sees it"
@@ -105,6 +124,8 @@ def toolchains() -> list[Tool]:
         _libdevice(),
         _package("cuda-bindings", "the NVIDIA driver API: launching kernels on a GPU",
                  "pip install cuda-bindings==13.0.3"),
+        _ld_lld(),
+        _hip_runtime(),
         _spirv_val(),
         _package("vulkan", "the Vulkan API (cffi): running SPIR-V kernels on a Vulkan device",
                  "pip install vulkan==1.3.275.1 (and a driver: apt-get install mesa-vulkan-drivers)"),

@@ -231,3 +231,51 @@ class MetalKernelArtifact:
                        for p in meta.pop("params"))
         return MetalKernelArtifact(msl=msl, params=params, grid=tuple(meta.pop("grid")), block=tuple(meta.pop("block")),
                                    **meta)
+
+
+HSACO_FORMAT = "tracea-hsaco-kernel-1"
+
+
+@dataclass(frozen=True)
+class HsacoKernelArtifact:
+    """An AMD GPU kernel: its HSACO code object (linked by ld.lld), the assembly it came from, the
+    launch (workgroups `grid` of `block` lanes), its parameters (memref descriptors expanded as
+    GpuKernelArtifact's), and the resources read from the machine code: VGPRs per lane, LDS and
+    scratch bytes per workgroup / lane. Saved as `<path>.hsaco` and `<path>.json`."""
+    name: str
+    chip: str
+    hsaco: bytes
+    asm: str
+    grid: tuple[int, int, int]
+    block: tuple[int, int, int]
+    params: tuple[Param, ...]
+    vgprs: int = 0
+    lds_bytes: int = 0
+    scratch_bytes: int = 0
+
+    launch_arguments = GpuKernelArtifact.launch_arguments  # the same kernel argument layout
+
+    def save(self, path: str | Path) -> Path:
+        path = Path(path)
+        Path(str(path) + ".hsaco").write_bytes(self.hsaco)
+        meta = {k: v for k, v in asdict(self).items() if k != "hsaco"}
+        meta["params"] = [asdict(p) for p in self.params]
+        Path(str(path) + ".json").write_text(json.dumps({"format": HSACO_FORMAT, **meta}, indent=1))
+        return path
+
+    @staticmethod
+    def load(path: str | Path) -> "HsacoKernelArtifact":
+        path = Path(path)
+        try:
+            meta = json.loads(Path(str(path) + ".json").read_text())
+            hsaco = Path(str(path) + ".hsaco").read_bytes()
+        except OSError as e:
+            raise TraceaError(f"cannot load the AMD kernel {path}: {e.strerror} ({e.filename})") from None
+        except ValueError:
+            raise TraceaError(f"{path}.json is damaged: not JSON") from None
+        if meta.pop("format", None) != HSACO_FORMAT:
+            raise TraceaError(f"{path}.json is not a Tracea AMD kernel description")
+        params = tuple(Param(p["name"], p["dtype"], None if p["shape"] is None else tuple(p["shape"]),
+                             p.get("output", False)) for p in meta.pop("params"))
+        return HsacoKernelArtifact(hsaco=hsaco, params=params, grid=tuple(meta.pop("grid")),
+                                   block=tuple(meta.pop("block")), **meta)

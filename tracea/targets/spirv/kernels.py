@@ -47,23 +47,32 @@ def emit_softmax(v: OpView, name: str, caps: Capabilities | None = None) -> tupl
     return text, Launch(grid, workgroup, 0)
 
 
-def emit_simt_conv(v: OpView, name: str, caps: Capabilities | None = None) -> tuple[str, Launch]:
-    """An NHWC conv2d as an implicit GEMM on the SIMT kernel, its A tiles gathered from the image."""
+def simt_conv(v: OpView, name: str, spirv: bool = True) -> tuple[str, Launch]:
+    """An NHWC conv2d as an implicit GEMM on the SIMT kernel, its A tiles gathered from the image
+    (`spirv`: written for MLIR's SPIR-V conversion, else for the NVVM / ROCDL ones)."""
     m, n, k, gather = implicit_gemm(v)
     bias = v.operands.get("bias")
     g = MmaGemm(m, n, k, gather.image.dtype, v.result.dtype, False, (Epilogue("bias_add"),) if bias else (),
                 bias.dtype if bias else None, None, gather)
-    return _simt(g, name)
+    return _simt(g, name, spirv)
+
+
+def simt_gemm(v: OpView, name: str, spirv: bool = True) -> tuple[str, Launch]:
+    return _simt(mma_gemm(v), name, spirv)
+
+
+def emit_simt_conv(v: OpView, name: str, caps: Capabilities | None = None) -> tuple[str, Launch]:
+    return simt_conv(v, name)
 
 
 def emit_simt_gemm(v: OpView, name: str, caps: Capabilities | None = None) -> tuple[str, Launch]:
-    return _simt(mma_gemm(v), name)
+    return simt_gemm(v, name)
 
 
-def _simt(g: MmaGemm, name: str) -> tuple[str, Launch]:
+def _simt(g: MmaGemm, name: str, spirv: bool) -> tuple[str, Launch]:
     tiles = SimtTiles()
     x, y = tiles.threads
-    return simt_gemm_module_text(g, tiles, name, spirv=True), Launch(
+    return simt_gemm_module_text(g, tiles, name, spirv=spirv), Launch(
         simt_grid(g.m, g.n, tiles, math.prod(g.lead) if g.batch_grid else 1), (x, y, 1), 0)
 
 

@@ -1,0 +1,80 @@
+"""The ROCm target without an AMD GPU: HSACO code objects for CDNA (gfx90a, gfx942: wave64) and
+RDNA3 (gfx1100: wave32) made through ROCDL, llvmlite's AMDGPU back end and ld.lld, read back: the
+ELF, the instructions the SIMT kernels must use, the resources against each chip's limits. Their
+gpu-dialect kernels are the ones the NVIDIA target runs in the PTX emulator and the Vulkan target
+runs on lavapipe; no AMD ISA emulator checks the machine code's numbers here."""
+from __future__ import annotations
+
+import struct
+
+import pytest
+
+import tracea
+from tracea import dialects as td
+from tracea.doctor import Context
+from tracea.doctor.capabilities import ROCM_PROFILES
+from tracea.errors import CompileError
+from tracea.runtime.gpu_artifact import HsacoKernelArtifact
+from tracea.targets.rocdl.target import Resources, check_launch, lld
+
+pytestmark = pytest.mark.skipif(lld() is None, reason="ld.lld 15 or newer is not installed (apt-get install lld-19)")
+EM_AMDGPU = 224
+
+
+def _programs():
+    t = td.tensor
+    return {
+        "linear_bias_gelu": td.function(t((70, 33)), t((130, 33)), t(130), name="linear_bias_gelu")(
+            lambda a, w, b: td.fused_gemm(a, w, [td.bias_add(b), td.gelu()], transpose_b=True)),
+        "conv_nhwc": td.function(t((2, 9, 9, 3)), t((3, 3, 3, 8)), name="conv_nhwc")(
+            lambda x, f: td.conv2d(x, f, stride=2, padding=1, layout="nhwc")),
+    }
+
+
+@pytest.mark.parametrize("chip", list(ROCM_PROFILES))
+@pytest.mark.parametrize("program", list(_programs()))
+def test_code_objects_for_each_chip(chip, program):
+    artifact = tracea.compile_gpu(_programs()[program], chip=chip)
+    elf = artifact.hsaco
+    assert elf[:4] == b"\x7fELF" and struct.unpack_from("<H", elf, 18)[0] == EM_AMDGPU
+    assert f"{program}.kd".encode() in elf  # the kernel descriptor HIP launches by
+    asm = artifact.asm
+    assert f'.amdgcn_target "amdgcn-amd-amdhsa--{chip}' in asm
+    assert f".wavefront_size: {ROCM_PROFILES[chip].warp_size}" in asm
+    # LDS tiles (CDNA's ds_write / ds_read are RDNA3's ds_store / ds_load), a barrier between
+    assert "s_barrier" in asm and ("ds_write" in asm or "ds_store" in asm) and ("ds_read" in asm or "ds_load" in asm)
+    assert any(op in asm for op in ("v_fma_f32", "v_fmac_f32", "v_pk_fma_f32"))  # the register tile's FMAs
+    assert "__ocml" not in asm  # exp / tanh / erf are Tracea's polynomials, not device-library calls
+    gpu = ROCM_PROFILES[chip]
+    assert 0 < artifact.vgprs <= gpu.registers_per_thread and artifact.scratch_bytes == 0
+    assert artifact.lds_bytes == 2 * 16 * 64 * 4 <= gpu.shared_bytes_per_block
+    assert artifact.block == (16, 16, 1)
+
+
+def test_launches_the_chip_cannot_run_are_refused_by_name():
+    with pytest.raises(CompileError, match="KiB of LDS"):
+        check_launch("@k", "gfx942", Resources(64, 96 * 1024, 0), (256, 1, 1))
+    with pytest.raises(CompileError, match="VGPRs per lane"):
+        check_launch("@k", "gfx1100", Resources(300, 1024, 0), (256, 1, 1))
+    with pytest.raises(CompileError, match="lanes per workgroup"):
+        check_launch("@k", "gfx90a", Resources(32, 0, 0), (2048, 1, 1))
+
+
+def test_the_doctor_artifacts_and_the_runtime_without_rocm(tmp_path):
+    for chip in ROCM_PROFILES:
+        assert Context(chip).plan_kernel("gemm", m=64, n=64, k=64).variant_id == "rocm.gemm.simt"
+    fn = _programs()["linear_bias_gelu"]
+    artifact = tracea.compile_gpu(fn, chip="gfx942")
+    assert HsacoKernelArtifact.load(artifact.save(tmp_path / "k")) == artifact
+    from tracea.runtime import hip_launcher
+    try:
+        hip_launcher._hip()
+    except hip_launcher.HipError as e:
+        with pytest.raises(hip_launcher.HipError, match="no ROCm runtime"):
+            tracea.compile(fn, target="rocm", chip="gfx942")
+        assert "compile_gpu" in str(e)
+    with pytest.raises(ValueError, match="unsupported AMD processor 'gfx803'"):
+        tracea.compile_gpu(fn, chip="gfx803")
+    half = td.function(td.tensor((64, 64), "f16"), td.tensor((64, 64), "f16"))(td.gemm)
+    with pytest.raises(CompileError, match="rocm.gemm.simt: inputs are f16, not f32"):
+        tracea.compile_gpu(half, chip="gfx942")

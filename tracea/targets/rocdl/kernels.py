@@ -1,0 +1,48 @@
+"""tracea-rocdl-kernels: each function computing one gemm / fused_gemm / NHWC conv2d becomes an
+AMD GPU kernel: the SIMT GEMM (targets/nvvm/simt.py, plain gpu dialect: LDS tiles of A and B, a
+4 x 4 register tile per lane, the fused epilogue; a conv's A tiles gathered from the image), for
+wave64 (CDNA) and wave32 (RDNA3) alike. The MFMA / WMMA kernels are not here yet: without an AMD
+device or an ISA emulator this project could not check their numbers."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import mlir.ir as ir
+
+from ...codegen.gpu_kernels import functions_to_kernels
+from ...codegen.variants import BackendIs, DtypeIn, Rule, SharedMemoryAtLeast, Variant, register_variant
+from ...doctor.capabilities import ROCM_PROFILES, named
+from ...passes.registry import TraceaPass, option, register
+from ..spirv.kernels import GEMM_SHARED_BYTES, simt_conv, simt_gemm
+
+KERNEL_OPS = ("tracea.gemm", "tracea.fused_gemm", "tracea.conv2d")
+CHIPS = tuple(ROCM_PROFILES)
+ON_ROCM = BackendIs("rocm")
+EMITTERS = {}
+for _variant, _emitter in (
+    (Variant("rocm.gemm.simt", "rocm", ("gemm", "fused_gemm"), (ON_ROCM, DtypeIn(("f32",)),
+                                                                SharedMemoryAtLeast(GEMM_SHARED_BYTES)), 10,
+             "SIMT: LDS tiles of A and B, a 4 x 4 register tile per lane, fused epilogue", frozenset({"simd"})),
+     lambda v, name, caps=None: simt_gemm(v, name, spirv=False)),
+    (Variant("rocm.conv2d.implicit_gemm", "rocm", ("conv2d",), (
+        ON_ROCM, DtypeIn(("f32",)), SharedMemoryAtLeast(GEMM_SHARED_BYTES),
+        Rule("layout='nhwc' (filter HWCF; transpose an NCHW input to NHWC first)",
+             lambda p, caps: None if p.layout is None else p.layout == "nhwc"),
+        Rule("groups=1", lambda p, caps: None if p.groups is None else p.groups == 1)), 10,
+        "the SIMT GEMM with its A tiles gathered from the NHWC image (implicit GEMM), bias in the epilogue",
+        frozenset({"simd"})),
+     lambda v, name, caps=None: simt_conv(v, name, spirv=False)),
+):
+    register_variant(_variant)
+    EMITTERS[_variant.id] = _emitter
+
+
+@register
+@dataclass(frozen=True)
+class RocdlKernelsPass(TraceaPass):
+    NAME = "tracea-rocdl-kernels"
+    SUMMARY = "make each function's gemm / fused_gemm / NHWC conv2d an AMD GPU kernel with its launch configuration"
+    chip: str = option("gfx942", "the AMD processor the kernels are for", CHIPS)
+
+    def run(self, module: ir.Operation) -> None:
+        functions_to_kernels(module, named(self.chip), KERNEL_OPS, "ROCm", EMITTERS, self.NAME)
