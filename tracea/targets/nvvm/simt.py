@@ -54,16 +54,15 @@ def simt_gemm_module_text(g: MmaGemm, tiles: SimtTiles = SimtTiles(), name: str 
     BM, BN, BK, TM, TN = tiles.block_m, tiles.block_n, tiles.block_k, tiles.thread_m, tiles.thread_n
     TX, TY = tiles.threads
     nthreads = TX * TY
-    ws = "3" if spirv else "#gpu.address_space<workgroup>"
+    ws = workgroup_space(spirv)
     As_t, Bs_t = f"memref<{BK}x{BM}xf32, {ws}>", f"memref<{BK}x{BN}xf32, {ws}>"
     A_t, B_t, C_t = g.matrix_type("A", g.dtype), g.matrix_type("B", g.dtype), g.matrix_type("C", g.out_dtype)
     if g.conv is not None:
         A_t = memref_text(g.conv.image.shape, g.dtype)
     t = LoopText()
     t.depth = 3
-    if spirv:
-        t.line(f"%As = memref.alloc() : {As_t}")
-        t.line(f"%Bs = memref.alloc() : {Bs_t}")
+    shared_buffer(t, spirv, "%As", As_t)
+    shared_buffer(t, spirv, "%Bs", Bs_t)
     for line in collapse_views(g):
         t.line(line)
     zero = t.op("arith.constant 0.0 : f32", "z")
@@ -168,6 +167,20 @@ def gathered_load(t: LoopText, g: MmaGemm, image_t: str, row: str, col: str, zer
     t.line(f"scf.yield {zero} : f32")
     t.close()
     return value
+
+
+def workgroup_space(spirv: bool) -> str:
+    """Shared memory's address space in a memref type: 3 for MLIR's SPIR-V conversion (which takes
+    allocations), the gpu dialect's for the NVVM and ROCDL ones (which take attributions)."""
+    return "3" if spirv else "#gpu.address_space<workgroup>"
+
+
+def shared_buffer(t: LoopText, spirv: bool, name: str, memref_type: str) -> str:
+    """A workgroup buffer: allocated in the kernel for SPIR-V (workgroup attributions abort this
+    MLIR's SPIR-V conversion), else `name` is a workgroup attribution of the kernel."""
+    if spirv:
+        t.line(f"{name} = memref.alloc() : {memref_type}")
+    return name
 
 
 def spirv_entry_point(workgroup: tuple[int, int, int]) -> str:

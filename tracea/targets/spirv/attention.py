@@ -1,4 +1,4 @@
-"""Flash attention as a SIMT gpu-dialect kernel for the Vulkan target (f32): a workgroup per
+"""Flash attention as a SIMT gpu-dialect kernel for the Vulkan, Metal and ROCm targets (f32): a workgroup per
 (batch x head, block of BQ queries), an invocation per query. Blocks of BKV keys and their values
 are copied by the whole workgroup into shared memory; each invocation runs the online softmax
 over them (running max m, sum l, output row o in private memory, rescaled as m grows), its query
@@ -11,7 +11,7 @@ from ...codegen.kernel_text import vector_exp
 from ...codegen.loop_text import LoopText, memref_text
 from ...dialects.ops import AttentionDef, OpView
 from ..nvvm.mma import gpu_module_text
-from ..nvvm.simt import spirv_entry_point
+from ..nvvm.simt import shared_buffer, spirv_entry_point, workgroup_space
 
 QUERIES = 64  # a workgroup's queries (and invocations)
 SHARED_BYTES = 16 * 1024  # the key and value blocks' shared memory
@@ -25,8 +25,10 @@ def key_block(head_dim: int, value_head_dim: int) -> int:
     return keys
 
 
-def attention_module_text(v: OpView, name: str) -> tuple[str, tuple[int, int, int], tuple[int, int, int]]:
-    """(gpu.module text, grid, workgroup) of `v`'s attention."""
+def attention_module_text(v: OpView, name: str, spirv: bool = True) -> tuple[str, tuple[int, int, int],
+                                                                             tuple[int, int, int]]:
+    """(gpu.module text, grid, workgroup) of `v`'s attention (`spirv`: for MLIR's SPIR-V
+    conversion, else for the ROCDL / NVVM ones)."""
     q, k, val = v.operands["query"], v.operands["key"], v.operands["value"]
     sq, d = q.shape[-2:]
     sk, dv = val.shape[-2:]
@@ -50,9 +52,12 @@ def attention_module_text(v: OpView, name: str) -> tuple[str, tuple[int, int, in
         groups = "[" + ", ".join(map(str, range(spec.rank - 2))) + f"], [{spec.rank - 2}], [{spec.rank - 1}]"
         return t.op(f"memref.collapse_shape {mem} [{groups}] : {mem_t} into {stack_t}", "m"), stack_t
 
-    Ks_t, Vs_t = f"memref<{BKV}x{d}xf32, 3>", f"memref<{BKV}x{dv}xf32, 3>"
-    Ks, Vs = t.op(f"memref.alloc() : {Ks_t}", "s"), t.op(f"memref.alloc() : {Vs_t}", "s")
-    qv_t, ov_t = f"memref<{d}xf32, 6>", f"memref<{dv}xf32, 6>"  # 6: SPIR-V Function (private) storage
+    ws = workgroup_space(spirv)
+    Ks_t, Vs_t = f"memref<{BKV}x{d}xf32, {ws}>", f"memref<{BKV}x{dv}xf32, {ws}>"
+    Ks, Vs = shared_buffer(t, spirv, "%Ks", Ks_t), shared_buffer(t, spirv, "%Vs", Vs_t)
+    # an invocation's own arrays: SPIR-V's Function storage (6), the GPU's private memory
+    private = "6" if spirv else "#gpu.address_space<private>"
+    qv_t, ov_t = f"memref<{d}xf32, {private}>", f"memref<{dv}xf32, {private}>"
     qv, ov = t.op(f"memref.alloca() : {qv_t}", "p"), t.op(f"memref.alloca() : {ov_t}", "p")
     Q, Q_t = as_stack("%Q", q, sq, d)
     K, K_t = as_stack("%K", k, sk, d)
@@ -145,5 +150,6 @@ def attention_module_text(v: OpView, name: str) -> tuple[str, tuple[int, int, in
     t.close()
     params = [f"%Q: {memref_text(q.shape, q.dtype)}", f"%K: {memref_text(k.shape, k.dtype)}",
               f"%V: {memref_text(val.shape, val.dtype)}", f"%O: {memref_text(v.result.shape, v.result.dtype)}"]
-    text = gpu_module_text(t, name, params, (QUERIES, 1), attributes=spirv_entry_point((QUERIES, 1, 1)))
+    text = gpu_module_text(t, name, params, (QUERIES, 1), "" if spirv else f"%Ks: {Ks_t}, %Vs: {Vs_t}",
+                           spirv_entry_point((QUERIES, 1, 1)) if spirv else "")
     return text, (-(-sq // QUERIES), bh, 1), (QUERIES, 1, 1)

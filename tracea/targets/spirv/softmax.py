@@ -1,5 +1,5 @@
-"""Softmax along the last axis as a gpu-dialect kernel for the Vulkan target: one workgroup per
-row. Its invocations stride over the row for the maximum, reduce it in shared memory (a tree of
+"""Softmax along the last axis as a gpu-dialect kernel for the Vulkan, Metal and ROCm targets: one
+workgroup per row. Its invocations stride over the row for the maximum, reduce it in shared memory (a tree of
 halvings), then the same for the sum of exp(x - max), then write exp(x - max) / sum; exp is
 Cephes' polynomial (codegen/kernel_text.py, ~1 ulp: Vulkan's own exp may be off by 3 + 2|x| ulps).
 A row of -inf only is NaN, as in torch."""
@@ -11,7 +11,7 @@ from ...codegen.kernel_text import vector_exp
 from ...codegen.loop_text import LoopText, memref_text
 from ...dialects.ops import OpView
 from ..nvvm.mma import gpu_module_text
-from ..nvvm.simt import spirv_entry_point
+from ..nvvm.simt import shared_buffer, spirv_entry_point, workgroup_space
 
 MAX_WORKGROUP = 256
 
@@ -21,15 +21,17 @@ def workgroup_size(columns: int) -> int:
     return min(MAX_WORKGROUP, max(32, 1 << math.ceil(math.log2(max(columns, 1)))))
 
 
-def softmax_module_text(v: OpView, name: str) -> tuple[str, tuple[int, int, int], tuple[int, int, int]]:
-    """(gpu.module text, grid, workgroup) of the softmax along the last axis of `v`'s input."""
+def softmax_module_text(v: OpView, name: str, spirv: bool = True) -> tuple[str, tuple[int, int, int],
+                                                                           tuple[int, int, int]]:
+    """(gpu.module text, grid, workgroup) of the softmax along the last axis of `v`'s input
+    (`spirv`: for MLIR's SPIR-V conversion, else for the ROCDL / NVVM ones)."""
     x = v.operands["input"]
     columns = x.shape[-1]
     rows = math.prod(x.shape[:-1])
     size = workgroup_size(columns)
     X_t, Y_t = memref_text(x.shape, x.dtype), memref_text(v.result.shape, v.result.dtype)
     M_t, My_t = memref_text((rows, columns), x.dtype), memref_text((rows, columns), v.result.dtype)
-    R_t = f"memref<{size}xf32, 3>"
+    R_t = f"memref<{size}xf32, {workgroup_space(spirv)}>"
     t = LoopText()
     t.depth = 3
 
@@ -41,7 +43,7 @@ def softmax_module_text(v: OpView, name: str) -> tuple[str, tuple[int, int, int]
         groups = "[" + ", ".join(map(str, range(rank - 1))) + f"], [{rank - 1}]"
         return t.op(f"memref.collapse_shape {mem} [{groups}] : {mem_t} into {matrix_t}", "m")
 
-    red = t.op(f"memref.alloc() : {R_t}", "r")
+    red = shared_buffer(t, spirv, "%red", R_t)
     X = as_matrix("%X", X_t, x.rank, M_t)
     Y = as_matrix("%Y", Y_t, x.rank, My_t)
     t.line("%row = gpu.block_id x")
@@ -90,6 +92,6 @@ def softmax_module_text(v: OpView, name: str) -> tuple[str, tuple[int, int, int]
         y = t.op(f"arith.truncf {y} : f32 to {v.result.dtype}", "y")
     t.line(f"memref.store {y}, {Y}[%row, %c] : {My_t}")
     t.close()
-    text = gpu_module_text(t, name, [f"%X: {X_t}", f"%Y: {Y_t}"], (size, 1),
-                           attributes=spirv_entry_point((size, 1, 1)))
+    text = gpu_module_text(t, name, [f"%X: {X_t}", f"%Y: {Y_t}"], (size, 1), "" if spirv else f"{red}: {R_t}",
+                           spirv_entry_point((size, 1, 1)) if spirv else "")
     return text, (rows, 1, 1), (size, 1, 1)
