@@ -68,6 +68,12 @@ class GpuKernelArtifact:
     registers: int = 0
     static_shared_bytes: int = 0
 
+    CODE_SUFFIX = ".cubin"
+
+    def describe(self) -> str:
+        return (f"{self.name} for {self.chip}: grid {self.grid}, block {self.block}, {self.dynamic_shared_bytes} bytes "
+                f"dynamic shared memory, {self.registers} registers")
+
     def save(self, path: str | Path) -> Path:
         path = Path(path)
         Path(str(path) + ".cubin").write_bytes(self.cubin)
@@ -136,6 +142,11 @@ class SpirvKernelArtifact:
     block: tuple[int, int, int]
     params: tuple[Param, ...]
     capabilities: tuple[str, ...] = ()  # the SPIR-V capabilities it declares
+
+    CODE_SUFFIX = ".spv"
+
+    def describe(self) -> str:
+        return f"{self.name} for {self.arch}: {self.grid} workgroups of {self.block}"
 
     def save(self, path: str | Path) -> Path:
         path = Path(path)
@@ -207,6 +218,11 @@ class MetalKernelArtifact:
     block: tuple[int, int, int]
     params: tuple[Param, ...]
 
+    CODE_SUFFIX = ".metal"
+
+    def describe(self) -> str:
+        return f"{self.name} for {self.arch}: {self.grid} threadgroups of {self.block}"
+
     def save(self, path: str | Path) -> Path:
         path = Path(path)
         Path(str(path) + ".metal").write_text(self.msl)
@@ -254,6 +270,12 @@ class HsacoKernelArtifact:
     scratch_bytes: int = 0
 
     launch_arguments = GpuKernelArtifact.launch_arguments  # the same kernel argument layout
+
+    CODE_SUFFIX = ".hsaco"
+
+    def describe(self) -> str:
+        return (f"{self.name} for {self.chip}: grid {self.grid}, block {self.block}, {self.vgprs} VGPRs, "
+                f"{self.lds_bytes} bytes LDS, {self.scratch_bytes} bytes scratch")
 
     def save(self, path: str | Path) -> Path:
         path = Path(path)

@@ -27,15 +27,17 @@ def main(argv: list[str] | None = None) -> int:
     demo.add_argument("--repeat", type=int, default=21, help="timed rounds at least (median reported; default 21)")
     demo.add_argument("--no-model", action="store_true", help="only the Tracea-API program")
     demo.add_argument("--no-inductor", action="store_true", help="leave torch.compile out (it takes ~15 s)")
+    from ..doctor.capabilities import GPU_PROFILES, METAL_PROFILES, ROCM_PROFILES, VULKAN_PROFILES
     gpu = sub.add_parser("compile-gpu", help="compile a function of MLIR text (one gemm / fused_gemm / NHWC conv2d / "
-                         "attention) into an NVIDIA kernel artifact: PATH.cubin + PATH.json, for a machine "
-                         "with a GPU (loaded there by tracea/runtime/cuda_launcher.py, no MLIR needed)",
-                         description="Writes OUTPUT.cubin and OUTPUT.json and prints the launch configuration "
-                                     "and the registers and shared memory ptxas reports. Example: "
+                         "attention / softmax) into a GPU kernel artifact for a machine with that GPU: NVIDIA "
+                         "PATH.cubin, AMD PATH.hsaco, Vulkan PATH.spv or Metal PATH.metal, each with PATH.json",
+                         description="Writes the code and its launch description (OUTPUT.json) and prints the launch "
+                                     "configuration and the resources the assembler reports. Example: "
                                      "tracea compile-gpu linear.mlir --chip sm_90a -o build/linear")
     gpu.add_argument("input", help="MLIR file with tracea ops in generic form")
-    gpu.add_argument("--chip", default="sm_80", choices=["sm_80", "sm_90a"],
-                     help="sm_80: Ampere and later (mma.sync, cp.async); sm_90a: Hopper (TMA, wgmma)")
+    gpu.add_argument("--chip", default="sm_80", choices=[*GPU_PROFILES, *ROCM_PROFILES, *VULKAN_PROFILES, *METAL_PROFILES],
+                     help="sm_80: Ampere and later (mma.sync, cp.async); sm_90a: Hopper (TMA, wgmma); gfx90a / gfx942 "
+                          "/ gfx1100: AMD CDNA2 / CDNA3 / RDNA3; vulkan-*: SPIR-V for a Vulkan device; metal-apple: MSL")
     gpu.add_argument("--entry", help="the function to compile (default: the only public one)")
     gpu.add_argument("-o", "--output", required=True, help="artifact path without extension")
     doctor = sub.add_parser("doctor", help="profile this machine (CPU, NVIDIA GPUs, toolchains) and show which "
@@ -114,12 +116,9 @@ def main(argv: list[str] | None = None) -> int:
                 artifact = compile_gpu(source, chip=args.chip, entry=args.entry)
                 artifact.save(args.output)
             except OSError as e:
-                print(f"tracea: error: cannot write {args.output}.cubin / .json: {e.strerror}: {e.filename}",
-                      file=sys.stderr)
+                print(f"tracea: error: cannot write {args.output}.*: {e.strerror}: {e.filename}", file=sys.stderr)
                 return 1
-            print(f"{artifact.name} for {artifact.chip}: grid {artifact.grid}, block {artifact.block}, "
-                  f"{artifact.dynamic_shared_bytes} bytes dynamic shared memory, {artifact.registers} registers; "
-                  f"wrote {args.output}.cubin and {args.output}.json")
+            print(f"{artifact.describe()}; wrote {args.output}{artifact.CODE_SUFFIX} and {args.output}.json")
     except TraceaError as e:
         print(f"tracea: error: {e}", file=sys.stderr)
         return 1
