@@ -55,8 +55,43 @@ class Param:
         return ["ptr", "ptr", "i64"] + ["i64"] * (2 * len(self.shape))
 
 
+class _SavedArtifact:
+    """Saving and loading a kernel artifact as <path><CODE_SUFFIX> (its code: the CODE_FIELD, bytes
+    or text) beside <path>.json (the rest, with FORMAT)."""
+    CODE_FIELD = CODE_SUFFIX = FORMAT = KIND = ""
+
+    def save(self, path: str | Path) -> Path:
+        path = Path(path)
+        code = getattr(self, self.CODE_FIELD)
+        target = Path(str(path) + self.CODE_SUFFIX)
+        target.write_text(code) if isinstance(code, str) else target.write_bytes(code)
+        meta = {k: v for k, v in asdict(self).items() if k != self.CODE_FIELD}
+        meta["params"] = [asdict(p) for p in self.params]
+        Path(str(path) + ".json").write_text(json.dumps({"format": self.FORMAT, **meta}, indent=1))
+        return path
+
+    @classmethod
+    def load(cls, path: str | Path):
+        path = Path(path)
+        try:
+            meta = json.loads(Path(str(path) + ".json").read_text())
+            source = Path(str(path) + cls.CODE_SUFFIX)
+            code = source.read_text() if cls.__dataclass_fields__[cls.CODE_FIELD].type == "str" else source.read_bytes()
+        except OSError as e:
+            raise TraceaError(f"cannot load the {cls.KIND} kernel {path}: {e.strerror} ({e.filename})") from None
+        except ValueError:
+            raise TraceaError(f"{path}.json is damaged: not JSON") from None
+        if not isinstance(meta, dict) or meta.pop("format", None) != cls.FORMAT:
+            raise TraceaError(f"{path}.json is not a Tracea {cls.KIND} kernel description")
+        params = tuple(Param(p["name"], p["dtype"], None if p["shape"] is None else tuple(p["shape"]),
+                             p.get("output", False), tuple(p["tensor_map"]) if p.get("tensor_map") else None)
+                       for p in meta.pop("params"))
+        lists = {k: tuple(meta.pop(k)) for k in ("grid", "block", "capabilities") if k in meta}
+        return cls(**{cls.CODE_FIELD: code}, params=params, **lists, **meta)
+
+
 @dataclass(frozen=True)
-class GpuKernelArtifact:
+class GpuKernelArtifact(_SavedArtifact):
     name: str
     chip: str
     cubin: bytes
@@ -68,35 +103,11 @@ class GpuKernelArtifact:
     registers: int = 0
     static_shared_bytes: int = 0
 
-    CODE_SUFFIX = ".cubin"
+    CODE_FIELD, CODE_SUFFIX, FORMAT, KIND = "cubin", ".cubin", FORMAT, "GPU"
 
     def describe(self) -> str:
         return (f"{self.name} for {self.chip}: grid {self.grid}, block {self.block}, {self.dynamic_shared_bytes} bytes "
                 f"dynamic shared memory, {self.registers} registers")
-
-    def save(self, path: str | Path) -> Path:
-        path = Path(path)
-        Path(str(path) + ".cubin").write_bytes(self.cubin)
-        meta = {k: v for k, v in asdict(self).items() if k != "cubin"}
-        meta["params"] = [asdict(p) for p in self.params]
-        Path(str(path) + ".json").write_text(json.dumps({"format": FORMAT, **meta}, indent=1))
-        return path
-
-    @staticmethod
-    def load(path: str | Path) -> "GpuKernelArtifact":
-        path = Path(path)
-        try:
-            meta = json.loads(Path(str(path) + ".json").read_text())
-            cubin = Path(str(path) + ".cubin").read_bytes()
-        except OSError as e:
-            raise TraceaError(f"cannot load the GPU kernel {path}: {e.strerror} ({e.filename})") from None
-        if meta.pop("format", None) != FORMAT:
-            raise TraceaError(f"{path}.json is not a Tracea GPU kernel description")
-        params = tuple(Param(p["name"], p["dtype"], None if p["shape"] is None else tuple(p["shape"]),
-                             p.get("output", False), tuple(p["tensor_map"]) if p.get("tensor_map") else None)
-                       for p in meta.pop("params"))
-        return GpuKernelArtifact(cubin=cubin, params=params, grid=tuple(meta.pop("grid")),
-                                 block=tuple(meta.pop("block")), **meta)
 
     def launch_arguments(self, values: list) -> list[tuple[str, int | float]]:
         """(C type, value) for every kernel parameter, from one value per Param: a device
@@ -131,7 +142,7 @@ SPIRV_FORMAT = "tracea-spirv-kernel-1"
 
 
 @dataclass(frozen=True)
-class SpirvKernelArtifact:
+class SpirvKernelArtifact(_SavedArtifact):
     """A Vulkan compute kernel: its SPIR-V module (entry point `name`), the Vulkan version it is
     for, the workgroups of a launch (`grid`) and their size (`block`), and the storage buffers it
     binds, in binding order (inputs, then outputs). Saved as `<path>.spv` and `<path>.json`."""
@@ -143,36 +154,10 @@ class SpirvKernelArtifact:
     params: tuple[Param, ...]
     capabilities: tuple[str, ...] = ()  # the SPIR-V capabilities it declares
 
-    CODE_SUFFIX = ".spv"
+    CODE_FIELD, CODE_SUFFIX, FORMAT, KIND = "spirv", ".spv", SPIRV_FORMAT, "Vulkan"
 
     def describe(self) -> str:
         return f"{self.name} for {self.arch}: {self.grid} workgroups of {self.block}"
-
-    def save(self, path: str | Path) -> Path:
-        path = Path(path)
-        Path(str(path) + ".spv").write_bytes(self.spirv)
-        meta = {k: v for k, v in asdict(self).items() if k != "spirv"}
-        meta["params"] = [asdict(p) for p in self.params]
-        Path(str(path) + ".json").write_text(json.dumps({"format": SPIRV_FORMAT, **meta}, indent=1))
-        return path
-
-    @staticmethod
-    def load(path: str | Path) -> "SpirvKernelArtifact":
-        path = Path(path)
-        try:
-            meta = json.loads(Path(str(path) + ".json").read_text())
-            spirv = Path(str(path) + ".spv").read_bytes()
-        except OSError as e:
-            raise TraceaError(f"cannot load the Vulkan kernel {path}: {e.strerror} ({e.filename})") from None
-        except ValueError:
-            raise TraceaError(f"{path}.json is damaged: not JSON") from None
-        if meta.pop("format", None) != SPIRV_FORMAT:
-            raise TraceaError(f"{path}.json is not a Tracea Vulkan kernel description")
-        params = tuple(Param(p["name"], p["dtype"], tuple(p["shape"]), p.get("output", False))
-                       for p in meta.pop("params"))
-        return SpirvKernelArtifact(spirv=spirv, params=params, grid=tuple(meta.pop("grid")),
-                                   block=tuple(meta.pop("block")), capabilities=tuple(meta.pop("capabilities", ())),
-                                   **meta)
 
 
 def buffer_params(signature) -> list[Param]:
@@ -207,7 +192,7 @@ METAL_FORMAT = "tracea-metal-kernel-1"
 
 
 @dataclass(frozen=True)
-class MetalKernelArtifact:
+class MetalKernelArtifact(_SavedArtifact):
     """A Metal compute kernel: its MSL source (entry point `name`, buffer i at [[buffer(i)]]), the
     MSL version, the threadgroups of a launch (`grid`) and their size (`block`), and its buffers
     (inputs, then outputs). Saved as `<path>.metal` and `<path>.json`."""
@@ -218,42 +203,17 @@ class MetalKernelArtifact:
     block: tuple[int, int, int]
     params: tuple[Param, ...]
 
-    CODE_SUFFIX = ".metal"
+    CODE_FIELD, CODE_SUFFIX, FORMAT, KIND = "msl", ".metal", METAL_FORMAT, "Metal"
 
     def describe(self) -> str:
         return f"{self.name} for {self.arch}: {self.grid} threadgroups of {self.block}"
-
-    def save(self, path: str | Path) -> Path:
-        path = Path(path)
-        Path(str(path) + ".metal").write_text(self.msl)
-        meta = {k: v for k, v in asdict(self).items() if k != "msl"}
-        meta["params"] = [asdict(p) for p in self.params]
-        Path(str(path) + ".json").write_text(json.dumps({"format": METAL_FORMAT, **meta}, indent=1))
-        return path
-
-    @staticmethod
-    def load(path: str | Path) -> "MetalKernelArtifact":
-        path = Path(path)
-        try:
-            meta = json.loads(Path(str(path) + ".json").read_text())
-            msl = Path(str(path) + ".metal").read_text()
-        except OSError as e:
-            raise TraceaError(f"cannot load the Metal kernel {path}: {e.strerror} ({e.filename})") from None
-        except ValueError:
-            raise TraceaError(f"{path}.json is damaged: not JSON") from None
-        if meta.pop("format", None) != METAL_FORMAT:
-            raise TraceaError(f"{path}.json is not a Tracea Metal kernel description")
-        params = tuple(Param(p["name"], p["dtype"], tuple(p["shape"]), p.get("output", False))
-                       for p in meta.pop("params"))
-        return MetalKernelArtifact(msl=msl, params=params, grid=tuple(meta.pop("grid")), block=tuple(meta.pop("block")),
-                                   **meta)
 
 
 HSACO_FORMAT = "tracea-hsaco-kernel-1"
 
 
 @dataclass(frozen=True)
-class HsacoKernelArtifact:
+class HsacoKernelArtifact(_SavedArtifact):
     """An AMD GPU kernel: its HSACO code object (linked by ld.lld), the assembly it came from, the
     launch (workgroups `grid` of `block` lanes), its parameters (memref descriptors expanded as
     GpuKernelArtifact's), and the resources read from the machine code: VGPRs per lane, LDS and
@@ -271,33 +231,8 @@ class HsacoKernelArtifact:
 
     launch_arguments = GpuKernelArtifact.launch_arguments  # the same kernel argument layout
 
-    CODE_SUFFIX = ".hsaco"
+    CODE_FIELD, CODE_SUFFIX, FORMAT, KIND = "hsaco", ".hsaco", HSACO_FORMAT, "AMD"
 
     def describe(self) -> str:
         return (f"{self.name} for {self.chip}: grid {self.grid}, block {self.block}, {self.vgprs} VGPRs, "
                 f"{self.lds_bytes} bytes LDS, {self.scratch_bytes} bytes scratch")
-
-    def save(self, path: str | Path) -> Path:
-        path = Path(path)
-        Path(str(path) + ".hsaco").write_bytes(self.hsaco)
-        meta = {k: v for k, v in asdict(self).items() if k != "hsaco"}
-        meta["params"] = [asdict(p) for p in self.params]
-        Path(str(path) + ".json").write_text(json.dumps({"format": HSACO_FORMAT, **meta}, indent=1))
-        return path
-
-    @staticmethod
-    def load(path: str | Path) -> "HsacoKernelArtifact":
-        path = Path(path)
-        try:
-            meta = json.loads(Path(str(path) + ".json").read_text())
-            hsaco = Path(str(path) + ".hsaco").read_bytes()
-        except OSError as e:
-            raise TraceaError(f"cannot load the AMD kernel {path}: {e.strerror} ({e.filename})") from None
-        except ValueError:
-            raise TraceaError(f"{path}.json is damaged: not JSON") from None
-        if meta.pop("format", None) != HSACO_FORMAT:
-            raise TraceaError(f"{path}.json is not a Tracea AMD kernel description")
-        params = tuple(Param(p["name"], p["dtype"], None if p["shape"] is None else tuple(p["shape"]),
-                             p.get("output", False)) for p in meta.pop("params"))
-        return HsacoKernelArtifact(hsaco=hsaco, params=params, grid=tuple(meta.pop("grid")),
-                                   block=tuple(meta.pop("block")), **meta)
