@@ -67,6 +67,13 @@ class Launch:
         return ir.DictAttr.get(fields)
 
     @staticmethod
+    def of(code: dict, kernel: str) -> "Launch":
+        """Kernel `kernel`'s launch from a target's code (its "launches": kernel -> attribute text)."""
+        from ...dialects.context import shared_context
+        with shared_context("host"):
+            return Launch.from_attr(ir.Attribute.parse(code["launches"][kernel]))
+
+    @staticmethod
     def from_attr(attr: ir.Attribute) -> "Launch":
         d = ir.DictAttr(attr)
         maps = ()

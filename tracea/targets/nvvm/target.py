@@ -205,13 +205,11 @@ class NvvmTarget(Target):
     def package(self, code: bytes, signature, options: NvvmOptions) -> GpuKernelArtifact:
         """The cubin of the kernel `signature` names, assembled and checked against the chip's
         limits, with its PTX and launch metadata: ready to save and launch where a GPU is."""
-        from ...dialects.context import shared_context
         from .kernels import Launch
 
         code = json.loads(code)
         ptx, chip = code["ptx"], options.chip
-        with shared_context("host"):
-            launch = Launch.from_attr(ir.Attribute.parse(code["launches"][signature.name]))
+        launch = Launch.of(code, signature.name)
         cubin = assemble(ptx, chip)
         block_threads = launch.block[0] * launch.block[1] * launch.block[2]
         check_launch(f"@{signature.name}", cubin, block_threads, launch.dynamic_shared_bytes)

@@ -164,15 +164,13 @@ class RocmTarget(Target):
                            "launches": {a.name: str(a.attr) for a in launches}}).encode()
 
     def package(self, code: bytes, signature, options: RocmOptions) -> HsacoKernelArtifact:
-        from ...dialects.context import shared_context
         from ..nvvm.kernels import Launch
 
         code = json.loads(code)
         kernel = f"@{signature.name}"
         hsaco = link(base64.b64decode(code["object"]), kernel)
         used = resources(code["asm"], signature.name)
-        with shared_context("host"):
-            launch = Launch.from_attr(ir.Attribute.parse(code["launches"][signature.name]))
+        launch = Launch.of(code, signature.name)
         check_launch(kernel, options.chip, used, launch.block)
         return HsacoKernelArtifact(signature.name, options.chip, hsaco, code["asm"], launch.grid, launch.block,
                                    tuple(buffer_params(signature)), used.vgprs, used.lds_bytes, used.scratch_bytes)

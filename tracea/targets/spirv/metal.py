@@ -82,15 +82,13 @@ class MetalTarget(Target):
         return spirv_code(module)
 
     def package(self, code: bytes, signature, options: MetalOptions) -> MetalKernelArtifact:
-        from ...dialects.context import shared_context
         from ..nvvm.kernels import Launch
 
         code = json.loads(code)
         binary = base64.b64decode(code["spirv"])
         validate(binary, "vulkan1.1", f"@{signature.name}")
         msl = spirv_to_msl(binary, options.arch, f"@{signature.name}")
-        with shared_context("host"):
-            launch = Launch.from_attr(ir.Attribute.parse(code["launches"][signature.name]))
+        launch = Launch.of(code, signature.name)
         params = buffer_params(signature)
         return MetalKernelArtifact(signature.name, options.arch, msl, launch.grid, launch.block, tuple(params))
 

@@ -161,14 +161,12 @@ class VulkanTarget(Target):
         return spirv_code(module)
 
     def package(self, code: bytes, signature, options: VulkanOptions) -> SpirvKernelArtifact:
-        from ...dialects.context import shared_context
         from ..nvvm.kernels import Launch
 
         code = json.loads(code)
         binary = base64.b64decode(code["spirv"])
         validate(binary, options.arch, f"@{signature.name}")
-        with shared_context("host"):
-            launch = Launch.from_attr(ir.Attribute.parse(code["launches"][signature.name]))
+        launch = Launch.of(code, signature.name)
         params = buffer_params(signature)
         return SpirvKernelArtifact(signature.name, options.arch, binary, launch.grid, launch.block, tuple(params),
                                    tuple(code["capabilities"]))
