@@ -65,6 +65,16 @@ class LoopText:
         x = self.op(f"memref.load {mem}[{', '.join(idx)}] : {mem_t}", "x")
         return x if dtype == "f32" else self.op(f"arith.extf {x} : {dtype} to f32", "x")
 
+    def load_f32_if(self, inside: str, mem: str, mem_t: str, idx: list[str], dtype: str, otherwise: str) -> str:
+        """The element as f32 where `inside` holds (the load itself guarded), else `otherwise`."""
+        value = self.fresh("v")
+        self.open(f"{value} = scf.if {inside} -> (f32)")
+        self.line(f"scf.yield {self.load_f32(mem, mem_t, idx, dtype)} : f32")
+        self.else_()
+        self.line(f"scf.yield {otherwise} : f32")
+        self.close()
+        return value
+
     def batched_view(self, mem: str, spec: TensorSpec, batch: int) -> tuple[str, str]:
         """A memref holding a [..., rows, cols] tensor, viewed as [batch, rows, cols] (the leading
         dims flattened; none: a batch of 1). Returns (view, its type)."""

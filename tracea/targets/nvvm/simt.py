@@ -76,13 +76,7 @@ def simt_gemm_module_text(g: MmaGemm, tiles: SimtTiles = SimtTiles(), name: str 
 
     def guarded_load(mem: str, mem_t: str, r: str, c: str, rows: int, cols: int) -> str:
         inside = t.op(f"arith.andi {t.cmp('ult', r, t.c(rows))}, {t.cmp('ult', c, t.c(cols))} : i1", "p")
-        value = t.fresh("v")
-        t.open(f"{value} = scf.if {inside} -> (f32)")
-        t.line(f"scf.yield {t.load_f32(mem, mem_t, [r, c], g.dtype)} : f32")
-        t.else_()
-        t.line(f"scf.yield {zero} : f32")
-        t.close()
-        return value
+        return t.load_f32_if(inside, mem, mem_t, [r, c], g.dtype, zero)
 
     accs = [f"%acc{i}_{j}" for i in range(TM) for j in range(TN)]
     acc_types = ", ".join(["f32"] * len(accs))
@@ -160,13 +154,7 @@ def gathered_load(t: LoopText, g: MmaGemm, image_t: str, row: str, col: str, zer
     inside = t.cmp("ult", row, t.c(g.m))
     for value, bound in ((col, g.k), (iy, h), (ix, w)):
         inside = t.op(f"arith.andi {inside}, {t.cmp('ult', value, t.c(bound))} : i1", "p")
-    value = t.fresh("v")
-    t.open(f"{value} = scf.if {inside} -> (f32)")
-    t.line(f"scf.yield {t.load_f32('%A', image_t, [n, iy, ix, ch], g.dtype)} : f32")
-    t.else_()
-    t.line(f"scf.yield {zero} : f32")
-    t.close()
-    return value
+    return t.load_f32_if(inside, "%A", image_t, [n, iy, ix, ch], g.dtype, zero)
 
 
 def workgroup_space(spirv: bool) -> str:

@@ -73,11 +73,8 @@ def attention_module_text(v: OpView, name: str, spirv: bool = True) -> tuple[str
     row = t.op(f"arith.minui {qi}, {t.c(sq - 1)} : index", "i")  # loads of an idle invocation stay inside
     scale_c = t.op(f"arith.constant {float(scale)!r} : f32", "k")
 
-    def load(mem: str, mem_t: str, idx: list[str], dtype: str) -> str:
-        return t.load_f32(mem, mem_t, idx, dtype)
-
     t.for_("%d", t.c(0), t.c(d), t.c(1))
-    scaled = t.op(f"arith.mulf {load(Q, Q_t, ['%bh', row, '%d'], q.dtype)}, {scale_c} : f32", "q")
+    scaled = t.op(f"arith.mulf {t.load_f32(Q, Q_t, ['%bh', row, '%d'], q.dtype)}, {scale_c} : f32", "q")
     t.line(f"memref.store {scaled}, {qv}[%d] : {qv_t}")
     t.close()
     t.for_("%d", t.c(0), t.c(dv), t.c(1))
@@ -96,12 +93,7 @@ def attention_module_text(v: OpView, name: str, spirv: bool = True) -> tuple[str
         j = t.op(f"arith.divui %e, {t.c(width)} : index", "i")
         col = t.op(f"arith.remui %e, {t.c(width)} : index", "i")
         key = t.add("%kb", j)
-        value = t.fresh("v")
-        t.open(f"{value} = scf.if {t.cmp('ult', key, t.c(sk))} -> (f32)")
-        t.line(f"scf.yield {load(src, src_t, ['%bh', key, col], dtype)} : f32")
-        t.else_()
-        t.line(f"scf.yield {zero} : f32")
-        t.close()
+        value = t.load_f32_if(t.cmp("ult", key, t.c(sk)), src, src_t, ["%bh", key, col], dtype, zero)
         t.line(f"memref.store {value}, {dst}[{j}, {col}] : {dst_t}")
         t.close()
 
