@@ -19,9 +19,9 @@ def _gemm(n: int = 16, name: str = "k"):
 
 
 def test_every_backend_is_registered_and_named_in_errors():
-    assert {"cpu", "cuda"} <= set(TARGETS)
-    with pytest.raises(ValueError, match="unknown target 'rocm'.*cpu.*cuda"):
-        tracea.compile(_gemm(), target="rocm")
+    assert {"cpu", "cuda", "rocm", "vulkan", "metal"} <= set(TARGETS)
+    with pytest.raises(ValueError, match="unknown target 'opencl'.*cpu.*cuda.*metal.*rocm.*vulkan"):
+        tracea.compile(_gemm(), target="opencl")
 
 
 def test_options_are_frozen_hashable_and_complete():

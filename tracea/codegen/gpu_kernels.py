@@ -34,7 +34,8 @@ def single_kernel_op(func: ir.Operation, kinds: tuple[str, ...], target: str) ->
     ops = tracea_ops(func)
     kernels = [op for op in ops if op.name in kinds]
     if len(ops) != 1 or len(kernels) != 1:
-        raise OpError(f"a {target} kernel is made from a function computing one "
+        article = "an" if target[0] in "AEIOUN" else "a"  # (an NVIDIA, a Vulkan)
+        raise OpError(f"{article} {target} kernel is made from a function computing one "
                       f"{' / '.join(k.removeprefix('tracea.') for k in kinds)}; "
                       f"@{ir.StringAttr(func.attributes['sym_name']).value} has "
                       f"{', '.join(op.name for op in ops) or 'no tracea op'}")
