@@ -16,6 +16,7 @@ from tracea import dialects as td
 from tracea.doctor import Context
 from tracea.doctor.capabilities import probe_vulkan
 from tracea.errors import ArgumentError, CompileError
+from tracea.runtime.dtypes import to_numpy
 from tracea.runtime.gpu_artifact import SpirvKernelArtifact
 
 FOUND = probe_vulkan()
@@ -120,9 +121,9 @@ def test_bad_input_gets_errors_that_name_it():
     two = td.function(td.tensor((4, 8)), td.tensor((8, 3)))(lambda a, b: td.softmax(td.gemm(a, b)))
     with pytest.raises(CompileError, match="one gemm / fused_gemm / conv2d / attention / softmax; @lambda has tracea.gemm, tracea.softmax"):
         tracea.compile(two, target="vulkan")
-    half = td.function(td.tensor((4, 8), "f16"), td.tensor((8, 3), "f16"))(td.gemm)
-    with pytest.raises(CompileError, match="not f32"):
-        tracea.compile(half, target="vulkan")
+    bf16 = td.function(td.tensor((4, 8), "bf16"), td.tensor((8, 3), "bf16"))(td.gemm)
+    with pytest.raises(CompileError, match="f32, or f16 on a device with 16-bit storage"):
+        tracea.compile(bf16, target="vulkan")
     with pytest.raises(ValueError, match="there is no vulkan:7"):
         tracea.compile(fn, target="vulkan", chip="vulkan:7")
     with pytest.raises(tracea.TraceaError, match="a profile, not a device"):
@@ -206,8 +207,8 @@ def _disassemble(binary: bytes, tmp_path) -> str:
 def test_cooperative_matrix_gemm_for_a_device_that_has_them(tmp_path, transpose_b):
     """On a device reporting VK_KHR_cooperative_matrix (a profile: none is here) an f16 GEMM is
     chosen onto cooperative matrices: a SPIR-V 1.6 module with the Vulkan memory model that
-    spirv-val accepts, holding the KHR multiply-add; the same program on lavapipe is refused
-    with the reason, as is the artifact on a device without the extension."""
+    spirv-val accepts, holding the KHR multiply-add; on lavapipe the same program runs the SIMT
+    kernel (the reason named), and the cooperative artifact is refused there."""
     m, n, k = 64, 48, 32
     fn = td.function(td.tensor((m, k), "f16"), td.tensor((n, k) if transpose_b else (k, n), "f16"))(
         lambda a, b: td.gemm(a, b, transpose_b=transpose_b, out_dtype="f32"))
@@ -219,11 +220,27 @@ def test_cooperative_matrix_gemm_for_a_device_that_has_them(tmp_path, transpose_
     assert code.count("OpCooperativeMatrixLoadKHR") == 2 and "OpCooperativeMatrixStoreKHR" in code
     plan = Context("vulkan-coopmat").plan_kernel("gemm", precision="f16", m=m, n=n, k=k, out_dtype="f32")
     assert plan.variant_id == "vulkan.gemm.cooperative_matrix"
-    lavapipe = Context("vulkan-lavapipe")
-    with pytest.raises(tracea.doctor.PlanError, match="VK_KHR_cooperative_matrix"):
-        lavapipe.plan_kernel("gemm", precision="f16", m=m, n=n, k=k, out_dtype="f32")
+    lavapipe = Context("vulkan-lavapipe").plan_kernel("gemm", precision="f16", m=m, n=n, k=k, out_dtype="f32")
+    assert lavapipe.variant_id == "vulkan.gemm.simt"
+    assert "needs a device with VK_KHR_cooperative_matrix" in dict(lavapipe.rejected)["vulkan.gemm.cooperative_matrix"]
     assert Context("vulkan-coopmat").plan_kernel("gemm", m=m, n=n, k=k).variant_id == "vulkan.gemm.simt"
     if not isinstance(FOUND, str) and FOUND[0].gpu.matrix_units != "cooperative_matrix":
         from tracea.runtime.vulkan_runtime import VulkanDevice, VulkanError, VulkanKernel
         with pytest.raises(VulkanError, match="has no VK_KHR_cooperative_matrix"):
             VulkanKernel(artifact, VulkanDevice.get(0))
+
+
+@needs_device
+@pytest.mark.parametrize("out_dtype", ["f32", "f16"])
+def test_f16_gemm_on_sixteen_bit_storage(out_dtype):
+    """f16 operands (and an f16 result) in 16-bit storage buffers, products accumulated in f32,
+    on a device with the features (lavapipe has them; ./dev's Vulkan device enables them)."""
+    if not FOUND[0].gpu.f16_storage:
+        pytest.skip(f"{FOUND[0].gpu.name} has no 16-bit storage buffers")
+    rng = np.random.default_rng(5)
+    a, w, b = ref.random(rng, (70, 33), "f16"), ref.random(rng, (130, 33), "f16"), ref.random(rng, (130,), "f16")
+    fn = td.function(td.tensor(a.shape, "f16"), td.tensor(w.shape, "f16"), td.tensor(b.shape, "f16"))(
+        lambda x, y, z: td.fused_gemm(x, y, [td.bias_add(z), td.relu()], transpose_b=True, out_dtype=out_dtype))
+    kernel, out = _run(fn, a, w, b)
+    assert out.dtype == to_numpy(out_dtype) and "Float16" in kernel.artifact.capabilities
+    ref.assert_close(out, np.maximum(ref.gemm(a, w, transpose_b=True) + b.astype(np.float64), 0), out_dtype, 33)

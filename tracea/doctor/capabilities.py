@@ -57,6 +57,7 @@ class GPU:
     memory_bytes: int  # device memory
     driver_version: str | None = None  # None: a named profile, not a device here
     toolkit_version: str | None = None
+    f16_storage: bool = False  # Vulkan: f16 arithmetic and 16-bit storage buffers (shaderFloat16 + storageBuffer16BitAccess)
 
     def describe(self) -> str:
         where = f", driver {self.driver_version}" if self.driver_version else " (named profile)"
@@ -108,10 +109,10 @@ GPU_PROFILES = {
 # VK_KHR_cooperative_matrix
 VULKAN_PROFILES = {
     "vulkan-lavapipe": GPU("vulkan1.3", "llvmpipe (lavapipe)", 0, 1, 8, 32 * KiB, 32 * KiB, 0, 0, 1024, "", "",
-                           2048 * MiB),
+                           2048 * MiB, f16_storage=True),
     # a GPU with VK_KHR_cooperative_matrix (f16 16x16x16 -> f32) and subgroups of 32: code only here
     "vulkan-coopmat": GPU("vulkan1.3", "Vulkan GPU with cooperative matrices", 0, 1, 32, 48 * KiB, 48 * KiB, 0, 0,
-                          1024, "cooperative_matrix", "", 8192 * MiB),
+                          1024, "cooperative_matrix", "", 8192 * MiB, f16_storage=True),
 }
 
 # AMD GPUs (ROCm; arch: the LLVM AMDGPU processor): CDNA wave64 with MFMA, RDNA3 wave32 with WMMA;

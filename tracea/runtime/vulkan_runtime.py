@@ -79,6 +79,10 @@ class VulkanDevice:
         vk.vkGetPhysicalDeviceProperties2(physical, vk.VkPhysicalDeviceProperties2(pNext=subgroup))
         self.subgroup_size = subgroup.subgroupSize
         self.extensions = frozenset(e.extensionName for e in vk.vkEnumerateDeviceExtensionProperties(physical, None))
+        v11 = vk.VkPhysicalDeviceVulkan11Features()
+        v12 = vk.VkPhysicalDeviceVulkan12Features(pNext=v11)
+        vk.vkGetPhysicalDeviceFeatures2(physical, vk.VkPhysicalDeviceFeatures2(pNext=v12))
+        self.f16_storage = bool(v11.storageBuffer16BitAccess and v12.shaderFloat16)
         memory = vk.vkGetPhysicalDeviceMemoryProperties(physical)
         self.memory_bytes = max(memory.memoryHeaps[i].size for i in range(memory.memoryHeapCount))
         self._memory_types = [(memory.memoryTypes[i].propertyFlags) for i in range(memory.memoryTypeCount)]
@@ -119,7 +123,7 @@ class VulkanDevice:
         return GPU(version, self.name, 0, 1, self.subgroup_size, limits.maxComputeSharedMemorySize,
                    limits.maxComputeSharedMemorySize, 0, 0, limits.maxComputeWorkGroupInvocations,
                    "cooperative_matrix" if COOPERATIVE_MATRIX in self.extensions else "", "", self.memory_bytes,
-                   driver_version=str(p.driverVersion))
+                   driver_version=str(p.driverVersion), f16_storage=self.f16_storage)
 
     # -- the logical device -----------------------------------------------------------------
     def _logical(self):
@@ -131,8 +135,11 @@ class VulkanDevice:
                 raise VulkanError(f"{self.name} has no compute queue")
             self.family = compute[0]
             queue = vk.VkDeviceQueueCreateInfo(queueFamilyIndex=self.family, queueCount=1, pQueuePriorities=[1.0])
-            self._device = _check(lambda: vk.vkCreateDevice(self.physical, vk.VkDeviceCreateInfo(
-                pQueueCreateInfos=[queue]), None), f"open {self.name}")
+            # f16 kernels need the features on: 16-bit storage buffers and f16 arithmetic
+            v11 = vk.VkPhysicalDeviceVulkan11Features(storageBuffer16BitAccess=self.f16_storage)
+            v12 = vk.VkPhysicalDeviceVulkan12Features(pNext=v11, shaderFloat16=self.f16_storage)
+            info = vk.VkDeviceCreateInfo(pNext=v12, pQueueCreateInfos=[queue])
+            self._device = _check(lambda: vk.vkCreateDevice(self.physical, info, None), f"open {self.name}")
             self.queue = vk.vkGetDeviceQueue(self._device, self.family, 0)
             self.command_pool = vk.vkCreateCommandPool(self._device, vk.VkCommandPoolCreateInfo(
                 flags=vk.VK_COMMAND_POOL_CREATE_RESET_COMMAND_BUFFER_BIT, queueFamilyIndex=self.family), None)

@@ -81,14 +81,20 @@ GEMM_SHARED_BYTES = 4 * _TILES.block_k * (_TILES.block_m + _TILES.block_n)
 EMITTERS = {}
 
 
+# f16 operands (read as f32, accumulated in f32) where the device has 16-bit storage buffers
+F16_STORAGE = Rule("f32, or f16 on a device with 16-bit storage buffers and f16 arithmetic",
+                   lambda p, caps: p.dtype == "f32" or p.dtype == "f16" and caps.gpu is not None
+                   and caps.gpu.f16_storage and all(d in ("f16", "f32") for d in (p.dtypes or ())))
+
+
 def _register(backend: str) -> None:
     """The SIMT kernels, on Vulkan and on Metal (whose MSL SPIRV-Cross makes from the same SPIR-V)."""
     on = BackendIs(backend)
     for variant_, emitter in (
         (Variant(f"{backend}.gemm.simt", backend, ("gemm", "fused_gemm"), (
-            on, DtypeIn(("f32",)), SharedMemoryAtLeast(GEMM_SHARED_BYTES)), 10,
-            "SIMT: shared-memory tiles of A and B, a 4 x 4 register tile per invocation, fused epilogue",
-            frozenset({"simd"})), emit_simt_gemm),
+            on, DtypeIn(("f32",)) if backend == "metal" else F16_STORAGE, SharedMemoryAtLeast(GEMM_SHARED_BYTES)), 10,
+            "SIMT: shared-memory tiles of A and B, a 4 x 4 register tile per invocation, fused epilogue (f32 "
+            "accumulation)", frozenset({"simd"})), emit_simt_gemm),
         (Variant(f"{backend}.conv2d.implicit_gemm", backend, ("conv2d",), (
             on, DtypeIn(("f32",)), SharedMemoryAtLeast(GEMM_SHARED_BYTES),
             Rule("layout='nhwc' (filter HWCF; transpose an NCHW input to NHWC first)",

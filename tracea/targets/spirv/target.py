@@ -34,16 +34,20 @@ class VulkanOptions:
     name: str  # the device's name: kernels are chosen from its properties
     arch: str  # the Vulkan version: "vulkan1.3"
     cooperative_matrix: bool = False  # the device has VK_KHR_cooperative_matrix
+    f16_storage: bool = False  # f16 arithmetic and 16-bit storage buffers
 
 
-def spirv_lowering(arch: str, cooperative_matrix: bool = False) -> str:
+def spirv_lowering(arch: str, cooperative_matrix: bool = False, f16_storage: bool = False) -> str:
     """gpu-dialect kernels to a spirv.module for Vulkan `arch` (1.1 and later take SPIR-V 1.3;
-    cooperative matrices, SPIR-V 1.6 and the Vulkan memory model)."""
+    cooperative matrices, SPIR-V 1.6 and the Vulkan memory model; 16-bit storage: f16 buffers)."""
     version, caps, exts = "v1.0" if arch == "vulkan1.0" else "v1.3", ["Shader"], ["SPV_KHR_storage_buffer_storage_class"]
+    if f16_storage or cooperative_matrix:
+        caps += ["Float16", "StorageBuffer16BitAccess"]
+        exts += ["SPV_KHR_16bit_storage"]
     if cooperative_matrix:
         version = "v1.6"
-        caps += ["Float16", "StorageBuffer16BitAccess", "CooperativeMatrixKHR", "VulkanMemoryModel"]
-        exts += ["SPV_KHR_16bit_storage", "SPV_KHR_cooperative_matrix", "SPV_KHR_vulkan_memory_model"]
+        caps += ["CooperativeMatrixKHR", "VulkanMemoryModel"]
+        exts += ["SPV_KHR_cooperative_matrix", "SPV_KHR_vulkan_memory_model"]
     return (f"tracea-keep-launches, tracea-scalar-math, spirv-attach-target{{ver={version} caps={','.join(caps)} "
             f"exts={','.join(exts)}}}, gpu.module(fold-memref-alias-ops, lower-affine, arith-expand, "
             "convert-math-to-spirv), convert-gpu-to-spirv, spirv.module(spirv-lower-abi-attrs, spirv-update-vce), "
@@ -141,11 +145,11 @@ class VulkanTarget(Target):
         if caps.backend != "vulkan":
             raise ValueError(f"{chip!r} is a {caps.backend} device, not a Vulkan one (target={caps.backend!r} runs it)")
         return VulkanOptions(chip or "vulkan:0", caps.gpu.name, caps.gpu.arch,
-                             caps.gpu.matrix_units == "cooperative_matrix")
+                             caps.gpu.matrix_units == "cooperative_matrix", caps.gpu.f16_storage)
 
     def stages(self, options: VulkanOptions) -> dict[str, Pipeline]:
         return {"gpu": parse_pipeline(f"tracea-verify, tracea-spirv-kernels{{device={options.device}}}"),
-                "spirv": parse_pipeline(spirv_lowering(options.arch, options.cooperative_matrix))}
+                "spirv": parse_pipeline(spirv_lowering(options.arch, options.cooperative_matrix, options.f16_storage))}
 
     def toolchain(self, options: VulkanOptions) -> tuple[str, ...]:
         return (*super().toolchain(options), package_version("vulkan"))
