@@ -244,3 +244,31 @@ def test_f16_gemm_on_sixteen_bit_storage(out_dtype):
     kernel, out = _run(fn, a, w, b)
     assert out.dtype == to_numpy(out_dtype) and "Float16" in kernel.artifact.capabilities
     ref.assert_close(out, np.maximum(ref.gemm(a, w, transpose_b=True) + b.astype(np.float64), 0), out_dtype, 33)
+
+
+@needs_device
+@pytest.mark.parametrize("op", ["softmax", "attention", "conv"])
+def test_f16_softmax_attention_and_conv(op):
+    """The other SIMT kernels read and write f16 the same way (f32 inside)."""
+    if not FOUND[0].gpu.f16_storage:
+        pytest.skip(f"{FOUND[0].gpu.name} has no 16-bit storage buffers")
+    rng = np.random.default_rng(6)
+    f = torch.nn.functional
+    if op == "softmax":
+        x = ref.random(rng, (4, 300), "f16", scale=10.0)
+        args, fn, terms = [x], td.function(td.tensor(x.shape, "f16"))(td.softmax), 1
+        expected = torch.softmax(torch.from_numpy(x).double(), -1).numpy()
+    elif op == "attention":
+        q, k, v = (ref.random(rng, (1, 2, 40, 16), "f16") for _ in range(3))
+        args, terms = [q, k, v], 16
+        fn = td.function(*[td.tensor(q.shape, "f16")] * 3)(lambda a, b, c: td.attention(a, b, c, causal=True))
+        expected = f.scaled_dot_product_attention(*[torch.from_numpy(t).double() for t in args], is_causal=True).numpy()
+    else:
+        x, w = ref.random(rng, (1, 8, 8, 3), "f16"), ref.random(rng, (3, 3, 3, 5), "f16")
+        args, terms = [x, w], 27
+        fn = td.function(td.tensor(x.shape, "f16"), td.tensor(w.shape, "f16"))(
+            lambda a, b: td.conv2d(a, b, padding=1, layout="nhwc"))
+        expected = ref.conv2d(x, w, None, (1, 1), (1,) * 4, (1, 1), 1, "nhwc")
+    _, out = _run(fn, *args)
+    assert out.dtype == np.float16
+    ref.assert_close(out, expected, "f16", terms)

@@ -90,24 +90,25 @@ F16_STORAGE = Rule("f32, or f16 on a device with 16-bit storage buffers and f16 
 def _register(backend: str) -> None:
     """The SIMT kernels, on Vulkan and on Metal (whose MSL SPIRV-Cross makes from the same SPIR-V)."""
     on = BackendIs(backend)
+    dtypes = DtypeIn(("f32",)) if backend == "metal" else F16_STORAGE
     for variant_, emitter in (
         (Variant(f"{backend}.gemm.simt", backend, ("gemm", "fused_gemm"), (
-            on, DtypeIn(("f32",)) if backend == "metal" else F16_STORAGE, SharedMemoryAtLeast(GEMM_SHARED_BYTES)), 10,
+            on, dtypes, SharedMemoryAtLeast(GEMM_SHARED_BYTES)), 10,
             "SIMT: shared-memory tiles of A and B, a 4 x 4 register tile per invocation, fused epilogue (f32 "
             "accumulation)", frozenset({"simd"})), emit_simt_gemm),
         (Variant(f"{backend}.conv2d.implicit_gemm", backend, ("conv2d",), (
-            on, DtypeIn(("f32",)), SharedMemoryAtLeast(GEMM_SHARED_BYTES),
+            on, dtypes, SharedMemoryAtLeast(GEMM_SHARED_BYTES),
             Rule("layout='nhwc' (filter HWCF; transpose an NCHW input to NHWC first)",
                  lambda p, caps: None if p.layout is None else p.layout == "nhwc"),
             Rule("groups=1", lambda p, caps: None if p.groups is None else p.groups == 1)), 10,
             "the SIMT GEMM with its A tiles gathered from the NHWC image (implicit GEMM), bias in the epilogue",
             frozenset({"simd"})), emit_simt_conv),
         (Variant(f"{backend}.attention.flash_simt", backend, ("attention",), (
-            on, DtypeIn(("f32",)), SharedMemoryAtLeast(SHARED_BYTES)), 10,
+            on, dtypes, SharedMemoryAtLeast(SHARED_BYTES)), 10,
             f"flash attention: a workgroup per {QUERIES} queries, key and value blocks in shared memory, online "
             "softmax per invocation", frozenset({"simd"})), emit_attention),
         (Variant(f"{backend}.softmax.workgroup_row", backend, ("softmax",), (
-            on, DtypeIn(("f32",)), SharedMemoryAtLeast(4 * MAX_WORKGROUP),
+            on, dtypes, SharedMemoryAtLeast(4 * MAX_WORKGROUP),
             Rule("along the last axis", lambda p, caps: p.last_axis)), 10,
             "a workgroup per row: max, then sum of exp, reduced in shared memory; one read of the row each",
             frozenset({"simd"})), emit_softmax),
