@@ -32,13 +32,15 @@ def _programs():
         "attention_causal": td.function(t((1, 2, 70, 64)), t((1, 2, 70, 64)), t((1, 2, 70, 64)), name="attention_causal")(
             lambda q, k, v: td.attention(q, k, v, causal=True)),
         "softmax": td.function(t((8, 1000)), name="softmax")(td.softmax),
+        "linear_f16": td.function(t((70, 33), "f16"), t((130, 33), "f16"), name="linear_f16")(
+            lambda a, w: td.gemm(a, w, transpose_b=True)),
     }
 
 
 LDS_BYTES = {"linear_bias_gelu": 2 * 16 * 64 * 4, "conv_nhwc": 2 * 16 * 64 * 4, "attention_causal": 2 * 32 * 64 * 4,
-             "softmax": 256 * 4}
+             "softmax": 256 * 4, "linear_f16": 2 * 16 * 64 * 4}
 BLOCKS = {"linear_bias_gelu": (16, 16, 1), "conv_nhwc": (16, 16, 1), "attention_causal": (64, 1, 1),
-          "softmax": (256, 1, 1)}
+          "softmax": (256, 1, 1), "linear_f16": (16, 16, 1)}
 
 
 @pytest.mark.parametrize("chip", list(ROCM_PROFILES))
@@ -58,6 +60,8 @@ def test_code_objects_for_each_chip(chip, program):
     assert ("s_barrier" in asm) == (lanes > ROCM_PROFILES[chip].warp_size)
     assert any(op in asm for op in ("v_fma_f32", "v_fmac_f32", "v_pk_fma_f32", "v_max_f32", "v_max_num_f32"))
     assert "__ocml" not in asm  # exp / tanh / erf are Tracea's polynomials, not device-library calls
+    if program.endswith("f16"):  # f16 read, computed in f32, written back as f16
+        assert "v_cvt_f32_f16" in asm and "v_cvt_f16_f32" in asm
     gpu = ROCM_PROFILES[chip]
     assert 0 < artifact.vgprs <= gpu.registers_per_thread
     assert artifact.scratch_bytes == 0 or program == "attention_causal"  # (its query and output rows are private)
@@ -89,6 +93,6 @@ def test_the_doctor_artifacts_and_the_runtime_without_rocm(tmp_path):
         assert "compile_gpu" in str(e)
     with pytest.raises(ValueError, match="unsupported AMD processor 'gfx803'"):
         tracea.compile_gpu(fn, chip="gfx803")
-    half = td.function(td.tensor((64, 64), "f16"), td.tensor((64, 64), "f16"))(td.gemm)
-    with pytest.raises(CompileError, match="rocm.gemm.simt: inputs are f16, not f32"):
-        tracea.compile_gpu(half, chip="gfx942")
+    bf16 = td.function(td.tensor((64, 64), "bf16"), td.tensor((64, 64), "bf16"))(td.gemm)
+    with pytest.raises(CompileError, match="rocm.gemm.simt: inputs are bf16, not f32 / f16"):
+        tracea.compile_gpu(bf16, chip="gfx942")

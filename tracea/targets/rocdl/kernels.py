@@ -30,25 +30,25 @@ def _launch(text: str, grid: tuple[int, int, int], workgroup: tuple[int, int, in
 
 
 for _variant, _emitter in (
-    (Variant("rocm.gemm.simt", "rocm", ("gemm", "fused_gemm"), (ON_ROCM, DtypeIn(("f32",)),
+    (Variant("rocm.gemm.simt", "rocm", ("gemm", "fused_gemm"), (ON_ROCM, DtypeIn(("f32", "f16")),
                                                                 SharedMemoryAtLeast(GEMM_SHARED_BYTES)), 10,
              "SIMT: LDS tiles of A and B, a 4 x 4 register tile per lane, fused epilogue", frozenset({"simd"})),
      lambda v, name, caps=None: simt_gemm(v, name, spirv=False)),
     (Variant("rocm.conv2d.implicit_gemm", "rocm", ("conv2d",), (
-        ON_ROCM, DtypeIn(("f32",)), SharedMemoryAtLeast(GEMM_SHARED_BYTES),
+        ON_ROCM, DtypeIn(("f32", "f16")), SharedMemoryAtLeast(GEMM_SHARED_BYTES),
         Rule("layout='nhwc' (filter HWCF; transpose an NCHW input to NHWC first)",
              lambda p, caps: None if p.layout is None else p.layout == "nhwc"),
         Rule("groups=1", lambda p, caps: None if p.groups is None else p.groups == 1)), 10,
         "the SIMT GEMM with its A tiles gathered from the NHWC image (implicit GEMM), bias in the epilogue",
         frozenset({"simd"})),
      lambda v, name, caps=None: simt_conv(v, name, spirv=False)),
-    (Variant("rocm.attention.flash_simt", "rocm", ("attention",), (ON_ROCM, DtypeIn(("f32",)),
+    (Variant("rocm.attention.flash_simt", "rocm", ("attention",), (ON_ROCM, DtypeIn(("f32", "f16")),
                                                                     SharedMemoryAtLeast(SHARED_BYTES)), 10,
              f"flash attention: a workgroup per {QUERIES} queries, key and value blocks in LDS, online softmax per "
              "lane", frozenset({"simd"})),
      lambda v, name, caps=None: _launch(*attention_module_text(v, name, spirv=False))),
     (Variant("rocm.softmax.workgroup_row", "rocm", ("softmax",), (
-        ON_ROCM, DtypeIn(("f32",)), SharedMemoryAtLeast(4 * MAX_WORKGROUP),
+        ON_ROCM, DtypeIn(("f32", "f16")), SharedMemoryAtLeast(4 * MAX_WORKGROUP),
         Rule("along the last axis", lambda p, caps: p.last_axis)), 10,
         "a workgroup per row: max, then sum of exp, reduced in LDS; one read of the row each", frozenset({"simd"})),
      lambda v, name, caps=None: _launch(*softmax_module_text(v, name, spirv=False))),
