@@ -12,6 +12,8 @@ import numpy as np
 
 from ..errors import TraceaError
 from .cuda_launcher import pack_parameters
+from .dtypes import to_numpy
+from .gpu_artifact import checked_inputs
 
 
 class HipError(TraceaError, RuntimeError):
@@ -90,8 +92,6 @@ class HipKernel:
         self.stages: dict[str, str] = {}
 
     def __call__(self, *arrays):
-        from .dtypes import to_numpy
-        from .gpu_artifact import checked_inputs
         hip, a = _hip(), self.artifact
         inputs = checked_inputs(a.name, a.params, arrays)
         outputs = [p for p in a.params if p.output]

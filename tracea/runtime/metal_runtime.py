@@ -10,6 +10,8 @@ import time
 import numpy as np
 
 from ..errors import TraceaError
+from .dtypes import to_numpy
+from .gpu_artifact import checked_inputs
 
 
 class MetalError(TraceaError, RuntimeError):
@@ -68,8 +70,6 @@ class MetalKernel:
         self.stages: dict[str, str] = {}
 
     def __call__(self, *arrays):
-        from .dtypes import to_numpy
-        from .gpu_artifact import checked_inputs
         a, device = self.artifact, self.device.device
         buffers = [device.newBufferWithBytes_length_options_(x.tobytes(), max(x.nbytes, 4), self.shared)
                    for x in checked_inputs(a.name, a.params, arrays)]

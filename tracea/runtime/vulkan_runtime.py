@@ -17,6 +17,8 @@ from dataclasses import dataclass
 import numpy as np
 
 from ..errors import TraceaError
+from .dtypes import to_numpy
+from .gpu_artifact import checked_inputs
 
 API_VERSION = (1, 3)
 COOPERATIVE_MATRIX = "VK_KHR_cooperative_matrix"
@@ -59,7 +61,6 @@ class Pipeline:
     pipeline: object
     layout: object
     set_layout: object
-    bindings: int
 
 
 class VulkanDevice:
@@ -184,7 +185,7 @@ class VulkanDevice:
             pipeline = _check(lambda: vk.vkCreateComputePipelines(device, None, 1, [info], None)[0],
                               f"build the compute pipeline of {entry}")
             vk.vkDestroyShaderModule(device, module, None)
-            self._pipelines[key] = Pipeline(pipeline, layout, set_layout, bindings)
+            self._pipelines[key] = Pipeline(pipeline, layout, set_layout)
         return self._pipelines[key]
 
     def dispatch(self, pipeline: Pipeline, buffers: list[Buffer], grid: tuple[int, int, int]) -> float:
@@ -239,13 +240,11 @@ class VulkanKernel:
         self.stages: dict[str, str] = {}
 
     def __call__(self, *arrays):
-        from .dtypes import to_numpy
-        from .gpu_artifact import checked_inputs
         a = self.artifact
         buffers = []
         for slot, data in enumerate(checked_inputs(a.name, a.params, arrays)):
             buffer = self.device.buffer(slot, max(data.nbytes, 4))
-            buffer.mapped[:data.nbytes] = data.tobytes()
+            buffer.mapped[:data.nbytes] = data.reshape(-1).view(np.uint8)  # (copied once, into the mapping)
             buffers.append(buffer)
         outs = []
         for slot, param in enumerate(self.outputs, start=len(self.inputs)):
@@ -254,6 +253,6 @@ class VulkanKernel:
             buffers.append(self.device.buffer(slot, max(nbytes, 4)))
             outs.append((param, dtype, nbytes))
         self.seconds = self.device.dispatch(self.pipeline, buffers, a.grid)
-        results = [np.frombuffer(bytes(buffers[len(self.inputs) + i].mapped[:nbytes]), dtype=dtype)
+        results = [np.frombuffer(buffers[len(self.inputs) + i].mapped, dtype=dtype, count=nbytes // dtype.itemsize)
                    .reshape(param.shape).copy() for i, (param, dtype, nbytes) in enumerate(outs)]
         return results[0] if len(results) == 1 else tuple(results)

@@ -180,11 +180,28 @@ def emit_mma_gemm(v: OpView, name: str, caps: Capabilities | None = None) -> tup
                                                         tiles.shared_bytes())
 
 
-def emit_simt_gemm(v: OpView, name: str, caps: Capabilities | None = None) -> tuple[str, Launch]:
-    g, tiles = mma_gemm(v), SimtTiles()  # fixed tiles: the fallback is not tuned
+def simt_gemm(v: OpView, name: str, spirv: bool = False) -> tuple[str, Launch]:
+    """A gemm / fused_gemm on the SIMT kernel (`spirv`: written for MLIR's SPIR-V conversion)."""
+    return _simt(mma_gemm(v), name, spirv)
+
+
+def simt_conv(v: OpView, name: str, spirv: bool = False) -> tuple[str, Launch]:
+    """An NHWC conv2d as an implicit GEMM on the SIMT kernel, its A tiles gathered from the image."""
+    m, n, k, gather = implicit_gemm(v)
+    bias = v.operands.get("bias")
+    return _simt(MmaGemm(m, n, k, gather.image.dtype, v.result.dtype, False, (Epilogue("bias_add"),) if bias else (),
+                         bias.dtype if bias else None, None, gather), name, spirv)
+
+
+def _simt(g: MmaGemm, name: str, spirv: bool) -> tuple[str, Launch]:
+    tiles = SimtTiles()  # fixed tiles: the fallback is not tuned
     x, y = tiles.threads
-    return simt_gemm_module_text(g, tiles, name), Launch(
+    return simt_gemm_module_text(g, tiles, name, spirv=spirv), Launch(
         simt_grid(g.m, g.n, tiles, math.prod(g.lead) if g.batch_grid else 1), (x, y, 1), 0)
+
+
+def emit_simt_gemm(v: OpView, name: str, caps: Capabilities | None = None) -> tuple[str, Launch]:
+    return simt_gemm(v, name)
 
 
 def emit_conv(v: OpView, name: str, caps: Capabilities | None = None) -> tuple[str, Launch]:

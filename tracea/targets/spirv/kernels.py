@@ -9,22 +9,16 @@ abort this MLIR's conversion) and its workgroup size as the entry point's.
 """
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 
 import mlir.ir as ir
 
 from ...codegen.gpu_kernels import functions_to_kernels
 from ...codegen.variants import BackendIs, DtypeIn, Rule, SharedMemoryAtLeast, Variant, register_variant
-from ...dialects.ops import OpView
 from ...doctor.capabilities import Capabilities, named
 from ...passes.registry import PassFailed, TraceaPass, option, register
-from ...codegen.conv_gather import implicit_gemm
-from ...dialects.ops import Epilogue
-from ..nvvm.kernels import Launch, mma_gemm
-from ..nvvm.mma import MmaGemm
-from ..nvvm.simt import SimtTiles, simt_gemm_module_text
-from ..nvvm.simt import grid as simt_grid
+from ..nvvm.kernels import Launch, simt_conv, simt_gemm
+from ..nvvm.simt import SimtTiles
 from .attention import QUERIES, SHARED_BYTES, attention_module_text
 from .cooperative import TILE, cooperative_gemm_module_text
 from .softmax import MAX_WORKGROUP, softmax_module_text
@@ -32,48 +26,8 @@ from .softmax import MAX_WORKGROUP, softmax_module_text
 KERNEL_OPS = ("tracea.gemm", "tracea.fused_gemm", "tracea.conv2d", "tracea.attention", "tracea.softmax")
 
 
-def emit_cooperative_gemm(v: OpView, name: str, caps: Capabilities | None = None) -> tuple[str, Launch]:
-    text, grid, workgroup = cooperative_gemm_module_text(v, name, caps.gpu.warp_size)
+def _launched(text: str, grid: tuple[int, int, int], workgroup: tuple[int, int, int]) -> tuple[str, Launch]:
     return text, Launch(grid, workgroup, 0)
-
-
-def emit_attention(v: OpView, name: str, caps: Capabilities | None = None) -> tuple[str, Launch]:
-    text, grid, workgroup = attention_module_text(v, name)
-    return text, Launch(grid, workgroup, 0)
-
-
-def emit_softmax(v: OpView, name: str, caps: Capabilities | None = None) -> tuple[str, Launch]:
-    text, grid, workgroup = softmax_module_text(v, name)
-    return text, Launch(grid, workgroup, 0)
-
-
-def simt_conv(v: OpView, name: str, spirv: bool = True) -> tuple[str, Launch]:
-    """An NHWC conv2d as an implicit GEMM on the SIMT kernel, its A tiles gathered from the image
-    (`spirv`: written for MLIR's SPIR-V conversion, else for the NVVM / ROCDL ones)."""
-    m, n, k, gather = implicit_gemm(v)
-    bias = v.operands.get("bias")
-    g = MmaGemm(m, n, k, gather.image.dtype, v.result.dtype, False, (Epilogue("bias_add"),) if bias else (),
-                bias.dtype if bias else None, None, gather)
-    return _simt(g, name, spirv)
-
-
-def simt_gemm(v: OpView, name: str, spirv: bool = True) -> tuple[str, Launch]:
-    return _simt(mma_gemm(v), name, spirv)
-
-
-def emit_simt_conv(v: OpView, name: str, caps: Capabilities | None = None) -> tuple[str, Launch]:
-    return simt_conv(v, name)
-
-
-def emit_simt_gemm(v: OpView, name: str, caps: Capabilities | None = None) -> tuple[str, Launch]:
-    return simt_gemm(v, name)
-
-
-def _simt(g: MmaGemm, name: str, spirv: bool) -> tuple[str, Launch]:
-    tiles = SimtTiles()
-    x, y = tiles.threads
-    return simt_gemm_module_text(g, tiles, name, spirv=spirv), Launch(
-        simt_grid(g.m, g.n, tiles, math.prod(g.lead) if g.batch_grid else 1), (x, y, 1), 0)
 
 
 _TILES = SimtTiles()
@@ -87,38 +41,41 @@ F16_STORAGE = Rule("f32, or f16 on a device with 16-bit storage buffers and f16 
                    and caps.gpu.f16_storage and all(d in ("f16", "f32") for d in (p.dtypes or ())))
 
 
-def _register(backend: str) -> None:
-    """The SIMT kernels, on Vulkan and on Metal (whose MSL SPIRV-Cross makes from the same SPIR-V)."""
+def register_simt_variants(backend: str, dtypes, spirv: bool) -> dict:
+    """The SIMT kernels as `backend`'s variants (their inputs held to `dtypes`; `spirv`: written for
+    MLIR's SPIR-V conversion, as Vulkan and Metal take them, else for ROCDL): {variant id: emitter}."""
     on = BackendIs(backend)
-    dtypes = DtypeIn(("f32",)) if backend == "metal" else F16_STORAGE
+    emitters = {}
     for variant_, emitter in (
         (Variant(f"{backend}.gemm.simt", backend, ("gemm", "fused_gemm"), (
             on, dtypes, SharedMemoryAtLeast(GEMM_SHARED_BYTES)), 10,
             "SIMT: shared-memory tiles of A and B, a 4 x 4 register tile per invocation, fused epilogue (f32 "
-            "accumulation)", frozenset({"simd"})), emit_simt_gemm),
+            "accumulation)", frozenset({"simd"})), simt_gemm),
         (Variant(f"{backend}.conv2d.implicit_gemm", backend, ("conv2d",), (
             on, dtypes, SharedMemoryAtLeast(GEMM_SHARED_BYTES),
             Rule("layout='nhwc' (filter HWCF; transpose an NCHW input to NHWC first)",
                  lambda p, caps: None if p.layout is None else p.layout == "nhwc"),
             Rule("groups=1", lambda p, caps: None if p.groups is None else p.groups == 1)), 10,
             "the SIMT GEMM with its A tiles gathered from the NHWC image (implicit GEMM), bias in the epilogue",
-            frozenset({"simd"})), emit_simt_conv),
+            frozenset({"simd"})), simt_conv),
         (Variant(f"{backend}.attention.flash_simt", backend, ("attention",), (
             on, dtypes, SharedMemoryAtLeast(SHARED_BYTES)), 10,
             f"flash attention: a workgroup per {QUERIES} queries, key and value blocks in shared memory, online "
-            "softmax per invocation", frozenset({"simd"})), emit_attention),
+            "softmax per invocation", frozenset({"simd"})),
+         lambda v, name, spirv: _launched(*attention_module_text(v, name, spirv))),
         (Variant(f"{backend}.softmax.workgroup_row", backend, ("softmax",), (
             on, dtypes, SharedMemoryAtLeast(4 * MAX_WORKGROUP),
             Rule("along the last axis", lambda p, caps: p.last_axis)), 10,
             "a workgroup per row: max, then sum of exp, reduced in shared memory; one read of the row each",
-            frozenset({"simd"})), emit_softmax),
+            frozenset({"simd"})), lambda v, name, spirv: _launched(*softmax_module_text(v, name, spirv))),
     ):
         register_variant(variant_)
-        EMITTERS[variant_.id] = emitter
+        emitters[variant_.id] = lambda v, name, caps=None, emit=emitter: emit(v, name, spirv)
+    return emitters
 
 
-for _backend in ("vulkan", "metal"):
-    _register(_backend)
+EMITTERS.update(register_simt_variants("vulkan", F16_STORAGE, spirv=True))
+EMITTERS.update(register_simt_variants("metal", DtypeIn(("f32",)), spirv=True))
 _COOPERATIVE = Variant("vulkan.gemm.cooperative_matrix", "vulkan", ("gemm",), (
     BackendIs("vulkan"), Rule("a device with VK_KHR_cooperative_matrix",
                               lambda p, caps: caps.gpu is not None and caps.gpu.matrix_units == "cooperative_matrix"),
@@ -130,7 +87,7 @@ _COOPERATIVE = Variant("vulkan.gemm.cooperative_matrix", "vulkan", ("gemm",), (
     f"cooperative matrices: a subgroup per {TILE} x {TILE} tile of C, f16 {TILE} x {TILE} x {TILE} products "
     "accumulated in f32", frozenset({"matrix_units"}))
 register_variant(_COOPERATIVE)
-EMITTERS[_COOPERATIVE.id] = emit_cooperative_gemm
+EMITTERS[_COOPERATIVE.id] = lambda v, name, caps: _launched(*cooperative_gemm_module_text(v, name, caps.gpu.warp_size))
 
 
 def device_capabilities(device: str) -> Capabilities:
