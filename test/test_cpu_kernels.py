@@ -206,6 +206,22 @@ def test_flash_attention(batch, sq, skv, d_vectors, dv_vectors, causal, dtype, t
     ref.assert_close(kernel(q, k, v), ref.attention(q, k, v, None, causal), dtype, max(d, skv))
 
 
+@pytest.mark.parametrize("d, dv", [(64, 64), (128, 128), (8 * LANES, 5 * LANES)],
+                         ids=["d64", "d128", "dv-in-odd-strips"])
+@pytest.mark.parametrize("causal", [False, True])
+def test_flash_attention_at_model_head_dims(d, dv, causal):
+    """Head dims of real models: K^T and V are packed in strips (of QK tile keys, of P V tile
+    columns) and P V runs in several column groups; a value head dim of 5 vectors splits into
+    strips of one."""
+    rng = np.random.default_rng(d + dv)
+    q, k, v = ref.random(rng, (2, 29, d)), ref.random(rng, (2, 75, d)), ref.random(rng, (2, 75, dv))
+    fn = td.function(td.tensor(q.shape), td.tensor(k.shape), td.tensor(v.shape))(
+        lambda a, b, c: td.attention(a, b, c, causal=causal))
+    kernel = tracea.compile(fn, threads=2, keep_stages=True)
+    assert KERNEL_MARK in kernel.stages["linalg"]
+    ref.assert_close(kernel(q, k, v), ref.attention(q, k, v, None, causal), "f32", max(d, 75))
+
+
 @pytest.mark.parametrize("tile", [(3, LANES), (16, 3 * LANES), (5, 8 * LANES)],
                          ids=["one-key-vector", "odd-key-vectors", "wide-key-block"])
 @pytest.mark.parametrize("causal", [False, True])
