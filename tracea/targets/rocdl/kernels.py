@@ -2,8 +2,8 @@
 softmax becomes an AMD GPU kernel: the SIMT GEMM (targets/nvvm/simt.py, plain gpu dialect: LDS
 tiles of A and B, a 4 x 4 register tile per lane, the fused epilogue; a conv's A tiles gathered
 from the image), the Vulkan target's flash attention and softmax (targets/spirv), for wave64
-(CDNA) and wave32 (RDNA3) alike. The MFMA / WMMA kernels are not here yet: without an AMD
-device or an ISA emulator this project could not check their numbers."""
+(CDNA) and wave32 (RDNA3) alike; their machine code is checked against numpy on the AMD ISA
+emulator (runtime/amd_emulator.py)."""
 from __future__ import annotations
 
 from dataclasses import dataclass

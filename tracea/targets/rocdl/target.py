@@ -4,7 +4,8 @@ AMDGPU back end (O3: lower, the kernels would ask for hidden arguments they do n
 compiler child, where an abort of LLVM's code generator is reported like a pass's -> an HSACO code
 object linked by ld.lld (15 or newer: code object v5). The kernel's VGPRs, LDS and scratch are
 read from the assembly's .amdhsa directives and checked against the chip before anything runs;
-runtime/hip_launcher.py launches it where ROCm is."""
+runtime/hip_launcher.py launches it where ROCm is, runtime/amd_emulator.py runs its assembly
+anywhere."""
 from __future__ import annotations
 
 import base64
