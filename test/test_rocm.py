@@ -16,8 +16,10 @@ from tracea import dialects as td
 from tracea.doctor import Context
 from tracea.doctor.capabilities import ROCM_PROFILES
 from tracea.errors import CompileError
-from tracea.runtime.amd_emulator import EmulatedHipKernel, EmulatorError
+from tracea.runtime.amd_emulator import EmulatedHipKernel, EmulatorError, lds_conflicts
 from tracea.runtime.gpu_artifact import HsacoKernelArtifact
+from tracea.dialects.schedule import Swizzle
+from tracea.targets.rocdl.matrix import LDS_SWIZZLE, MatrixTiles, instruction_for, report_lds
 from tracea.targets.rocdl.target import Resources, check_launch, lld
 
 import reference as ref
@@ -97,9 +99,11 @@ def test_the_doctor_artifacts_and_the_runtime_without_rocm(tmp_path):
         assert "compile_gpu" in str(e)
     with pytest.raises(ValueError, match="unsupported AMD processor 'gfx803'"):
         tracea.compile_gpu(fn, chip="gfx803")
-    bf16 = td.function(td.tensor((64, 64), "bf16"), td.tensor((64, 64), "bf16"))(td.gemm)
+    bf16 = td.function(td.tensor((64, 60), "bf16"), td.tensor((60, 64), "bf16"))(td.gemm)  # K not a multiple of 8
     with pytest.raises(CompileError, match="rocm.gemm.simt: inputs are bf16, not f32 / f16"):
         tracea.compile_gpu(bf16, chip="gfx942")
+    for chip in ROCM_PROFILES:
+        assert Context(chip).plan_kernel("gemm", "BF16", m=64, n=64, k=64).variant_id == "rocm.gemm.matrix_cores"
 
 
 # --- the machine code's numbers, on the emulator -----------------------------------------------
@@ -163,3 +167,80 @@ def test_the_emulator_checks_arguments_like_the_gpu_runtime():
     artifact = tracea.compile_gpu(_programs()["linear_f16"], chip="gfx1100")
     with pytest.raises(tracea.TraceaError, match="shape"):
         EmulatedHipKernel(artifact)(np.zeros((70, 33), np.float16), np.zeros((13, 33), np.float16))
+
+
+# --- the matrix-core GEMM (MFMA on CDNA, WMMA on RDNA3) --------------------------------------------
+MATRIX_OPS = {"gfx90a": "v_mfma_f32_32x32x8{}", "gfx942": "v_mfma_f32_32x32x8_{}", "gfx1100": "v_wmma_f32_16x16x16_{}"}
+
+
+def _matrix_case(case: str, dtype: str):
+    """(program, inputs, expected, k) of ragged shapes: M, N past the tiles, K a multiple of 8 but
+    not of the 32 of an LDS tile, several K tiles."""
+    rng = np.random.default_rng(len(case) + len(dtype))
+    t = td.tensor
+    if case == "linear_bias_gelu_f16_out":  # nn.Linear's B^T, the epilogue, a 16-bit result
+        m, n, k = 150, 264, 200
+        x, w, b = ref.random(rng, (m, k), dtype), ref.random(rng, (n, k), dtype), ref.random(rng, (n,), "f32")
+        fn = td.function(t((m, k), dtype), t((n, k), dtype), t((n,), "f32"))(
+            lambda a, ww, bb: td.fused_gemm(a, ww, [td.bias_add(bb), td.gelu()], transpose_b=True))
+        return fn, [x, w, b], ref.epilogue(ref.gemm(x, w, transpose_b=True), [("bias_add", None), ("gelu", None)], bias=b), k
+    m, n, k = 70, 136, 72  # B as [K, N]: transposed while stored into LDS; an f32 result, a residual
+    x, w, r = ref.random(rng, (m, k), dtype), ref.random(rng, (k, n), dtype), ref.random(rng, (m, n), "f32")
+    fn = td.function(t((m, k), dtype), t((k, n), dtype), t((m, n), "f32"))(
+        lambda a, ww, rr: td.fused_gemm(a, ww, [td.residual_add(rr)], out_dtype="f32"))
+    return fn, [x, w, r], ref.epilogue(ref.gemm(x, w), [("residual_add", None)], residual=r), k
+
+
+@pytest.mark.parametrize("chip", list(ROCM_PROFILES))
+@pytest.mark.parametrize("dtype", ["f16", "bf16"])
+@pytest.mark.parametrize("case", ["linear_bias_gelu_f16_out", "gemm_residual"])
+def test_matrix_core_gemms_run_on_the_emulator(chip, dtype, case):
+    fn, xs, expected, k = _matrix_case(case, dtype)
+    artifact = tracea.compile_gpu(fn, chip=chip)
+    assert MATRIX_OPS[chip].format(dtype) in artifact.asm
+    gpu = ROCM_PROFILES[chip]
+    tiles = MatrixTiles.default(instruction_for(gpu.matrix_units))
+    assert artifact.lds_bytes == tiles.lds_bytes() and 0 < artifact.vgprs <= gpu.registers_per_thread
+    assert artifact.block == (4 * gpu.warp_size, 1, 1)
+    out = EmulatedHipKernel(artifact)(*xs)
+    ref.assert_close(out, expected, "f32" if out.dtype == np.float32 else dtype, k)
+
+
+@pytest.mark.parametrize("chip", ["gfx942", "gfx1100"])
+@pytest.mark.parametrize("transpose_b", [True, False])
+def test_matrix_core_lds_tiles_are_conflict_free(chip, transpose_b):
+    """The bank model says the swizzled tiles' 16-byte stores and fragment reads are conflict-free
+    (and the unswizzled ones are not); the emulator measures the same on every LDS instruction of
+    the machine code, the transposing 2-byte stores of a [K, N] B included."""
+    ins = instruction_for(ROCM_PROFILES[chip].matrix_units)
+    tiles = MatrixTiles.default(ins)
+    assert report_lds(tiles, ins) == {"store": 0, "read": 0}
+    import tracea.targets.rocdl.matrix as matrix
+    try:
+        matrix.LDS_SWIZZLE = Swizzle()
+        assert report_lds(tiles, ins)["read"] > 0
+    finally:
+        matrix.LDS_SWIZZLE = LDS_SWIZZLE
+    m, n, k = 130, 136, 64
+    fn = td.function(td.tensor((m, k), "f16"), td.tensor((n, k) if transpose_b else (k, n), "f16"))(
+        lambda a, b: td.gemm(a, b, transpose_b=transpose_b))
+    kernel = EmulatedHipKernel(tracea.compile_gpu(fn, chip=chip), record_lds=True)
+    rng = np.random.default_rng(1)
+    kernel(ref.random(rng, (m, k), "f16"), ref.random(rng, (n, k) if transpose_b else (k, n), "f16"))
+    measured = lds_conflicts(kernel.lds_accesses)
+    assert len(measured) >= 8 and max(measured.values()) == 0, measured
+
+
+def test_compile_for_rocm_runs_on_the_emulator_when_asked(monkeypatch):
+    """TRACEA_AMD_EMULATOR=1: tracea.compile(fn, target="rocm", chip=...) returns a callable on
+    numpy arrays with no GPU (the matrix-core kernel here); without a chip it says which to name."""
+    monkeypatch.setenv("TRACEA_AMD_EMULATOR", "1")
+    fn = td.function(td.tensor((40, 64), "f16"), td.tensor((48, 64), "f16"))(
+        lambda a, b: td.gemm(a, b, transpose_b=True, out_dtype="f32"))
+    kernel = tracea.compile(fn, target="rocm", chip="gfx1100")
+    assert isinstance(kernel, EmulatedHipKernel)
+    rng = np.random.default_rng(5)
+    x, w = ref.random(rng, (40, 64), "f16"), ref.random(rng, (48, 64), "f16")
+    ref.assert_close(kernel(x, w), ref.gemm(x, w, transpose_b=True), "f32", 64)
+    with pytest.raises(ValueError, match="pass chip="):
+        tracea.compile(fn, target="rocm")

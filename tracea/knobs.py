@@ -138,3 +138,9 @@ def perf_map() -> bool:
     """TRACEA_PERF_MAP=1 writes each JIT-linked kernel's functions (the outlined loop nests
     included) to /tmp/perf-<pid>.map, so that `perf record` / `perf report` name them."""
     return _flag("TRACEA_PERF_MAP", False)
+
+
+def amd_emulator() -> bool:
+    """TRACEA_AMD_EMULATOR=1: compile(..., target="rocm", chip=...) runs its kernels on Tracea's
+    AMD ISA emulator (runtime/amd_emulator.py) instead of a GPU through HIP: slow, exact, anywhere."""
+    return _flag("TRACEA_AMD_EMULATOR", False)

@@ -62,6 +62,15 @@ class Instruction:
     handler: object = None
 
 
+@dataclass(frozen=True)
+class LdsAccess:
+    """One LDS instruction of one wave as it ran: its active lanes' byte addresses."""
+    line: str
+    width: int  # bytes each lane reads or writes
+    lanes: np.ndarray
+    addresses: np.ndarray
+
+
 @dataclass
 class Program:
     name: str
@@ -95,6 +104,8 @@ def _operand(text: str) -> Operand:
         return Operand(m.group(1), first, last - first + 1, neg, absolute, text)
     if t.startswith("."):
         return Operand("label", text=t)
+    if t.startswith("gpr_idx("):  # s_set_gpr_idx_on's modes: which operands the index moves
+        return Operand("gpr_idx", text=t[len("gpr_idx("):-1])
     if t in INLINE_FLOATS:
         return Operand("imm", INLINE_FLOATS[t], neg=neg, abs=absolute, text=t)
     try:
@@ -107,7 +118,7 @@ def _operand(text: str) -> Operand:
 def _split_operands(rest: str) -> tuple[list[str], dict[str, str]]:
     """Operands (comma separated, the last one running up to the first `key:value` / flag
     modifier) and the modifiers."""
-    parts = [p.strip() for p in re.split(r",(?![^\[]*\])", rest)] if rest.strip() else []
+    parts = [p.strip() for p in re.split(r",(?![^\[(]*[\])])", rest)] if rest.strip() else []
     modifiers: dict[str, str] = {}
     if parts:
         words = parts[-1].split()
@@ -169,12 +180,14 @@ class Wave:
     def __init__(self, lanes: int, vgprs: int):
         self.lanes = lanes
         self.s = np.zeros(128, np.uint32)
-        self.v = np.zeros((max(vgprs, 256), lanes), np.uint32)
+        self.v = np.zeros((max(vgprs, 256), lanes), np.uint32)  # (v255: a scratch register of the emulator's)
         self.a = np.zeros((256, lanes), np.uint32)
         self.scc = False
         self.pc = 0
         self.done = False
         self.at_barrier = False
+        self.private = np.zeros((lanes, 0), np.uint8)  # each lane's scratch
+        self.gpr_idx: tuple[int, set[str]] | None = None  # CDNA's VGPR index mode (s_set_gpr_idx_on)
 
     # -- masks -------------------------------------------------------------------------------------
     def mask(self, first: int) -> np.ndarray:
@@ -382,13 +395,42 @@ def _mov(w: Wave, i: Instruction) -> None:
 
 def _pk_mov(w: Wave, i: Instruction) -> None:
     d, a, b = i.operands
-    sel = [int(x) for x in i.modifiers.get("op_sel", "[0,1]").strip("[]").split(",")]
+    sel = _flags(i, "op_sel", 2)
     lo = w.vget(Operand(a.kind, a.index + sel[0], 1, text=a.text) if a.kind in "sva" else a)
     hi = w.vget(Operand(b.kind, b.index + sel[1], 1, text=b.text) if b.kind in "sva" else b)
     if b.kind == "imm" and sel[1]:
         hi = w.vget(b)
     w.vset(Operand(d.kind, d.index), lo)
     w.vset(Operand(d.kind, d.index + 1), hi)
+
+
+def _flags(i: Instruction, name: str, n: int) -> list[int]:
+    """A VOP3P modifier such as op_sel:[0,1] (all 0 when not printed)."""
+    text = i.modifiers.get(name)
+    return [int(x) for x in text.strip("[]").split(",")] if text else [0] * n
+
+
+def _fma_mix(w: Wave, i: Instruction) -> None:
+    """v_fma_mix_f32 / v_fma_mixlo_f16 / v_fma_mixhi_f16: an f32 fma whose sources are f32, or f16
+    (the half op_sel picks) where op_sel_hi says so; the mixlo / mixhi result an f16 half."""
+    d, *srcs = i.operands
+    sel, hi = _flags(i, "op_sel", 3), _flags(i, "op_sel_hi", 3)
+    values = []
+    for k, op in enumerate(srcs):
+        if hi[k]:
+            half = (w.vget(op) >> np.uint32(16 * sel[k])) & np.uint32(0xFFFF)
+            x = half.astype(np.uint16).view(np.float16).astype(np.float32)
+            x = np.abs(x) if op.abs else x
+            values.append(-x if op.neg else x)
+        else:
+            values.append(w.fget(op))
+    out = _fma(*values)
+    if i.mnemonic == "v_fma_mix_f32":
+        w.vset(d, out)
+        return
+    bits = _f16_bits(out)
+    old = w.v[d.index]
+    w.vset(d, (old & 0xFFFF0000) | bits if i.mnemonic == "v_fma_mixlo_f16" else (old & 0xFFFF) | (bits << np.uint32(16)))
 
 
 def _cndmask(w: Wave, i: Instruction) -> None:
@@ -553,6 +595,62 @@ def _mul24(signed: bool, add: bool):
             r = r + w.vget(i.operands[3]).astype(np.int64)
         w.vset(d, (r & 0xFFFFFFFF).astype(np.uint32))
     return run
+
+
+# --- matrix cores --------------------------------------------------------------------------------
+def _halves(w: Wave, op: Operand, dtype: str) -> np.ndarray:
+    """[lane, element] of the 16-bit values packed in the operand's registers (low half first)."""
+    regs = w.v if op.kind == "v" else w.a
+    words = np.stack([regs[op.index + r] for r in range(op.count)], axis=1)  # [lane, register]
+    bits = np.stack([words & 0xFFFF, words >> 16], axis=2).reshape(w.lanes, -1).astype(np.uint32)
+    if dtype == "bf16":
+        return (bits << np.uint32(16)).view(np.float32).astype(np.float64)
+    return bits.astype(np.uint16).view(np.float16).astype(np.float64)
+
+
+def _matrix(w: Wave, i: Instruction) -> None:
+    """v_mfma_f32_MxNxK_{f16,bf16} (one block) and v_wmma_f32_16x16x16_{f16,bf16}, in the layouts
+    of AMD's matrix instruction tables: MFMA lane l holds A[l % M][E (l / M) + e], B[E (l / N) +
+    e][l % N] (E elements each) and D[row][l % N] for its items, rows 8 (r / 4) + 4 (l / 32) + r % 4
+    (32x32) or 4 (l / 16) + r (16x16); WMMA lane l holds row / column l % 16 of A / B whole (both
+    half-waves the same) and D[2 r + l / 16][l % 16]. The products are exact, the sum is rounded once."""
+    m = re.match(r"v_(mfma|wmma)_f32_(\d+)x(\d+)x(\d+)_?(f16|bf16)(_1k)?$", i.mnemonic)
+    if not m:
+        raise EmulatorError(f"matrix instruction {i.mnemonic} is not modelled")
+    units, M, N, K, dtype = m.group(1), int(m.group(2)), int(m.group(3)), int(m.group(4)), m.group(5)
+    d, a, b, c = i.operands
+    xa, xb = _halves(w, a, dtype), _halves(w, b, dtype)
+    lanes = np.arange(w.lanes)
+    A, B = np.zeros((M, K)), np.zeros((K, N))
+    if units == "mfma":
+        if M * K != w.lanes * xa.shape[1] or M not in (16, 32):
+            raise EmulatorError(f"{i.mnemonic} with several blocks is not modelled")
+        e = xa.shape[1]
+        for j in range(e):
+            A[lanes % M, e * (lanes // M) + j] = xa[:, j]
+            B[e * (lanes // N) + j, lanes % N] = xb[:, j]
+    else:
+        A[lanes[:16] % M, :] = xa[:16, :K]
+        B[:, lanes[:16] % N] = xb[:16, :K].T
+    acc = np.zeros((w.lanes, d.count)) if c.kind == "imm" and c.index == 0 else \
+        np.stack([(w.v if c.kind == "v" else w.a)[c.index + r].view(np.float32) for r in range(d.count)], axis=1)
+    items = np.arange(d.count)
+    if units == "mfma" and M == 32:
+        rows = 8 * (items[None, :] // 4) + 4 * (lanes[:, None] // 32) + items[None, :] % 4
+    elif units == "mfma":
+        rows = 4 * (lanes[:, None] // 16) + items[None, :]
+    else:
+        rows = 2 * items[None, :] + lanes[:, None] // 16
+    D = (A @ B)[rows, (lanes % N)[:, None]] + acc
+    out = D.astype(np.float32).view(np.uint32)
+    regs = w.v if d.kind == "v" else w.a
+    for r in range(d.count):
+        regs[d.index + r] = out[:, r]  # every lane: matrix instructions ignore EXEC
+
+
+def _accvgpr(w: Wave, i: Instruction) -> None:
+    d, src = i.operands
+    w.vset(d, w.vget(src), lanes=np.ones(w.lanes, bool))
 
 
 # --- scalar ALU ----------------------------------------------------------------------------------
@@ -722,7 +820,44 @@ def _load_into(w: Wave, d: Operand, raw: np.ndarray, lanes: np.ndarray, kind: st
     w.v[d.index, lanes] = value
 
 
+def _scratch(w: Wave, i: Instruction) -> None:
+    """scratch_load / scratch_store (flat scratch, gfx942 and RDNA3): each lane's private
+    memory at vaddr + saddr + offset (either address register may be `off`)."""
+    m = re.match(r"scratch_(load|store)_(\w+)", i.mnemonic)
+    verb, kind = m.group(1), m.group(2)
+    if kind not in LOAD_SIZES:
+        raise EmulatorError(f"{i.mnemonic} is not modelled")
+    size = LOAD_SIZES[kind]
+    if verb == "load":
+        d, vaddr, saddr = i.operands
+    else:
+        vaddr, d, saddr = i.operands
+    offset = np.full(w.lanes, int(i.modifiers.get("offset", "0"), 0), np.int64)
+    if vaddr.kind != "off":
+        offset += w.vget(vaddr).astype(np.int64)
+    if saddr.kind != "off":
+        offset += w.sget(saddr)
+    lanes = w.exec
+    where = offset[lanes]
+    if len(where) and (where.min() < 0 or where.max() + size > w.private.shape[1]):
+        raise EmulatorError(f"`{i.line}` reaches private byte {int(where.max())}; the kernel asked for "
+                            f"{w.private.shape[1]}")
+    rows = np.flatnonzero(lanes)[:, None]
+    columns = where[:, None] + np.arange(size)
+    if verb == "load":
+        _load_into(w, d, w.private[rows, columns], lanes, kind)
+    else:
+        w.private[rows, columns] = _lanes_bytes(w, d, size, lanes)
+
+
 def _global(w: Wave, i: Instruction, memory: Memory) -> None:
+    if "store" in i.mnemonic and "d16_hi" in i.mnemonic:  # the register's high half, stored
+        d = i.operands[1]  # (CDNA global_store_short_d16_hi, RDNA3 global_store_d16_hi_b16)
+        shifted = Instruction(i.mnemonic.replace("_d16_hi", ""), [i.operands[0], Operand("v", 255), i.operands[2]],
+                              i.modifiers, i.line)
+        w.v[255] = w.v[d.index] >> np.uint32(16)
+        _global(w, shifted, memory)
+        return
     m = re.match(r"global_(load|store)_(\w+)", i.mnemonic)
     verb, kind = m.group(1), m.group(2)
     if kind not in LOAD_SIZES:
@@ -745,8 +880,9 @@ def _global(w: Wave, i: Instruction, memory: Memory) -> None:
         memory.write(addresses, _lanes_bytes(w, d, size, lanes), i)
 
 
-def _ds(w: Wave, i: Instruction, lds: np.ndarray) -> None:
-    m = re.match(r"ds_(read|write|load|store)(2st64|2|_2addr_stride64|_2addr)?_(\w+)", i.mnemonic)
+def _ds(w: Wave, i: Instruction, lds: np.ndarray, log: list | None = None) -> None:
+    high = i.mnemonic.endswith("_d16_hi")  # the high half of the register: stored, or loaded into
+    m = re.match(r"ds_(read|write|load|store)(2st64|2|_2addr_stride64|_2addr)?_(\w+?)(_d16_hi)?$", i.mnemonic)
     if not m or m.group(3) not in LOAD_SIZES:
         raise EmulatorError(f"{i.mnemonic} is not modelled")
     load = m.group(1) in ("read", "load")
@@ -765,11 +901,18 @@ def _ds(w: Wave, i: Instruction, lds: np.ndarray) -> None:
         offsets, datas = [int(i.modifiers.get("offset", "0"), 0)], [d]
     for off, data in zip(offsets, datas):
         where = base + off
+        if log is not None:
+            log.append(LdsAccess(i.line, size, np.flatnonzero(lanes), where.copy()))
         if len(where) and (where.min() < 0 or where.max() + size > len(lds)):
             raise EmulatorError(f"`{i.line}` reaches LDS byte {int(where.max())}; the workgroup has {len(lds)}")
         index = where[:, None] + np.arange(size)
-        if load:
+        if load and high:
+            value = np.concatenate([lds[index], np.zeros((len(index), 2), np.uint8)], axis=1).view(np.uint32)[:, 0]
+            w.v[data.index, lanes] = (w.v[data.index, lanes] & 0xFFFF) | (value << np.uint32(16))
+        elif load:
             _load_into(w, data, lds[index], lanes, m.group(3))
+        elif high:
+            lds[index] = (w.v[data.index][lanes] >> np.uint32(16)).astype(np.uint16).view(np.uint8).reshape(-1, 2)
         else:
             lds[index] = _lanes_bytes(w, data, size, lanes)
 
@@ -822,7 +965,7 @@ def _table() -> dict[str, object]:
         "v_subrev_co_u32": _carry("subrev"), "v_subbrev_co_u32": _carry("subrev"),
         "v_mad_u64_u32": _mad64(False), "v_mad_i64_i32": _mad64(True), "v_lshl_add_u64": _lshl_add_u64,
         "v_lshlrev_b64": _shift64(True), "v_lshrrev_b64": _shift64(False),
-        "v_pack_b32_f16": _pack_f16,
+        "v_pack_b32_f16": _pack_f16, "v_fma_mix_f32": _fma_mix, "v_fma_mixlo_f16": _fma_mix, "v_fma_mixhi_f16": _fma_mix,
         "s_mov_b32": _s_mov(32), "s_mov_b64": _s_mov(64), "s_movk_i32": _s_movk, "s_addk_i32": _s_addk,
         "s_cselect_b32": _s_cselect(32), "s_cselect_b64": _s_cselect(64), "s_brev_b32": _s_brev,
         "s_not_b32": _s_not(32), "s_not_b64": _s_not(64),
@@ -862,11 +1005,15 @@ def _handler(i: Instruction):
         return _s_cmp
     if name.startswith("v_cvt_"):
         return _cvt
+    if name.startswith(("v_mfma_", "v_wmma_")):
+        return _matrix
+    if name.startswith("v_accvgpr_"):
+        return _accvgpr
     return None
 
 
 def run_kernel(program: Program, lanes_per_wave: int, grid: tuple[int, int, int], block: tuple[int, int, int],
-               kernarg: bytes, memory: Memory, vgprs: int) -> None:
+               kernarg: bytes, memory: Memory, vgprs: int, lds_log: list | None = None) -> None:
     """Run every workgroup of the launch, its waves in turn between barriers."""
     d = program.directives
     kernarg_address = memory.place(kernarg + bytes(256))  # (hidden arguments read as zeros)
@@ -905,18 +1052,19 @@ def run_kernel(program: Program, lanes_per_wave: int, grid: tuple[int, int, int]
                     live = (k * lanes_per_wave + np.arange(lanes_per_wave)) < threads
                     w.v[0] = packed[k * lanes_per_wave:(k + 1) * lanes_per_wave]
                     w.set_mask(EXEC, live)
+                    w.private = np.zeros((lanes_per_wave, d.get("amdhsa_private_segment_fixed_size", 0)), np.uint8)
                     waves.append(w)
-                _run_workgroup(program, waves, lds, memory)
+                _run_workgroup(program, waves, lds, memory, lds_log)
 
 
-def _run_workgroup(program: Program, waves: list[Wave], lds: np.ndarray, memory: Memory) -> None:
+def _run_workgroup(program: Program, waves: list[Wave], lds: np.ndarray, memory: Memory, log: list | None) -> None:
     instructions, labels = program.instructions, program.labels
     budget = 50_000_000
     with np.errstate(all="ignore"):  # a GPU computes inf and NaN without a word
-        _run_waves(program, waves, lds, memory, instructions, labels, budget)
+        _run_waves(program, waves, lds, memory, instructions, labels, budget, log)
 
 
-def _run_waves(program, waves, lds, memory, instructions, labels, budget) -> None:
+def _run_waves(program, waves, lds, memory, instructions, labels, budget, log) -> None:
     while not all(w.done for w in waves):
         for w in waves:
             w.at_barrier = False
@@ -929,11 +1077,55 @@ def _run_waves(program, waves, lds, memory, instructions, labels, budget) -> Non
                     raise EmulatorError(f"{program.name} ran past its last instruction without s_endpgm")
                 i = instructions[w.pc]
                 w.pc += 1
-                _step(w, i, labels, lds, memory)
+                _step(w, i, labels, lds, memory, log)
 
 
-def _step(w: Wave, i: Instruction, labels: dict[str, int], lds: np.ndarray, memory: Memory) -> None:
+_INDEXED = {"DST": 0, "SRC0": 1, "SRC1": 2, "SRC2": 3}  # operand positions the index mode moves
+
+
+def _relative(w: Wave, i: Instruction) -> bool:
+    """VGPR-relative addressing: CDNA's s_set_gpr_idx_on / _off (then a VALU instruction's chosen
+    VGPR operands are moved by the index) and v_movrels / v_movreld (moved by M0). True if `i`
+    was one of these and has run."""
     m = i.mnemonic
+    if m == "s_set_gpr_idx_on":
+        w.gpr_idx = (w.sget(i.operands[0]), set(i.operands[1].text.split(",")))
+        return True
+    if m == "s_set_gpr_idx_off":
+        w.gpr_idx = None
+        return True
+    if w.gpr_idx and m.startswith("v_"):
+        shift, modes = w.gpr_idx
+        ops = list(i.operands)
+        for mode in modes:
+            k = _INDEXED[mode]
+            if k < len(ops) and ops[k].kind == "v":
+                ops[k] = Operand("v", ops[k].index + shift, ops[k].count, ops[k].neg, ops[k].abs, ops[k].text)
+        moved = Instruction(m, ops, i.modifiers, i.line, i.handler)
+        w.gpr_idx, saved = None, w.gpr_idx
+        try:
+            _step(w, moved, {}, np.zeros(4, np.uint8), None)
+        finally:
+            w.gpr_idx = saved
+        return True
+    rel = re.match(r"v_movrel(s|d|sd)_b32", m)
+    if rel:
+        d, src = i.operands
+        shift = int(w.s[M0])
+        if "s" in rel.group(1):
+            src = Operand("v", src.index + shift)
+        if rel.group(1) in ("d", "sd"):
+            d = Operand("v", d.index + shift)
+        w.vset(d, w.vget(src))
+        return True
+    return False
+
+
+def _step(w: Wave, i: Instruction, labels: dict[str, int], lds: np.ndarray, memory: Memory,
+          log: list | None = None) -> None:
+    m = i.mnemonic
+    if (w.gpr_idx or m.startswith(("s_set_gpr_idx", "v_movrel"))) and _relative(w, i):
+        return
     if i.handler is not None and m != "v_dual":
         i.handler(w, i)
         return
@@ -974,7 +1166,10 @@ def _step(w: Wave, i: Instruction, labels: dict[str, int], lds: np.ndarray, memo
         _global(w, i, memory)
         return
     if m.startswith("ds_"):
-        _ds(w, i, lds)
+        _ds(w, i, lds, log)
+        return
+    if m.startswith("scratch_"):
+        _scratch(w, i)
         return
     if m.startswith("s_load_"):
         _s_load(w, i, memory)
@@ -986,9 +1181,10 @@ class EmulatedHipKernel:
     """A HsacoKernelArtifact run on the emulator: kernel(*arrays) -> the result, as HipKernel
     returns it on a GPU."""
 
-    def __init__(self, artifact):
+    def __init__(self, artifact, record_lds: bool = False):
         from ..doctor.capabilities import ROCM_PROFILES
         self.artifact = artifact
+        self.lds_accesses: list[LdsAccess] | None = [] if record_lds else None  # every LDS access of the last call
         self.lanes = ROCM_PROFILES[artifact.chip].warp_size
         self.program = parse(artifact.asm, artifact.name)
 
@@ -1013,10 +1209,22 @@ class EmulatedHipKernel:
         expected = max((o + s for o, s in self.program.args), default=0)
         if len(kernarg) != expected:
             raise EmulatorError(f"{a.name}: {len(kernarg)} bytes of arguments, the code object reads {expected}")
-        run_kernel(self.program, self.lanes, a.grid, a.block, bytes(kernarg), memory, a.vgprs)
+        if self.lds_accesses is not None:
+            self.lds_accesses.clear()
+        run_kernel(self.program, self.lanes, a.grid, a.block, bytes(kernarg), memory, a.vgprs, self.lds_accesses)
         results = []
         for param, address in zip(outputs, pointers[len(inputs):]):
             raw = next(r for s, r in memory.buffers if s == address)
             dtype = to_numpy(param.dtype)
             results.append(raw[:int(np.prod(param.shape)) * dtype.itemsize].view(dtype).reshape(param.shape).copy())
         return results[0] if len(results) == 1 else tuple(results)
+
+
+def lds_conflicts(accesses: list[LdsAccess]) -> dict[str, int]:
+    """The worst bank conflicts (extra LDS cycles, codegen/bank_conflicts' model of 32 banks of
+    4 bytes, 128 bytes a cycle) of each LDS instruction over the accesses an emulated run made."""
+    from ..codegen.bank_conflicts import conflicts
+    worst: dict[str, int] = {}
+    for a in accesses:
+        worst[a.line] = max(worst.get(a.line, 0), conflicts(a.addresses.tolist(), a.width, a.lanes.tolist()))
+    return worst

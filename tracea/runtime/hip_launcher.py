@@ -35,7 +35,8 @@ def _hip():
                 continue
         else:
             raise HipError("no ROCm runtime on this machine: libamdhip64.so not found (install ROCm's HIP runtime); "
-                           "tracea.compile_gpu(fn, chip='gfx942') writes the code object anywhere")
+                           "tracea.compile_gpu(fn, chip='gfx942') writes the code object anywhere, and TRACEA_AMD_EMULATOR=1 "
+                           "runs it on Tracea's AMD emulator")
     return _HIP
 
 

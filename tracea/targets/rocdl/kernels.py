@@ -11,14 +11,36 @@ from dataclasses import dataclass
 import mlir.ir as ir
 
 from ...codegen.gpu_kernels import functions_to_kernels
-from ...codegen.variants import DtypeIn
-from ...doctor.capabilities import ROCM_PROFILES, named
+from ...codegen.variants import BackendIs, DtypeIn, Rule, Variant, register_variant
+from ...doctor.capabilities import ROCM_PROFILES, Capabilities, named
 from ...passes.registry import TraceaPass, option, register
+from ..nvvm.kernels import Launch, mma_gemm
 from ..spirv.kernels import register_simt_variants
+from .matrix import CHUNK, MatrixTiles, instruction_for, matrix_gemm_module_text, grid
 
 KERNEL_OPS = ("tracea.gemm", "tracea.fused_gemm", "tracea.conv2d", "tracea.attention", "tracea.softmax")
 CHIPS = tuple(ROCM_PROFILES)
 EMITTERS = register_simt_variants("rocm", DtypeIn(("f32", "f16")), spirv=False)
+
+
+def emit_matrix_gemm(v, name: str, caps: Capabilities) -> tuple[str, Launch]:
+    g, ins = mma_gemm(v), instruction_for(caps.gpu.matrix_units)
+    tiles = MatrixTiles.default(ins)
+    waves_m, waves_n = tiles.waves()
+    return matrix_gemm_module_text(g, ins, tiles, name), Launch(grid(g, tiles), (waves_m * waves_n * ins.wave, 1, 1), 0)
+
+
+_MATRIX = Variant("rocm.gemm.matrix_cores", "rocm", ("gemm", "fused_gemm"), (
+    BackendIs("rocm"), Rule("a chip with matrix cores (MFMA or WMMA)",
+                            lambda p, caps: caps.gpu is not None and caps.gpu.matrix_units in ("mfma", "wmma")),
+    DtypeIn(("f16", "bf16")),
+    Rule(f"K and N multiples of {CHUNK}, A not transposed, one B for every matrix of A",
+         lambda p, caps: None if None in (p.n, p.k, p.transpose_a, p.batched_b) else (
+             p.k % CHUNK == 0 and p.n % CHUNK == 0 and not p.transpose_a and not p.batched_b))), 20,
+    "matrix cores: MFMA 32x32x8 (CDNA, wave64) or WMMA 16x16x16 (RDNA3, wave32), f32 accumulation, "
+    "double-buffered swizzled LDS tiles, fused epilogue", frozenset({"matrix_units"}))
+register_variant(_MATRIX)
+EMITTERS[_MATRIX.id] = emit_matrix_gemm
 
 
 @register

@@ -141,6 +141,10 @@ class RocmTarget(Target):
             raise ValueError("target 'rocm' takes neither strategy= nor threads= (its kernels' workgroups come from "
                              "their variants)")
         if chip is None:
+            from ... import knobs
+            if knobs.amd_emulator():
+                raise ValueError("TRACEA_AMD_EMULATOR=1 runs the kernels of a named chip: pass chip='gfx90a', "
+                                 "'gfx942' or 'gfx1100'")
             from ...runtime.hip_launcher import HipDevice
             chip = HipDevice.get(0).chip
         if chip not in ROCM_PROFILES:
@@ -155,6 +159,9 @@ class RocmTarget(Target):
         return (*super().toolchain(options), package_version("llvmlite"), str(lld()))
 
     def device(self, options: RocmOptions):
+        from ... import knobs
+        if knobs.amd_emulator():
+            return None
         from ...runtime.hip_launcher import HipDevice
         return HipDevice.get(0)
 
@@ -177,6 +184,12 @@ class RocmTarget(Target):
                                    tuple(buffer_params(signature)), used.vgprs, used.lds_bytes, used.scratch_bytes)
 
     def load(self, build: Build, options: RocmOptions, device):
+        from ... import knobs
+        if knobs.amd_emulator():
+            from ...runtime.amd_emulator import EmulatedHipKernel
+            kernel = EmulatedHipKernel(build.artifact)
+            kernel.stages = build.stages
+            return kernel
         from ...runtime.hip_launcher import HipKernel
         kernel = HipKernel(build.artifact, device)
         kernel.stages = build.stages
