@@ -206,6 +206,30 @@ def test_matrix_core_gemms_run_on_the_emulator(chip, dtype, case):
     ref.assert_close(out, expected, "f32" if out.dtype == np.float32 else dtype, k)
 
 
+@pytest.mark.parametrize("chip", list(ROCM_PROFILES))
+@pytest.mark.parametrize("dtype", ["f16", "bf16"])
+def test_matrix_core_conv_gathers_the_image_on_the_emulator(chip, dtype):
+    """An NHWC conv (stride, dilation, padding on every side, bias) as the matrix-core implicit
+    GEMM: each 16-byte A chunk is 8 channels of one image pixel, zero in the padding."""
+    x_shape, w_shape = (2, 9, 11, 16), (3, 3, 16, 24)
+    fn = td.function(td.tensor(x_shape, dtype), td.tensor(w_shape, dtype), td.tensor((24,), "f32"))(
+        lambda x, w, b: td.conv2d(x, w, b, stride=(2, 1), padding=1, dilation=(1, 2), layout="nhwc"))
+    artifact = tracea.compile_gpu(fn, chip=chip)
+    assert MATRIX_OPS[chip].format(dtype) in artifact.asm
+    rng = np.random.default_rng(2)
+    xs = [ref.random(rng, x_shape, dtype), ref.random(rng, w_shape, dtype), ref.random(rng, (24,), "f32")]
+    expected = ref.conv2d(*xs, stride=(2, 1), padding=(1, 1, 1, 1), dilation=(1, 2), layout="nhwc")
+    ref.assert_close(EmulatedHipKernel(artifact)(*xs), expected, dtype, 144)
+    # channels that are not whole 16-byte runs: the SIMT conv (f16), nothing for bf16
+    odd = td.function(td.tensor((1, 5, 5, 12), dtype), td.tensor((3, 3, 12, 8), dtype))(
+        lambda x, w: td.conv2d(x, w, padding=1, layout="nhwc"))
+    if dtype == "f16":
+        assert MATRIX_OPS[chip].format(dtype) not in tracea.compile_gpu(odd, chip=chip).asm
+    else:
+        with pytest.raises(CompileError, match="channels in and out multiples of 8"):
+            tracea.compile_gpu(odd, chip=chip)
+
+
 @pytest.mark.parametrize("chip", ["gfx942", "gfx1100"])
 @pytest.mark.parametrize("transpose_b", [True, False])
 def test_matrix_core_lds_tiles_are_conflict_free(chip, transpose_b):

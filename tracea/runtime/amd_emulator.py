@@ -959,6 +959,8 @@ def _table() -> dict[str, object]:
         "v_or3_b32": _int_ternary(lambda a, b, c: a | b | c), "v_and_or_b32": _int_ternary(lambda a, b, c: (a & b) | c),
         "v_bfi_b32": _int_ternary(lambda a, b, c: (a & b) | (~a & M32 & c)),
         "v_add3_u32": _int_ternary(lambda a, b, c: a + b + c),
+        "v_alignbit_b32": _int_ternary(lambda a, b, c: ((a << 32) | b) >> (c & 31)),
+        "v_alignbyte_b32": _int_ternary(lambda a, b, c: ((a << 32) | b) >> (8 * (c & 3))),
         "v_bfe_u32": _bfe(False), "v_bfe_i32": _bfe(True),
         "v_add_co_u32": _carry("add"), "v_addc_co_u32": _carry("add"), "v_add_co_ci_u32": _carry("add"),
         "v_sub_co_u32": _carry("sub"), "v_subb_co_u32": _carry("sub"), "v_sub_co_ci_u32": _carry("sub"),

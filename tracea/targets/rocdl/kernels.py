@@ -14,7 +14,10 @@ from ...codegen.gpu_kernels import functions_to_kernels
 from ...codegen.variants import BackendIs, DtypeIn, Rule, Variant, register_variant
 from ...doctor.capabilities import ROCM_PROFILES, Capabilities, named
 from ...passes.registry import TraceaPass, option, register
+from ...codegen.conv_gather import implicit_gemm
+from ...dialects.ops import Epilogue
 from ..nvvm.kernels import Launch, mma_gemm
+from ..nvvm.mma import MmaGemm
 from ..spirv.kernels import register_simt_variants
 from .matrix import CHUNK, MatrixTiles, instruction_for, matrix_gemm_module_text, grid
 
@@ -24,23 +27,44 @@ EMITTERS = register_simt_variants("rocm", DtypeIn(("f32", "f16")), spirv=False)
 
 
 def emit_matrix_gemm(v, name: str, caps: Capabilities) -> tuple[str, Launch]:
-    g, ins = mma_gemm(v), instruction_for(caps.gpu.matrix_units)
+    return _matrix_launch(mma_gemm(v), name, caps)
+
+
+def emit_matrix_conv(v, name: str, caps: Capabilities) -> tuple[str, Launch]:
+    m, n, k, gather = implicit_gemm(v)
+    bias = v.operands.get("bias")
+    return _matrix_launch(MmaGemm(m, n, k, gather.image.dtype, v.result.dtype, False,
+                                  (Epilogue("bias_add"),) if bias else (), bias.dtype if bias else None, None, gather),
+                          name, caps)
+
+
+def _matrix_launch(g: MmaGemm, name: str, caps: Capabilities) -> tuple[str, Launch]:
+    ins = instruction_for(caps.gpu.matrix_units)
     tiles = MatrixTiles.default(ins)
     waves_m, waves_n = tiles.waves()
     return matrix_gemm_module_text(g, ins, tiles, name), Launch(grid(g, tiles), (waves_m * waves_n * ins.wave, 1, 1), 0)
 
 
+_MATRIX_CORES = Rule("a chip with matrix cores (MFMA or WMMA)",
+                     lambda p, caps: caps.gpu is not None and caps.gpu.matrix_units in ("mfma", "wmma"))
 _MATRIX = Variant("rocm.gemm.matrix_cores", "rocm", ("gemm", "fused_gemm"), (
-    BackendIs("rocm"), Rule("a chip with matrix cores (MFMA or WMMA)",
-                            lambda p, caps: caps.gpu is not None and caps.gpu.matrix_units in ("mfma", "wmma")),
-    DtypeIn(("f16", "bf16")),
+    BackendIs("rocm"), _MATRIX_CORES, DtypeIn(("f16", "bf16")),
     Rule(f"K and N multiples of {CHUNK}, A not transposed, one B for every matrix of A",
          lambda p, caps: None if None in (p.n, p.k, p.transpose_a, p.batched_b) else (
              p.k % CHUNK == 0 and p.n % CHUNK == 0 and not p.transpose_a and not p.batched_b))), 20,
     "matrix cores: MFMA 32x32x8 (CDNA, wave64) or WMMA 16x16x16 (RDNA3, wave32), f32 accumulation, "
     "double-buffered swizzled LDS tiles, fused epilogue", frozenset({"matrix_units"}))
-register_variant(_MATRIX)
-EMITTERS[_MATRIX.id] = emit_matrix_gemm
+_MATRIX_CONV = Variant("rocm.conv2d.matrix_cores", "rocm", ("conv2d",), (
+    BackendIs("rocm"), _MATRIX_CORES, DtypeIn(("f16", "bf16")),
+    Rule("layout='nhwc', groups=1", lambda p, caps: None if None in (p.layout, p.groups) else
+         p.layout == "nhwc" and p.groups == 1),
+    Rule(f"channels in and out multiples of {CHUNK}", lambda p, caps: None if p.view is None or p.layout != "nhwc"
+         else p.view.operands["input"].shape[-1] % CHUNK == 0 and p.view.result.shape[-1] % CHUNK == 0)), 20,
+    "the matrix-core GEMM with its A chunks gathered from the NHWC image (16-byte runs of channels), bias in "
+    "the epilogue", frozenset({"matrix_units"}))
+for variant_, emitter in ((_MATRIX, emit_matrix_gemm), (_MATRIX_CONV, emit_matrix_conv)):
+    register_variant(variant_)
+    EMITTERS[variant_.id] = emitter
 
 
 @register

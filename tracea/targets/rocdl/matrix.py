@@ -1,4 +1,5 @@
-"""The AMD matrix-core GEMM: f16 / bf16 inputs, f32 accumulation on CDNA's MFMA (gfx90a,
+"""The AMD matrix-core GEMM (and NHWC conv2d as an implicit GEMM, its A chunks gathered from the
+image): f16 / bf16 inputs, f32 accumulation on CDNA's MFMA (gfx90a,
 gfx942: v_mfma_f32_32x32x8 on wave64) or RDNA3's WMMA (gfx1100: v_wmma_f32_16x16x16 on
 wave32). A gpu.module text (amdgpu dialect), lowered by targets/rocdl/target.py.
 
@@ -109,7 +110,10 @@ def check_matrix_gemm(g: MmaGemm) -> None:
     if g.k % CHUNK or g.n % CHUNK:
         raise OpError(f"the AMD matrix-core GEMM copies 16-byte chunks of rows: K ({g.k}) and N ({g.n}) must be "
                       f"multiples of {CHUNK}; pad them")
-    if g.conv is not None or g.transpose_a or g.batch_grid:
+    if g.conv is not None and g.conv.image.shape[3] % CHUNK:
+        raise OpError(f"the AMD matrix-core conv2d gathers 16-byte runs of channels: C ({g.conv.image.shape[3]}) must "
+                      f"be a multiple of {CHUNK}; pad the channels")
+    if g.transpose_a or g.batch_grid:
         raise OpError("the AMD matrix-core GEMM takes one A [M, K] (or a stack of them) times one B")
 
 
@@ -151,6 +155,8 @@ def matrix_gemm_module_text(g: MmaGemm, ins: MatrixInstruction, tiles: MatrixTil
     dt = g.dtype
     As_t, Bs_t = memref_text((2, BM, BK), dt)[:-1] + f", {WORKGROUP}>", memref_text((2, BN, BK), dt)[:-1] + f", {WORKGROUP}>"
     A_t, B_t, C_t = g.matrix_type("A", dt), g.matrix_type("B", dt), g.matrix_type("C", g.out_dtype)
+    if g.conv is not None:
+        A_t = memref_text(g.conv.image.shape, dt)
     chunk_t = f"vector<{CHUNK}x{dt}>"
     acc_t = f"vector<{ins.accumulators}xf32>"
     t = LoopText()
@@ -183,6 +189,34 @@ def matrix_gemm_module_text(g: MmaGemm, ins: MatrixInstruction, tiles: MatrixTil
         t.close()
         return out
 
+    def gathered_chunk(m_: str, k_: str) -> str:
+        """Chunk (m, k) of a conv's im2col: channels c .. c + 7 of image pixel (n, oy sy + ky dy -
+        top, ox sx + kx dx - left) for m = (n, oy, ox), k = (ky, kx, c); zero in the padding. A
+        coordinate before the image is a huge unsigned one: one unsigned compare per axis."""
+        cv = g.conv
+        (_, h, w, ch), (_, kw), (oh, ow) = cv.image.shape, cv.kernel, cv.out_hw
+
+        def split(x: str, d: int) -> tuple[str, str]:
+            return t.op(f"arith.divui {x}, {t.c(d)} : index", "i"), t.op(f"arith.remui {x}, {t.c(d)} : index", "i")
+        image, pixel = split(m_, oh * ow)
+        oy, ox = split(pixel, ow)
+        tap, c0 = split(k_, ch)
+        ky, kx = split(tap, kw)
+        y = t.op(f"arith.subi {t.add(t.mul(oy, t.c(cv.stride[0])), t.mul(ky, t.c(cv.dilation[0])))}, "
+                 f"{t.c(cv.top_left[0])} : index", "i")
+        x = t.op(f"arith.subi {t.add(t.mul(ox, t.c(cv.stride[1])), t.mul(kx, t.c(cv.dilation[1])))}, "
+                 f"{t.c(cv.top_left[1])} : index", "i")
+        inside = t.cmp("ult", m_, t.c(m))
+        for value, bound in ((k_, k), (y, h), (x, w)):
+            inside = t.op(f"arith.andi {inside}, {t.cmp('ult', value, t.c(bound))} : i1", "p")
+        out = t.fresh("v")
+        t.open(f"{out} = scf.if {inside} -> ({chunk_t})")
+        t.line(f"scf.yield {t.op(f'vector.load %A[{image}, {y}, {x}, {c0}] : {A_t}, {chunk_t}', 'v')} : {chunk_t}")
+        t.else_()
+        t.line(f"scf.yield {zero_chunk} : {chunk_t}")
+        t.close()
+        return out
+
     # chunk c of a tile: row c / 4, unit c % 4 (A, B^T); B [K, N]: k c % BK, columns 8 (c / BK)
     def copies(rows: int) -> list[str]:
         return [t.add("%tid", t.c(i * threads)) for i in range(-(-rows * BK // CHUNK // threads))]
@@ -191,7 +225,10 @@ def matrix_gemm_module_text(g: MmaGemm, ins: MatrixInstruction, tiles: MatrixTil
         a_chunks, b_chunks = [], []
         for c in copies(BM):
             r, u = t.op(f"arith.divui {c}, {t.c(BK // CHUNK)} : index", "i"), t.op(f"arith.remui {c}, {t.c(BK // CHUNK)} : index", "i")
-            a_chunks.append(guarded_chunk("%A", A_t, t.add(row0, r), t.add(k0, t.mul(u, t.c(CHUNK))), m, k))
+            if g.conv is not None:
+                a_chunks.append(gathered_chunk(t.add(row0, r), t.add(k0, t.mul(u, t.c(CHUNK)))))
+            else:
+                a_chunks.append(guarded_chunk("%A", A_t, t.add(row0, r), t.add(k0, t.mul(u, t.c(CHUNK))), m, k))
         for c in copies(BN):
             if g.transpose_b:
                 r, u = t.op(f"arith.divui {c}, {t.c(BK // CHUNK)} : index", "i"), t.op(f"arith.remui {c}, {t.c(BK // CHUNK)} : index", "i")
