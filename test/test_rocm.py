@@ -230,6 +230,29 @@ def test_matrix_core_conv_gathers_the_image_on_the_emulator(chip, dtype):
             tracea.compile_gpu(odd, chip=chip)
 
 
+@pytest.mark.parametrize("chip", list(ROCM_PROFILES))
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("dtype", ["f16", "bf16"])
+def test_matrix_core_attention_on_the_emulator(chip, causal, dtype):
+    """Flash attention on MFMA / WMMA: ragged sequences (neither a multiple of the blocks), scores
+    of tens and a late dominant key (the running max and the rescaling both needed), a value head
+    dim other than the query's; the row max travels between lanes (ds_swizzle on CDNA,
+    ds_bpermute on RDNA3)."""
+    rng = np.random.default_rng(7)
+    b, h, sq, sk, d, dv = 2, 2, 37, 45, 64, 32
+    q, k, v = ref.random(rng, (b, h, sq, d), dtype), ref.random(rng, (b, h, sk, d), dtype), \
+        ref.random(rng, (b, h, sk, dv), dtype)
+    q = (q.astype(np.float32) * 4).astype(q.dtype)
+    k[:, :, 40] = (q.astype(np.float32).mean(axis=2) * 2).astype(k.dtype)
+    fn = td.function(td.tensor(q.shape, dtype), td.tensor(k.shape, dtype), td.tensor(v.shape, dtype))(
+        lambda x, y, z: td.attention(x, y, z, causal=causal))
+    artifact = tracea.compile_gpu(fn, chip=chip)
+    assert MATRIX_OPS[chip].format(dtype) in artifact.asm
+    assert ("ds_bpermute_b32" if chip == "gfx1100" else "ds_swizzle_b32") in artifact.asm
+    assert artifact.scratch_bytes == 0 and artifact.vgprs <= ROCM_PROFILES[chip].registers_per_thread
+    ref.assert_close(EmulatedHipKernel(artifact)(q, k, v), ref.attention(q, k, v, None, causal), dtype, sk)
+
+
 @pytest.mark.parametrize("chip", ["gfx942", "gfx1100"])
 @pytest.mark.parametrize("transpose_b", [True, False])
 def test_matrix_core_lds_tiles_are_conflict_free(chip, transpose_b):

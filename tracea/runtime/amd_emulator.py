@@ -433,6 +433,42 @@ def _fma_mix(w: Wave, i: Instruction) -> None:
     w.vset(d, (old & 0xFFFF0000) | bits if i.mnemonic == "v_fma_mixlo_f16" else (old & 0xFFFF) | (bits << np.uint32(16)))
 
 
+def _pk_f32(fn):
+    """v_pk_{add,mul,fma}_f32 (CDNA's packed f32): the low result from each source's word
+    op_sel picks (default 0), the high one from the word op_sel_hi picks (default 1)."""
+    def run(w: Wave, i: Instruction) -> None:
+        d, *srcs = i.operands
+        sel = _flags(i, "op_sel", len(srcs))
+        hi = [int(x) for x in i.modifiers["op_sel_hi"].strip("[]").split(",")] if "op_sel_hi" in i.modifiers \
+            else [1] * len(srcs)
+        halves = []
+        for word in (sel, hi):
+            values = []
+            for k, op in enumerate(srcs):
+                one = Operand(op.kind, op.index + word[k], 1, op.neg, op.abs, op.text) if op.kind in "sva" else op
+                values.append(w.fget(one))
+            halves.append(fn(*values).astype(np.float32))
+        w.vset(Operand(d.kind, d.index), halves[0])
+        w.vset(Operand(d.kind, d.index + 1), halves[1])
+    return run
+
+
+def _perm(w: Wave, i: Instruction) -> None:
+    """v_perm_b32: each result byte picked from the 8 bytes of {s0 (high), s1 (low)} by a
+    selector byte of s2: 0-7 a byte, 8-11 the sign of byte 1 / 3 / 5 / 7, 12 zero, 13+ 0xFF."""
+    d, a, b, c = i.operands
+    both = (w.vget(a).astype(np.uint64) << np.uint64(32)) | w.vget(b).astype(np.uint64)
+    sel = w.vget(c)
+    out = np.zeros(w.lanes, np.uint64)
+    for k in range(4):
+        s = (sel >> np.uint32(8 * k)) & np.uint32(0xFF)
+        byte = (both >> (8 * np.minimum(s, 7)).astype(np.uint64)) & np.uint64(0xFF)
+        sign = ((both >> (16 * (s.astype(np.uint64) - 8) + 15).clip(0, 63).astype(np.uint64)) & np.uint64(1)) * 0xFF
+        byte = np.where(s < 8, byte, np.where(s < 12, sign, np.where(s == 12, 0, 0xFF))).astype(np.uint64)
+        out |= byte << np.uint64(8 * k)
+    w.vset(d, out.astype(np.uint32))
+
+
 def _cndmask(w: Wave, i: Instruction) -> None:
     d, a, b, m = i.operands
     w.vset(d, np.where(w.mask(m.index), w.vget(b), w.vget(a)).astype(np.uint32) if not (a.neg or a.abs or b.neg or b.abs)
@@ -718,10 +754,12 @@ def _s_movk(w: Wave, i: Instruction) -> None:
     w.sset(d, int(_signed(np.array([a.index & 0xFFFF]), 16)[0]))
 
 
-def _s_addk(w: Wave, i: Instruction) -> None:
-    d, a = i.operands
-    r = w.sget(d) + int(_signed(np.array([a.index & 0xFFFF]), 16)[0])
-    w.sset(d, r)
+def _s_k(fn):
+    """s_addk_i32 / s_mulk_i32: d = d op (a sign-extended 16-bit constant)."""
+    def run(w: Wave, i: Instruction) -> None:
+        d, a = i.operands
+        w.sset(d, fn(int(_signed(np.array([w.sget(d)]), 32)[0]), int(_signed(np.array([a.index & 0xFFFF]), 16)[0])))
+    return run
 
 
 def _s_cselect(bits: int):
@@ -860,6 +898,9 @@ def _global(w: Wave, i: Instruction, memory: Memory) -> None:
         return
     m = re.match(r"global_(load|store)_(\w+)", i.mnemonic)
     verb, kind = m.group(1), m.group(2)
+    high_load = verb == "load" and "d16_hi" in kind  # 16 bits into the register's high half
+    if high_load:
+        kind = "ushort"
     if kind not in LOAD_SIZES:
         raise EmulatorError(f"{i.mnemonic} is not modelled")
     size = LOAD_SIZES[kind]
@@ -874,13 +915,44 @@ def _global(w: Wave, i: Instruction, memory: Memory) -> None:
         addresses = w.sget(base, 64) + w.vget(addr).astype(np.uint64)
     lanes = w.exec
     addresses = (addresses.astype(np.int64) + offset).astype(np.uint64)[lanes]
-    if verb == "load":
+    if high_load:
+        value = np.concatenate([memory.read(addresses, 2, i), np.zeros((len(addresses), 2), np.uint8)],
+                               axis=1).view(np.uint32)[:, 0]
+        w.v[d.index, lanes] = (w.v[d.index, lanes] & 0xFFFF) | (value << np.uint32(16))
+    elif verb == "load":
         _load_into(w, d, memory.read(addresses, size, i), lanes, kind)
     else:
         memory.write(addresses, _lanes_bytes(w, d, size, lanes), i)
 
 
+def _cross_lane(w: Wave, i: Instruction) -> None:
+    """ds_swizzle_b32 (its bit-mask mode within groups of 32 lanes: SWAP n is lane ^ n) and
+    ds_bpermute_b32 (lane l reads the lane its address / 4 names): lanes trade values through the
+    LDS crossbar, no LDS memory touched."""
+    lanes = np.arange(w.lanes)
+    if i.mnemonic == "ds_bpermute_b32":
+        d, addr, src = i.operands
+        source = ((w.vget(addr).astype(np.int64) + int(i.modifiers.get("offset", "0"), 0)) // 4) % w.lanes
+    else:
+        d, src = i.operands
+        pattern = i.modifiers.get("offset", "0")
+        m = re.match(r"swizzle\((SWAP|REVERSE),(\d+)\)$", pattern)
+        if m:
+            n = int(m.group(2))
+            and_mask, or_mask, xor_mask = 0x1F, 0, n if m.group(1) == "SWAP" else n - 1
+        elif re.match(r"^(0x)?[0-9a-fA-F]+$", pattern) and int(pattern, 0) < 0x8000:
+            raw = int(pattern, 0)
+            and_mask, or_mask, xor_mask = raw & 0x1F, (raw >> 5) & 0x1F, (raw >> 10) & 0x1F
+        else:
+            raise EmulatorError(f"ds_swizzle pattern {pattern} is not modelled")
+        source = (lanes & ~0x1F) | (((lanes & and_mask) | or_mask) ^ xor_mask)
+    w.vset(d, w.vget(src)[source])
+
+
 def _ds(w: Wave, i: Instruction, lds: np.ndarray, log: list | None = None) -> None:
+    if i.mnemonic in ("ds_swizzle_b32", "ds_bpermute_b32"):
+        _cross_lane(w, i)
+        return
     high = i.mnemonic.endswith("_d16_hi")  # the high half of the register: stored, or loaded into
     m = re.match(r"ds_(read|write|load|store)(2st64|2|_2addr_stride64|_2addr)?_(\w+?)(_d16_hi)?$", i.mnemonic)
     if not m or m.group(3) not in LOAD_SIZES:
@@ -967,8 +1039,11 @@ def _table() -> dict[str, object]:
         "v_subrev_co_u32": _carry("subrev"), "v_subbrev_co_u32": _carry("subrev"),
         "v_mad_u64_u32": _mad64(False), "v_mad_i64_i32": _mad64(True), "v_lshl_add_u64": _lshl_add_u64,
         "v_lshlrev_b64": _shift64(True), "v_lshrrev_b64": _shift64(False),
-        "v_pack_b32_f16": _pack_f16, "v_fma_mix_f32": _fma_mix, "v_fma_mixlo_f16": _fma_mix, "v_fma_mixhi_f16": _fma_mix,
-        "s_mov_b32": _s_mov(32), "s_mov_b64": _s_mov(64), "s_movk_i32": _s_movk, "s_addk_i32": _s_addk,
+        "v_pk_add_f32": _pk_f32(lambda a, b: a + b), "v_pk_mul_f32": _pk_f32(lambda a, b: a * b),
+        "v_pk_fma_f32": _pk_f32(_fma),
+        "v_pack_b32_f16": _pack_f16, "v_perm_b32": _perm, "v_fma_mix_f32": _fma_mix, "v_fma_mixlo_f16": _fma_mix, "v_fma_mixhi_f16": _fma_mix,
+        "s_mov_b32": _s_mov(32), "s_mov_b64": _s_mov(64), "s_movk_i32": _s_movk, "s_addk_i32": _s_k(lambda x, y: x + y),
+        "s_mulk_i32": _s_k(lambda x, y: x * y),
         "s_cselect_b32": _s_cselect(32), "s_cselect_b64": _s_cselect(64), "s_brev_b32": _s_brev,
         "s_not_b32": _s_not(32), "s_not_b64": _s_not(64),
         "s_add_u32": _s_add(False), "s_addc_u32": _s_add(True), "s_sub_u32": _s_add(False, True),

@@ -20,6 +20,7 @@ from ..nvvm.kernels import Launch, mma_gemm
 from ..nvvm.mma import MmaGemm
 from ..spirv.kernels import register_simt_variants
 from .matrix import CHUNK, MatrixTiles, instruction_for, matrix_gemm_module_text, grid
+from .matrix_attention import matrix_attention_module_text
 
 KERNEL_OPS = ("tracea.gemm", "tracea.fused_gemm", "tracea.conv2d", "tracea.attention", "tracea.softmax")
 CHIPS = tuple(ROCM_PROFILES)
@@ -62,7 +63,26 @@ _MATRIX_CONV = Variant("rocm.conv2d.matrix_cores", "rocm", ("conv2d",), (
          else p.view.operands["input"].shape[-1] % CHUNK == 0 and p.view.result.shape[-1] % CHUNK == 0)), 20,
     "the matrix-core GEMM with its A chunks gathered from the NHWC image (16-byte runs of channels), bias in "
     "the epilogue", frozenset({"matrix_units"}))
-for variant_, emitter in ((_MATRIX, emit_matrix_gemm), (_MATRIX_CONV, emit_matrix_conv)):
+def emit_matrix_attention(v, name: str, caps: Capabilities) -> tuple[str, Launch]:
+    text, grid_, block = matrix_attention_module_text(v, instruction_for(caps.gpu.matrix_units), name)
+    return text, Launch(grid_, block, 0)
+
+
+def _head_dims_fit(p, caps) -> bool | None:
+    if None in (p.head_dim, p.value_head_dim) or caps.gpu is None or caps.gpu.matrix_units not in ("mfma", "wmma"):
+        return None
+    ins = instruction_for(caps.gpu.matrix_units)
+    return p.head_dim % (8 if ins.units == "mfma" else ins.ik) == 0 and p.value_head_dim % ins.in_ == 0
+
+
+_MATRIX_ATTENTION = Variant("rocm.attention.matrix_cores", "rocm", ("attention",), (
+    BackendIs("rocm"), _MATRIX_CORES, DtypeIn(("f16", "bf16")),
+    Rule("head dim a multiple of 8 (MFMA) or 16 (WMMA), value head dim a multiple of 32 (MFMA) or 16 (WMMA)",
+         _head_dims_fit)), 20,
+    "flash attention: Q K^T and P V on MFMA / WMMA, the online softmax on the accumulators (row max by lane "
+    "shuffles), P through LDS into operand layout", frozenset({"matrix_units"}))
+for variant_, emitter in ((_MATRIX, emit_matrix_gemm), (_MATRIX_CONV, emit_matrix_conv),
+                          (_MATRIX_ATTENTION, emit_matrix_attention)):
     register_variant(variant_)
     EMITTERS[variant_.id] = emitter
 

@@ -25,6 +25,18 @@ def key_block(head_dim: int, value_head_dim: int) -> int:
     return keys
 
 
+def stacked(t: LoopText, mem: str, spec, bh: int, rows: int, cols: int) -> tuple[str, str]:
+    """The [..., rows, cols] parameter `mem` as [bh, rows, cols], and that type."""
+    mem_t, stack_t = memref_text(spec.shape, spec.dtype), memref_text((bh, rows, cols), spec.dtype)
+    if spec.rank == 2:
+        return t.op(f"memref.expand_shape {mem} [[0, 1], [2]] output_shape [1, {rows}, {cols}] : {mem_t} "
+                    f"into {stack_t}", "m"), stack_t
+    if spec.rank == 3:
+        return mem, stack_t
+    groups = "[" + ", ".join(map(str, range(spec.rank - 2))) + f"], [{spec.rank - 2}], [{spec.rank - 1}]"
+    return t.op(f"memref.collapse_shape {mem} [{groups}] : {mem_t} into {stack_t}", "m"), stack_t
+
+
 def attention_module_text(v: OpView, name: str, spirv: bool = True) -> tuple[str, tuple[int, int, int],
                                                                              tuple[int, int, int]]:
     """(gpu.module text, grid, workgroup) of `v`'s attention (`spirv`: for MLIR's SPIR-V
@@ -42,15 +54,7 @@ def attention_module_text(v: OpView, name: str, spirv: bool = True) -> tuple[str
     t.depth = 3
 
     def as_stack(mem: str, spec, rows: int, cols: int) -> tuple[str, str]:
-        """The [..., rows, cols] parameter as [bh, rows, cols]."""
-        mem_t, stack_t = memref_text(spec.shape, spec.dtype), memref_text((bh, rows, cols), spec.dtype)
-        if spec.rank == 2:
-            return t.op(f"memref.expand_shape {mem} [[0, 1], [2]] output_shape [1, {rows}, {cols}] : {mem_t} "
-                        f"into {stack_t}", "m"), stack_t
-        if spec.rank == 3:
-            return mem, stack_t
-        groups = "[" + ", ".join(map(str, range(spec.rank - 2))) + f"], [{spec.rank - 2}], [{spec.rank - 1}]"
-        return t.op(f"memref.collapse_shape {mem} [{groups}] : {mem_t} into {stack_t}", "m"), stack_t
+        return stacked(t, mem, spec, bh, rows, cols)
 
     ws = workgroup_space(spirv)
     Ks_t, Vs_t = f"memref<{BKV}x{d}xf32, {ws}>", f"memref<{BKV}x{dv}xf32, {ws}>"
