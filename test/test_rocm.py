@@ -206,6 +206,22 @@ def test_matrix_core_gemms_run_on_the_emulator(chip, dtype, case):
     ref.assert_close(out, expected, "f32" if out.dtype == np.float32 else dtype, k)
 
 
+@pytest.mark.parametrize("chip", ["gfx90a", "gfx1100"])
+@pytest.mark.parametrize("dtype", ["f16", "bf16"])
+def test_matrix_core_batched_and_transposed_operands(chip, dtype):
+    """A batched B (workgroup z computes matrix z of a [2, 3] batch) and an A stored [K, M]
+    (transposed while stored into LDS, like a [K, N] B)."""
+    rng = np.random.default_rng(4)
+    cases = [((2, 3, 40, 48), (2, 3, 56, 48), dict(transpose_b=True)), ((48, 72), (48, 40), dict(transpose_a=True))]
+    for a_shape, b_shape, flags in cases:
+        a, b = ref.random(rng, a_shape, dtype), ref.random(rng, b_shape, dtype)
+        fn = td.function(td.tensor(a_shape, dtype), td.tensor(b_shape, dtype))(
+            lambda x, y: td.gemm(x, y, out_dtype="f32", **flags))
+        artifact = tracea.compile_gpu(fn, chip=chip)
+        assert MATRIX_OPS[chip].format(dtype) in artifact.asm
+        ref.assert_close(EmulatedHipKernel(artifact)(a, b), ref.gemm(a, b, **flags), "f32", 48)
+
+
 @pytest.mark.parametrize("chip", list(ROCM_PROFILES))
 @pytest.mark.parametrize("dtype", ["f16", "bf16"])
 def test_matrix_core_conv_gathers_the_image_on_the_emulator(chip, dtype):
@@ -255,7 +271,8 @@ def test_matrix_core_attention_on_the_emulator(chip, causal, dtype):
 
 @pytest.mark.parametrize("chip", ["gfx942", "gfx1100"])
 @pytest.mark.parametrize("transpose_b", [True, False])
-def test_matrix_core_lds_tiles_are_conflict_free(chip, transpose_b):
+@pytest.mark.parametrize("transpose_a", [False, True])
+def test_matrix_core_lds_tiles_are_conflict_free(chip, transpose_b, transpose_a):
     """The bank model says the swizzled tiles' 16-byte stores and fragment reads are conflict-free
     (and the unswizzled ones are not); the emulator measures the same on every LDS instruction of
     the machine code, the transposing 2-byte stores of a [K, N] B included."""
@@ -268,12 +285,13 @@ def test_matrix_core_lds_tiles_are_conflict_free(chip, transpose_b):
         assert report_lds(tiles, ins)["read"] > 0
     finally:
         matrix.LDS_SWIZZLE = LDS_SWIZZLE
-    m, n, k = 130, 136, 64
-    fn = td.function(td.tensor((m, k), "f16"), td.tensor((n, k) if transpose_b else (k, n), "f16"))(
-        lambda a, b: td.gemm(a, b, transpose_b=transpose_b))
+    m, n, k = 136, 136, 64
+    a_shape, b_shape = (k, m) if transpose_a else (m, k), (n, k) if transpose_b else (k, n)
+    fn = td.function(td.tensor(a_shape, "f16"), td.tensor(b_shape, "f16"))(
+        lambda a, b: td.gemm(a, b, transpose_a=transpose_a, transpose_b=transpose_b))
     kernel = EmulatedHipKernel(tracea.compile_gpu(fn, chip=chip), record_lds=True)
     rng = np.random.default_rng(1)
-    kernel(ref.random(rng, (m, k), "f16"), ref.random(rng, (n, k) if transpose_b else (k, n), "f16"))
+    kernel(ref.random(rng, a_shape, "f16"), ref.random(rng, b_shape, "f16"))
     measured = lds_conflicts(kernel.lds_accesses)
     assert len(measured) >= 8 and max(measured.values()) == 0, measured
 

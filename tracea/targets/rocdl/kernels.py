@@ -50,9 +50,9 @@ _MATRIX_CORES = Rule("a chip with matrix cores (MFMA or WMMA)",
                      lambda p, caps: caps.gpu is not None and caps.gpu.matrix_units in ("mfma", "wmma"))
 _MATRIX = Variant("rocm.gemm.matrix_cores", "rocm", ("gemm", "fused_gemm"), (
     BackendIs("rocm"), _MATRIX_CORES, DtypeIn(("f16", "bf16")),
-    Rule(f"K and N multiples of {CHUNK}, A not transposed, one B for every matrix of A",
-         lambda p, caps: None if None in (p.n, p.k, p.transpose_a, p.batched_b) else (
-             p.k % CHUNK == 0 and p.n % CHUNK == 0 and not p.transpose_a and not p.batched_b))), 20,
+    Rule(f"K and N multiples of {CHUNK} (and M, for a transposed A)",
+         lambda p, caps: None if None in (p.m, p.n, p.k, p.transpose_a) else (
+             p.k % CHUNK == 0 and p.n % CHUNK == 0 and (not p.transpose_a or p.m % CHUNK == 0)))), 20,
     "matrix cores: MFMA 32x32x8 (CDNA, wave64) or WMMA 16x16x16 (RDNA3, wave32), f32 accumulation, "
     "double-buffered swizzled LDS tiles, fused epilogue", frozenset({"matrix_units"}))
 _MATRIX_CONV = Variant("rocm.conv2d.matrix_cores", "rocm", ("conv2d",), (

@@ -6,7 +6,8 @@ wave32). A gpu.module text (amdgpu dialect), lowered by targets/rocdl/target.py.
     workgroup (bx, by) computes C[by BM : +BM, bx BN : +BN]; wave (wm, wn) its WM x WN part as
     (WM / IM) x (WN / IN) instruction tiles (IM x IN: 32 x 32 MFMA, 16 x 16 WMMA)
     LDS: two buffers of A [BM, BK] and B^T [BN, BK] (BK = 32 f16, k contiguous), so the lanes'
-    fragments are 16-byte reads; a B given as [K, N] is transposed while stored
+    fragments are 16-byte reads; a B given as [K, N] (an A as [K, M]) is transposed while stored;
+    with a batched B (or a batched A^T) workgroup z computes matrix z
     prologue: tile 0 copied global -> LDS buffer 0 in 16-byte chunks (zero outside the matrices)
     per K tile: the next tile's chunks loaded into registers first (their latency hidden behind
     this tile's matrix instructions), this tile's fragments read from LDS, the products issued,
@@ -25,6 +26,7 @@ on the machine code's own addresses).
 """
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 from ...codegen.bank_conflicts import TileLayout, conflicts
@@ -113,8 +115,9 @@ def check_matrix_gemm(g: MmaGemm) -> None:
     if g.conv is not None and g.conv.image.shape[3] % CHUNK:
         raise OpError(f"the AMD matrix-core conv2d gathers 16-byte runs of channels: C ({g.conv.image.shape[3]}) must "
                       f"be a multiple of {CHUNK}; pad the channels")
-    if g.transpose_a or g.batch_grid:
-        raise OpError("the AMD matrix-core GEMM takes one A [M, K] (or a stack of them) times one B")
+    if g.transpose_a and g.m % CHUNK:
+        raise OpError(f"the AMD matrix-core GEMM copies 16-byte chunks of rows of a transposed A: M ({g.m}) must be "
+                      f"a multiple of {CHUNK}; pad it")
 
 
 def lds_layout(rows: int) -> TileLayout:
@@ -217,51 +220,55 @@ def matrix_gemm_module_text(g: MmaGemm, ins: MatrixInstruction, tiles: MatrixTil
         t.close()
         return out
 
-    # chunk c of a tile: row c / 4, unit c % 4 (A, B^T); B [K, N]: k c % BK, columns 8 (c / BK)
+    # An operand tile is [rows, BK] in LDS (k contiguous). Stored k-contiguous in memory (A [M, K],
+    # B^T [N, K]), chunk c of it is row c / 4, unit c % 4, stored as it came; stored k-major (B
+    # [K, N], A^T [K, M]), chunk c is 8 rows of k row c % BK, scattered into 8 LDS rows. Lanes
+    # take consecutive k there, so the 2-byte stores of an instruction fill one LDS row.
     def copies(rows: int) -> list[str]:
+        """This lane's chunks of a [rows, BK] tile: c = tid, tid + threads, ..."""
         return [t.add("%tid", t.c(i * threads)) for i in range(-(-rows * BK // CHUNK // threads))]
 
-    def load_tile(k0: str) -> tuple[list[str], list[str]]:
-        a_chunks, b_chunks = [], []
-        for c in copies(BM):
-            r, u = t.op(f"arith.divui {c}, {t.c(BK // CHUNK)} : index", "i"), t.op(f"arith.remui {c}, {t.c(BK // CHUNK)} : index", "i")
-            if g.conv is not None:
-                a_chunks.append(gathered_chunk(t.add(row0, r), t.add(k0, t.mul(u, t.c(CHUNK)))))
-            else:
-                a_chunks.append(guarded_chunk("%A", A_t, t.add(row0, r), t.add(k0, t.mul(u, t.c(CHUNK))), m, k))
-        for c in copies(BN):
-            if g.transpose_b:
-                r, u = t.op(f"arith.divui {c}, {t.c(BK // CHUNK)} : index", "i"), t.op(f"arith.remui {c}, {t.c(BK // CHUNK)} : index", "i")
-                b_chunks.append(guarded_chunk("%B", B_t, t.add(col0, r), t.add(k0, t.mul(u, t.c(CHUNK))), n, k))
-            else:
-                kk, u = t.op(f"arith.remui {c}, {t.c(BK)} : index", "i"), t.op(f"arith.divui {c}, {t.c(BK)} : index", "i")
-                b_chunks.append(guarded_chunk("%B", B_t, t.add(k0, kk), t.add(col0, t.mul(u, t.c(CHUNK))), k, n))
-        return a_chunks, b_chunks
+    operands = [("%A", A_t, "%As", As_t, BM, row0, m, g.transpose_a), ("%B", B_t, "%Bs", Bs_t, BN, col0, n, not g.transpose_b)]
 
-    def store_tile(buf: str, a_chunks: list[str], b_chunks: list[str]) -> None:
-        for c, x in zip(copies(BM), a_chunks):
-            t.open(f"scf.if {t.cmp('ult', c, t.c(BM * BK // CHUNK))}")
-            r, u = t.op(f"arith.divui {c}, {t.c(BK // CHUNK)} : index", "i"), t.op(f"arith.remui {c}, {t.c(BK // CHUNK)} : index", "i")
-            t.line(f"vector.store {x}, %As[{buf}, {r}, {swizzled(r, u)}] : {As_t}, {chunk_t}")
-            t.close()
-        for c, x in zip(copies(BN), b_chunks):
-            t.open(f"scf.if {t.cmp('ult', c, t.c(BN * BK // CHUNK))}")
-            if g.transpose_b:
-                r, u = t.op(f"arith.divui {c}, {t.c(BK // CHUNK)} : index", "i"), t.op(f"arith.remui {c}, {t.c(BK // CHUNK)} : index", "i")
-                t.line(f"vector.store {x}, %Bs[{buf}, {r}, {swizzled(r, u)}] : {Bs_t}, {chunk_t}")
-            else:  # 8 columns of a k row, scattered into 8 rows of B^T; lanes take consecutive k, so the 2-byte
-                # stores of an instruction fill one row of B^T (by columns: 32 lanes on one bank)
-                kk, u = t.op(f"arith.remui {c}, {t.c(BK)} : index", "i"), t.op(f"arith.divui {c}, {t.c(BK)} : index", "i")
-                unit = t.op(f"arith.divui {kk}, {t.c(CHUNK)} : index", "i")
-                within = t.op(f"arith.remui {kk}, {t.c(CHUNK)} : index", "i")
-                for j in range(CHUNK):
-                    r = t.add(t.mul(u, t.c(CHUNK)), t.c(j))
-                    x_j = t.op(f"vector.extract {x}[{j}] : {dt} from {chunk_t}", "e")
-                    t.line(f"memref.store {x_j}, %Bs[{buf}, {r}, {t.add(swizzled(r, unit), within)}] : {Bs_t}")
-            t.close()
+    def split(c: str, k_major: bool) -> tuple[str, str]:
+        """(row or k, unit) of chunk c."""
+        if k_major:
+            return t.op(f"arith.remui {c}, {t.c(BK)} : index", "i"), t.op(f"arith.divui {c}, {t.c(BK)} : index", "i")
+        return t.op(f"arith.divui {c}, {t.c(BK // CHUNK)} : index", "i"), t.op(f"arith.remui {c}, {t.c(BK // CHUNK)} : index", "i")
+
+    def load_tile(k0: str) -> list[list[str]]:
+        chunks = []
+        for mem, mem_t, _, _, rows, base, total, k_major in operands:
+            mine = []
+            for c in copies(rows):
+                r, u = split(c, k_major)
+                if mem == "%A" and g.conv is not None:
+                    mine.append(gathered_chunk(t.add(base, r), t.add(k0, t.mul(u, t.c(CHUNK)))))
+                elif k_major:
+                    mine.append(guarded_chunk(mem, mem_t, t.add(k0, r), t.add(base, t.mul(u, t.c(CHUNK))), k, total))
+                else:
+                    mine.append(guarded_chunk(mem, mem_t, t.add(base, r), t.add(k0, t.mul(u, t.c(CHUNK))), total, k))
+            chunks.append(mine)
+        return chunks
+
+    def store_tile(buf: str, chunks: list[list[str]]) -> None:
+        for (_, _, tile, tile_t, rows, _, _, k_major), mine in zip(operands, chunks):
+            for c, x in zip(copies(rows), mine):
+                t.open(f"scf.if {t.cmp('ult', c, t.c(rows * BK // CHUNK))}")
+                r, u = split(c, k_major)
+                if not k_major:
+                    t.line(f"vector.store {x}, {tile}[{buf}, {r}, {swizzled(r, u)}] : {tile_t}, {chunk_t}")
+                else:
+                    unit = t.op(f"arith.divui {r}, {t.c(CHUNK)} : index", "i")
+                    within = t.op(f"arith.remui {r}, {t.c(CHUNK)} : index", "i")
+                    for j in range(CHUNK):
+                        row = t.add(t.mul(u, t.c(CHUNK)), t.c(j))
+                        x_j = t.op(f"vector.extract {x}[{j}] : {dt} from {chunk_t}", "e")
+                        t.line(f"memref.store {x_j}, {tile}[{buf}, {row}, {t.add(swizzled(row, unit), within)}] : {tile_t}")
+                t.close()
 
     t.line(f"// prologue: K tile 0 into LDS buffer 0")
-    store_tile(t.c(0), *load_tile(t.c(0)))
+    store_tile(t.c(0), load_tile(t.c(0)))
     t.line("gpu.barrier")
     tiles_m, tiles_n = tiles.wave_m // ins.im, tiles.wave_n // ins.in_
     accs = [f"%acc{i}_{j}" for i in range(tiles_m) for j in range(tiles_n)]
@@ -271,7 +278,7 @@ def matrix_gemm_module_text(g: MmaGemm, ins: MatrixInstruction, tiles: MatrixTil
            + ", ".join(f"{a} = {zero_acc}" for a in accs) + f") -> ({types})")
     buf = t.op(f"arith.remui %kt, {t.c(2)} : index", "i")
     nxt = t.op(f"arith.subi {t.c(1)}, {buf} : index", "i")
-    a_next, b_next = load_tile(t.mul(t.add("%kt", t.c(1)), t.c(BK)))  # past K: zeros, stored and never read
+    following = load_tile(t.mul(t.add("%kt", t.c(1)), t.c(BK)))  # past K: zeros, stored and never read
     frag_t = f"vector<{ins.operand_elements}x{dt}>"
 
     def fragments(tile: str, tile_t: str, row: str, q: int) -> list[str]:
@@ -294,7 +301,7 @@ def matrix_gemm_module_text(g: MmaGemm, ins: MatrixInstruction, tiles: MatrixTil
         for s in range(len(a_frags[0])):
             current = [t.op(ins.text(a_frags[i][s], b_frags[j][s], current[i * tiles_n + j], dt), "d")
                        for i in range(tiles_m) for j in range(tiles_n)]
-    store_tile(nxt, a_next, b_next)
+    store_tile(nxt, following)
     t.line("gpu.barrier")
     t.line(f"scf.yield {', '.join(current)} : {types}")
     t.close()
@@ -329,4 +336,5 @@ def matrix_gemm_module_text(g: MmaGemm, ins: MatrixInstruction, tiles: MatrixTil
 
 
 def grid(g: MmaGemm, tiles: MatrixTiles) -> tuple[int, int, int]:
-    return -(-g.n // tiles.block_n), -(-g.m // tiles.block_m), 1
+    """Output tiles; with a batch grid, block z computes matrix z (mma.collapse_views)."""
+    return -(-g.n // tiles.block_n), -(-g.m // tiles.block_m), math.prod(g.lead) if g.batch_grid else 1
