@@ -45,7 +45,7 @@ def _round_up(x: int, multiple: int) -> int:
     return -(-x // multiple) * multiple
 
 
-FEW_ROWS, FEW_ROWS_KC = 160, 1024  # GEMMs of at most this many rows: one M block, K blocks up to this
+FEW_ROWS, FEW_ROWS_KC = 160, 1024  # GEMMs of at most this many rows: one M block, K up to this in one block
 
 
 def default_gemm_schedule(m: int, n: int, k: int, host: CPU, threads: int) -> Schedule:
@@ -63,13 +63,14 @@ def default_gemm_schedule(m: int, n: int, k: int, host: CPU, threads: int) -> Sc
     mc = _round_down(host.l2_bytes // 2 // (kc * 4), mr)
     blocks = math.ceil(m / mc)
     if m <= FEW_ROWS:
-        # Few rows: one M block, and K blocks of up to 1024 (the A block stays in L2; each K block
-        # costs the work items a pass over C and a fork / join). Measured here (Zen 3, interleaved
-        # with numpy), 1 and 2 threads: 128 x {256, 768, 3072} x {1024, 3072, 768} +3-9 %,
-        # 64x512x2048 +11 %; 1024^3 (many M blocks) unchanged at K blocks of 1024.
+        # Few rows: one M block, and a K up to 1024 in one K block when the A block still fits L2
+        # (each K block costs the work items a pass over C and a fork / join). Measured here (Zen 3,
+        # position-controlled in-process A/B interleaved with numpy): 128x3072x768 +15 % on 2
+        # threads, +5 % on 1 (K = 768 had been two blocks of 384); longer K split into blocks of
+        # 1024 instead of 512 lost 3-6 % on 64x512x2048, so longer K keeps the blocks above.
         blocks = 1
-        longest = min(FEW_ROWS_KC, host.l2_bytes // (4 * _round_up(m, mr)))  # the A block still fits L2
-        kc = _round_up(math.ceil(k / math.ceil(k / longest)), 8)
+        if k <= min(FEW_ROWS_KC, host.l2_bytes // (4 * _round_up(m, mr))):
+            kc = _round_up(k, 8)
     if blocks == 1:  # one block: the register tile's height divides M as evenly as it can
         mr = math.ceil(m / math.ceil(m / mr))
     elif threads > 1 and blocks >= 4 * threads:
