@@ -65,15 +65,20 @@ class LoopText:
         x = self.op(f"memref.load {mem}[{', '.join(idx)}] : {mem_t}", "x")
         return x if dtype == "f32" else self.op(f"arith.extf {x} : {dtype} to f32", "x")
 
-    def load_f32_if(self, inside: str, mem: str, mem_t: str, idx: list[str], dtype: str, otherwise: str) -> str:
-        """The element as f32 where `inside` holds (the load itself guarded), else `otherwise`."""
+    def guarded(self, inside: str, result_type: str, load, otherwise: str) -> str:
+        """`load()` (it writes the ops of a value and returns its name) where `inside` holds,
+        the load itself under the condition, else `otherwise`."""
         value = self.fresh("v")
-        self.open(f"{value} = scf.if {inside} -> (f32)")
-        self.line(f"scf.yield {self.load_f32(mem, mem_t, idx, dtype)} : f32")
+        self.open(f"{value} = scf.if {inside} -> ({result_type})")
+        self.line(f"scf.yield {load()} : {result_type}")
         self.else_()
-        self.line(f"scf.yield {otherwise} : f32")
+        self.line(f"scf.yield {otherwise} : {result_type}")
         self.close()
         return value
+
+    def load_f32_if(self, inside: str, mem: str, mem_t: str, idx: list[str], dtype: str, otherwise: str) -> str:
+        """The element as f32 where `inside` holds (the load itself guarded), else `otherwise`."""
+        return self.guarded(inside, "f32", lambda: self.load_f32(mem, mem_t, idx, dtype), otherwise)
 
     def batched_view(self, mem: str, spec: TensorSpec, batch: int) -> tuple[str, str]:
         """A memref holding a [..., rows, cols] tensor, viewed as [batch, rows, cols] (the leading

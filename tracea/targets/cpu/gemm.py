@@ -414,13 +414,7 @@ def gemm_kernel_text(name: str, v: OpView, location: str, gather: ConvGather | N
     T_all = t.op(f"memref.alloc() {{alignment = 64 : i64}} : {T_all_t}", "m")
 
     def guarded_load(cond: str, mem: str, mem_t: str, idx: list[str], dtype: str) -> str:
-        out = t.fresh("x")
-        t.open(f"{out} = scf.if {cond} -> (f32)")
-        t.line(f"scf.yield {t.load_f32(mem, mem_t, idx, dtype)} : f32")
-        t.else_()
-        t.line(f"scf.yield {zero} : f32")
-        t.close()
-        return out
+        return t.load_f32_if(cond, mem, mem_t, idx, dtype, zero)
 
     t.for_("%bb", t.c(0), t.c(p.batch), t.c(1))
     b_batch = "%bb" if p.b_batched else t.c(0)

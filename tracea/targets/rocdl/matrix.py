@@ -184,13 +184,8 @@ def matrix_gemm_module_text(g: MmaGemm, ins: MatrixInstruction, tiles: MatrixTil
 
     def guarded_chunk(mem: str, mem_t: str, r: str, c: str, rows: int, cols: int) -> str:
         inside = t.op(f"arith.andi {t.cmp('ult', r, t.c(rows))}, {t.cmp('ult', c, t.c(cols))} : i1", "p")
-        out = t.fresh("v")
-        t.open(f"{out} = scf.if {inside} -> ({chunk_t})")
-        t.line(f"scf.yield {t.op(f'vector.load {mem}[{r}, {c}] : {mem_t}, {chunk_t}', 'v')} : {chunk_t}")
-        t.else_()
-        t.line(f"scf.yield {zero_chunk} : {chunk_t}")
-        t.close()
-        return out
+        return t.guarded(inside, chunk_t, lambda: t.op(f"vector.load {mem}[{r}, {c}] : {mem_t}, {chunk_t}", "v"),
+                         zero_chunk)
 
     def gathered_chunk(m_: str, k_: str) -> str:
         """Chunk (m, k) of a conv's im2col: channels c .. c + 7 of image pixel (n, oy sy + ky dy -
@@ -212,13 +207,8 @@ def matrix_gemm_module_text(g: MmaGemm, ins: MatrixInstruction, tiles: MatrixTil
         inside = t.cmp("ult", m_, t.c(m))
         for value, bound in ((k_, k), (y, h), (x, w)):
             inside = t.op(f"arith.andi {inside}, {t.cmp('ult', value, t.c(bound))} : i1", "p")
-        out = t.fresh("v")
-        t.open(f"{out} = scf.if {inside} -> ({chunk_t})")
-        t.line(f"scf.yield {t.op(f'vector.load %A[{image}, {y}, {x}, {c0}] : {A_t}, {chunk_t}', 'v')} : {chunk_t}")
-        t.else_()
-        t.line(f"scf.yield {zero_chunk} : {chunk_t}")
-        t.close()
-        return out
+        return t.guarded(inside, chunk_t, lambda: t.op(f"vector.load %A[{image}, {y}, {x}, {c0}] : {A_t}, {chunk_t}", "v"),
+                         zero_chunk)
 
     # An operand tile is [rows, BK] in LDS (k contiguous). Stored k-contiguous in memory (A [M, K],
     # B^T [N, K]), chunk c of it is row c / 4, unit c % 4, stored as it came; stored k-major (B

@@ -72,6 +72,7 @@ def matrix_attention_module_text(v: OpView, ins: MatrixInstruction, name: str) -
     zero, one = t.op("arith.constant 0.0 : f32", "k"), t.op("arith.constant 1.0 : f32", "k")
     ninf = t.op(f"arith.constant {NEG_INF} : f32", "k")
     zero_frag = t.op(f"arith.constant dense<0.0> : {frag_t}", "z")
+    zero_elem = t.op(f"arith.constant 0.0 : {dt}", "z")
     zero_acc = t.op(f"arith.constant dense<0.0> : {acc_t}", "z")
     ninf_acc = t.op(f"arith.constant dense<{NEG_INF}> : {acc_t}", "z")
     scale_c = t.op(f"arith.constant {float(scale)!r} : f32", "k")
@@ -83,13 +84,8 @@ def matrix_attention_module_text(v: OpView, ins: MatrixInstruction, name: str) -
         """An A / B operand whose k runs along a row of `mem` ([bh, rows, k]): E elements of row
         `row` from k0 (+ E x the lane group on MFMA); zeros past the rows."""
         col = t.add(t.c(k0), t.mul(group, t.c(E))) if ins.units == "mfma" else t.c(k0)
-        out_ = t.fresh("v")
-        t.open(f"{out_} = scf.if {t.cmp('ult', row, t.c(rows))} -> ({frag_t})")
-        t.line(f"scf.yield {t.op(f'vector.load {mem}[%bh, {row}, {col}] : {mem_t}, {frag_t}', 'v')} : {frag_t}")
-        t.else_()
-        t.line(f"scf.yield {zero_frag} : {frag_t}")
-        t.close()
-        return out_
+        return t.guarded(t.cmp("ult", row, t.c(rows)), frag_t,
+                         lambda: t.op(f"vector.load {mem}[%bh, {row}, {col}] : {mem_t}, {frag_t}", "v"), zero_frag)
 
     k_step = 8 if ins.units == "mfma" else ins.ik  # k per instruction: MFMA lanes take 4 of each 8
     q_frags = [operand(Q, Q_t, t.add(q0, row_lane), sq, s * k_step) for s in range(d // k_step)]
@@ -159,12 +155,8 @@ def matrix_attention_module_text(v: OpView, ins: MatrixInstruction, name: str) -
             vf = zero_frag
             for e in range(E):
                 key = t.add(first, t.c(e))
-                x = t.fresh("ve")
-                t.open(f"{x} = scf.if {t.cmp('ult', key, t.c(sk))} -> ({dt})")
-                t.line(f"scf.yield {t.op(f'memref.load {V}[%bh, {key}, {vcol}] : {V_t}', 'v')} : {dt}")
-                t.else_()
-                t.line(f"scf.yield {t.op(f'arith.constant 0.0 : {dt}', 'k')} : {dt}")
-                t.close()
+                x = t.guarded(t.cmp("ult", key, t.c(sk)), dt, lambda: t.op(f"memref.load {V}[%bh, {key}, {vcol}] : {V_t}", "v"),
+                              zero_elem)
                 vf = t.op(f"vector.insert {x}, {vf} [{e}] : {dt} into {frag_t}", "v")
             acc = t.op(ins.text(p_frags[s], vf, acc, dt), "o")
         new_o.append(acc)
