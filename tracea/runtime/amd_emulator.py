@@ -649,7 +649,8 @@ def _matrix(w: Wave, i: Instruction) -> None:
     of AMD's matrix instruction tables: MFMA lane l holds A[l % M][E (l / M) + e], B[E (l / N) +
     e][l % N] (E elements each) and D[row][l % N] for its items, rows 8 (r / 4) + 4 (l / 32) + r % 4
     (32x32) or 4 (l / 16) + r (16x16); WMMA lane l holds row / column l % 16 of A / B whole (both
-    half-waves the same) and D[2 r + l / 16][l % 16]. The products are exact, the sum is rounded once."""
+    half-waves the same) and D[2 r + l / 16][l % 16] (IREE's nested layouts for these instructions
+    agree). The products are exact, the sum is rounded once."""
     m = re.match(r"v_(mfma|wmma)_f32_(\d+)x(\d+)x(\d+)_?(f16|bf16)(_1k)?$", i.mnemonic)
     if not m:
         raise EmulatorError(f"matrix instruction {i.mnemonic} is not modelled")
