@@ -10,7 +10,7 @@
 // A100-LABEL: func.func @linear
 // A100: schedule = {stages = 3 : i64, tile = array<i64: 128, 128, 32>, warp_tile = array<i64: 64, 64, 32>}, tracea.variant = "cuda.gemm.mma_sync"
 // AVX512-LABEL: func.func @linear
-// AVX512: schedule = {lane_map = {kind = "simd", shape = array<i64: 16>}, tile = array<i64: {{[0-9]+}}, 512, 512>, warp_tile = array<i64: {{[0-9]+}}, 32, 1>}, tracea.variant = "cpu.gemm.packed"
+// AVX512: schedule = {lane_map = {kind = "simd", shape = array<i64: 16>}, tile = array<i64: {{[0-9]+}}, 512, 1024>, warp_tile = array<i64: {{[0-9]+}}, 32, 1>}, tracea.variant = "cpu.gemm.packed"
 func.func @linear(%x: tensor<64x1024xbf16>, %w: tensor<512x1024xbf16>) -> tensor<64x512xf32> {
   %y = "tracea.gemm"(%x, %w) {transpose_b = true} : (tensor<64x1024xbf16>, tensor<512x1024xbf16>) -> tensor<64x512xf32>
   return %y : tensor<64x512xf32>
