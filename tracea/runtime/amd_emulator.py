@@ -263,10 +263,6 @@ class Wave:
             regs[op.index, lanes] = values.astype(np.uint32)[lanes]
 
 
-def f32(values) -> np.ndarray:
-    return np.asarray(values, np.float32)
-
-
 def _u32(x) -> np.ndarray:
     return np.asarray(x).astype(np.int64).astype(np.uint64).astype(np.uint32) if np.asarray(x).dtype.kind == "i" \
         else np.asarray(x).astype(np.uint32)
@@ -302,7 +298,7 @@ def _float_binary(fn):
 def _float_unary(fn):
     def run(w: Wave, i: Instruction) -> None:
         d, a = i.operands
-        w.vset(d, f32(fn(w.fget(a))))
+        w.vset(d, np.asarray(fn(w.fget(a)), np.float32))
     return run
 
 

@@ -257,7 +257,7 @@ def matrix_gemm_module_text(g: MmaGemm, ins: MatrixInstruction, tiles: MatrixTil
                         t.line(f"memref.store {x_j}, {tile}[{buf}, {row}, {t.add(swizzled(row, unit), within)}] : {tile_t}")
                 t.close()
 
-    t.line(f"// prologue: K tile 0 into LDS buffer 0")
+    t.line("// prologue: K tile 0 into LDS buffer 0")
     store_tile(t.c(0), load_tile(t.c(0)))
     t.line("gpu.barrier")
     tiles_m, tiles_n = tiles.wave_m // ins.im, tiles.wave_n // ins.in_
@@ -269,7 +269,6 @@ def matrix_gemm_module_text(g: MmaGemm, ins: MatrixInstruction, tiles: MatrixTil
     buf = t.op(f"arith.remui %kt, {t.c(2)} : index", "i")
     nxt = t.op(f"arith.subi {t.c(1)}, {buf} : index", "i")
     following = load_tile(t.mul(t.add("%kt", t.c(1)), t.c(BK)))  # past K: zeros, stored and never read
-    frag_t = f"vector<{ins.operand_elements}x{dt}>"
 
     def fragments(tile: str, tile_t: str, row: str, q: int) -> list[str]:
         """This lane's operand(s) for the instructions of k group q (16 k) of LDS row `row`."""
