@@ -281,7 +281,7 @@ def _gemm_space(p: Problem, caps: Capabilities) -> SearchSpace:
 
     space = (SearchSpace(adjust=fit).lanes(lanes).warp_m([4, 6, 8, 12]).warp_n([lanes, 2 * lanes, 3 * lanes])
              .warp_k([1]).tile_m([24, 48, 96, 144, 192, 288]).tile_n([256, 1024, 4096])
-             .tile_k([64, 128, 256, 384, 512]))
+             .tile_k([64, 128, 256, 384, 512, 768, 1024]))
     return space.constrain(f"the register tile fits {caps.cpu.vector_registers} vector registers",
                            lambda c, s: c["warp_m"] * c["warp_n"] // lanes + c["warp_n"] // lanes + 1
                            <= caps.cpu.vector_registers)
