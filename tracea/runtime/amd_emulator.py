@@ -38,8 +38,10 @@ SPECIAL = {"vcc": (VCC, 2), "vcc_lo": (VCC, 1), "vcc_hi": (VCC + 1, 1), "exec": 
            "exec_hi": (EXEC + 1, 1), "m0": (M0, 1), "null": (120, 2)}  # (null: written, never read)
 INLINE_FLOATS = {"0.5": 0x3F000000, "-0.5": 0xBF000000, "1.0": 0x3F800000, "-1.0": 0xBF800000, "2.0": 0x40000000,
                  "-2.0": 0xC0000000, "4.0": 0x40800000, "-4.0": 0xC0800000, "0.15915494": 0x3E22F983}
-INLINE_HALVES = {"0.5": 0x3800, "-0.5": 0xB800, "1.0": 0x3C00, "-1.0": 0xBC00, "2.0": 0x4000, "-2.0": 0xC000,
-                 "4.0": 0x4400, "-4.0": 0xC400}
+# waits, scheduling hints and cache maintenance: nothing a value depends on in this model
+IGNORED = {"s_waitcnt", "s_waitcnt_vscnt", "s_waitcnt_lgkmcnt", "s_waitcnt_vmcnt", "s_waitcnt_depctr", "s_nop",
+           "s_delay_alu", "s_clause", "s_sendmsg", "s_set_inst_prefetch_distance", "s_setprio", "buffer_gl0_inv",
+           "buffer_gl1_inv", "buffer_wbl2", "buffer_inv"}
 
 
 @dataclass(frozen=True)
@@ -160,9 +162,7 @@ def parse(asm: str, kernel: str) -> Program:
 
 def _instruction(line: str) -> Instruction:
     mnemonic, _, rest = line.partition(" ")
-    if mnemonic in ("s_waitcnt", "s_delay_alu", "s_clause", "s_nop", "s_sendmsg", "s_set_inst_prefetch_distance",
-                    "s_waitcnt_depctr", "buffer_gl0_inv", "buffer_gl1_inv", "s_setprio", "s_barrier", "s_endpgm",
-                    "buffer_wbl2", "buffer_inv", "s_waitcnt_vscnt", "s_waitcnt_lgkmcnt", "s_waitcnt_vmcnt"):
+    if mnemonic in IGNORED or mnemonic in ("s_barrier", "s_endpgm"):
         return Instruction(mnemonic, [], {}, line)
     texts, modifiers = _split_operands(rest)
     operands = [Operand("off", text="off") if t == "off" else _operand(t) for t in texts]
@@ -264,8 +264,8 @@ class Wave:
 
 
 def _u32(x) -> np.ndarray:
-    return np.asarray(x).astype(np.int64).astype(np.uint64).astype(np.uint32) if np.asarray(x).dtype.kind == "i" \
-        else np.asarray(x).astype(np.uint32)
+    """Signed integers as their 32-bit two's complement patterns."""
+    return (np.asarray(x).astype(np.int64) & 0xFFFFFFFF).astype(np.uint32)
 
 
 def _fma(a, b, c) -> np.ndarray:
@@ -1135,23 +1135,19 @@ def _run_workgroup(program: Program, waves: list[Wave], lds: np.ndarray, memory:
     instructions, labels = program.instructions, program.labels
     budget = 50_000_000
     with np.errstate(all="ignore"):  # a GPU computes inf and NaN without a word
-        _run_waves(program, waves, lds, memory, instructions, labels, budget, log)
-
-
-def _run_waves(program, waves, lds, memory, instructions, labels, budget, log) -> None:
-    while not all(w.done for w in waves):
-        for w in waves:
-            w.at_barrier = False
-            while not w.done and not w.at_barrier:
-                budget -= 1
-                if budget < 0:
-                    raise EmulatorError(f"{program.name} ran 50 million instructions in one workgroup: a loop that "
-                                        "does not end?")
-                if w.pc >= len(instructions):
-                    raise EmulatorError(f"{program.name} ran past its last instruction without s_endpgm")
-                i = instructions[w.pc]
-                w.pc += 1
-                _step(w, i, labels, lds, memory, log)
+        while not all(w.done for w in waves):
+            for w in waves:
+                w.at_barrier = False
+                while not w.done and not w.at_barrier:
+                    budget -= 1
+                    if budget < 0:
+                        raise EmulatorError(f"{program.name} ran 50 million instructions in one workgroup: a loop "
+                                            "that does not end?")
+                    if w.pc >= len(instructions):
+                        raise EmulatorError(f"{program.name} ran past its last instruction without s_endpgm")
+                    i = instructions[w.pc]
+                    w.pc += 1
+                    _step(w, i, labels, lds, memory, log)
 
 
 _INDEXED = {"DST": 0, "SRC0": 1, "SRC1": 2, "SRC2": 3}  # operand positions the index mode moves
@@ -1217,9 +1213,7 @@ def _step(w: Wave, i: Instruction, labels: dict[str, int], lds: np.ndarray, memo
         after_first[d] = w.v[d]
         w.v = after_first
         return
-    if m.startswith("s_waitcnt") or m in ("s_nop", "s_delay_alu", "s_clause", "s_sendmsg", "buffer_gl0_inv",
-                                          "buffer_gl1_inv", "s_set_inst_prefetch_distance", "s_setprio",
-                                          "buffer_wbl2", "buffer_inv"):
+    if m in IGNORED:
         return
     if m == "s_endpgm":
         w.done = True

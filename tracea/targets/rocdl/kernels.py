@@ -20,7 +20,7 @@ from ..nvvm.kernels import Launch, mma_gemm
 from ..nvvm.mma import MmaGemm
 from ..spirv.kernels import register_simt_variants
 from .matrix import CHUNK, MatrixTiles, instruction_for, matrix_gemm_module_text, grid
-from .matrix_attention import matrix_attention_module_text
+from .matrix_attention import head_dims_fit, matrix_attention_module_text
 
 KERNEL_OPS = ("tracea.gemm", "tracea.fused_gemm", "tracea.conv2d", "tracea.attention", "tracea.softmax")
 CHIPS = tuple(ROCM_PROFILES)
@@ -39,6 +39,11 @@ def emit_matrix_conv(v, name: str, caps: Capabilities) -> tuple[str, Launch]:
                           name, caps)
 
 
+def emit_matrix_attention(v, name: str, caps: Capabilities) -> tuple[str, Launch]:
+    text, grid_, block = matrix_attention_module_text(v, instruction_for(caps.gpu.matrix_units), name)
+    return text, Launch(grid_, block, 0)
+
+
 def _matrix_launch(g: MmaGemm, name: str, caps: Capabilities) -> tuple[str, Launch]:
     ins = instruction_for(caps.gpu.matrix_units)
     tiles = MatrixTiles.default(ins)
@@ -46,8 +51,11 @@ def _matrix_launch(g: MmaGemm, name: str, caps: Capabilities) -> tuple[str, Laun
     return matrix_gemm_module_text(g, ins, tiles, name), Launch(grid(g, tiles), (waves_m * waves_n * ins.wave, 1, 1), 0)
 
 
-_MATRIX_CORES = Rule("a chip with matrix cores (MFMA or WMMA)",
-                     lambda p, caps: caps.gpu is not None and caps.gpu.matrix_units in ("mfma", "wmma"))
+def _has_matrix_cores(caps: Capabilities) -> bool:
+    return caps.gpu is not None and caps.gpu.matrix_units in ("mfma", "wmma")
+
+
+_MATRIX_CORES = Rule("a chip with matrix cores (MFMA or WMMA)", lambda p, caps: _has_matrix_cores(caps))
 _MATRIX = Variant("rocm.gemm.matrix_cores", "rocm", ("gemm", "fused_gemm"), (
     BackendIs("rocm"), _MATRIX_CORES, DtypeIn(("f16", "bf16")),
     Rule(f"K and N multiples of {CHUNK} (and M, for a transposed A)",
@@ -63,22 +71,11 @@ _MATRIX_CONV = Variant("rocm.conv2d.matrix_cores", "rocm", ("conv2d",), (
          else p.view.operands["input"].shape[-1] % CHUNK == 0 and p.view.result.shape[-1] % CHUNK == 0)), 20,
     "the matrix-core GEMM with its A chunks gathered from the NHWC image (16-byte runs of channels), bias in "
     "the epilogue", frozenset({"matrix_units"}))
-def emit_matrix_attention(v, name: str, caps: Capabilities) -> tuple[str, Launch]:
-    text, grid_, block = matrix_attention_module_text(v, instruction_for(caps.gpu.matrix_units), name)
-    return text, Launch(grid_, block, 0)
-
-
-def _head_dims_fit(p, caps) -> bool | None:
-    if None in (p.head_dim, p.value_head_dim) or caps.gpu is None or caps.gpu.matrix_units not in ("mfma", "wmma"):
-        return None
-    ins = instruction_for(caps.gpu.matrix_units)
-    return p.head_dim % (8 if ins.units == "mfma" else ins.ik) == 0 and p.value_head_dim % ins.in_ == 0
-
-
 _MATRIX_ATTENTION = Variant("rocm.attention.matrix_cores", "rocm", ("attention",), (
     BackendIs("rocm"), _MATRIX_CORES, DtypeIn(("f16", "bf16")),
     Rule("head dim a multiple of 8 (MFMA) or 16 (WMMA), value head dim a multiple of 32 (MFMA) or 16 (WMMA)",
-         _head_dims_fit)), 20,
+         lambda p, caps: None if None in (p.head_dim, p.value_head_dim) or not _has_matrix_cores(caps) else
+         head_dims_fit(p.head_dim, p.value_head_dim, instruction_for(caps.gpu.matrix_units)))), 20,
     "flash attention: Q K^T and P V on MFMA / WMMA, the online softmax on the accumulators (row max by lane "
     "shuffles), P through LDS into operand layout", frozenset({"matrix_units"}))
 for variant_, emitter in ((_MATRIX, emit_matrix_gemm), (_MATRIX_CONV, emit_matrix_conv),

@@ -178,9 +178,13 @@ def matrix_gemm_module_text(g: MmaGemm, ins: MatrixInstruction, tiles: MatrixTil
     zero_acc = t.op(f"arith.constant dense<0.0> : {acc_t}", "z")
 
     def swizzled(row: str, unit: str) -> str:
-        """The LDS column of 16-byte unit `unit` of tile row `row` (LDS_SWIZZLE)."""
-        flip = t.op(f"arith.andi {t.op(f'arith.shrui {row}, {t.c(1)} : index', 'i')}, {t.c(3)} : index", "i")
-        return t.mul(t.op(f"arith.xori {unit}, {flip} : index", "i"), t.c(CHUNK))
+        """The LDS column of 16-byte unit `unit` of tile row `row`: LDS_SWIZZLE (Swizzle.apply) on
+        the element offset row * BK + column, whose XOR source bits lie in the row's part."""
+        sw = LDS_SWIZZLE
+        mask = ((1 << sw.bits) - 1) << (sw.base + sw.shift)
+        source = t.op(f"arith.andi {t.mul(row, t.c(BK))}, {t.c(mask)} : index", "i")
+        flip = t.op(f"arith.shrui {source}, {t.c(sw.shift)} : index", "i")
+        return t.op(f"arith.xori {t.mul(unit, t.c(CHUNK))}, {flip} : index", "i")
 
     def guarded_chunk(mem: str, mem_t: str, r: str, c: str, rows: int, cols: int) -> str:
         inside = t.op(f"arith.andi {t.cmp('ult', r, t.c(rows))}, {t.cmp('ult', c, t.c(cols))} : i1", "p")

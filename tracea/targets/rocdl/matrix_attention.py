@@ -35,10 +35,14 @@ def check_matrix_attention(v: OpView, ins: MatrixInstruction) -> None:
     d, dv = q.shape[-1], val.shape[-1]
     if q.dtype not in MATRIX_DTYPES or len({v.operands[n].dtype for n in ("query", "key", "value")}) > 1:
         raise OpError(f"the AMD matrix-core attention takes f16 or bf16 Q, K and V of one type, got {q.dtype}")
-    step = ins.ik if ins.units == "wmma" else 8
-    if d % step or dv % ins.in_:
-        raise OpError(f"the AMD matrix-core attention needs a head dim that is a multiple of {step} and a value head "
+    if not head_dims_fit(d, dv, ins):
+        raise OpError(f"the AMD matrix-core attention needs a head dim that is a multiple of {ins.ik} and a value head "
                       f"dim that is a multiple of {ins.in_}; got {d} and {dv}")
+
+
+def head_dims_fit(d: int, dv: int, ins: MatrixInstruction) -> bool:
+    """Q K^T runs whole instructions along d (ins.ik each), P V whole tiles along dv (ins.in_)."""
+    return d % ins.ik == 0 and dv % ins.in_ == 0
 
 
 def matrix_attention_module_text(v: OpView, ins: MatrixInstruction, name: str) -> tuple[str, tuple, tuple]:
@@ -78,17 +82,17 @@ def matrix_attention_module_text(v: OpView, ins: MatrixInstruction, name: str) -
     scale_c = t.op(f"arith.constant {float(scale)!r} : f32", "k")
     width = t.op(f"arith.constant {W} : i32", "k")  # gpu.shuffle's: the whole wave
     row_lane = t.op(f"arith.remui {lane}, {t.c(IM)} : index", "i")  # the operand row (query or key) of this lane
-    group = t.op(f"arith.divui {lane}, {t.c(IM)} : index", "i")  # MFMA: which E-run of each 8 k
+    # this lane's first k within an instruction's: MFMA lane group l / IM takes E of each ik, WMMA lanes all
+    lane_k = t.mul(t.op(f"arith.divui {lane}, {t.c(IM)} : index", "i"), t.c(E)) if ins.units == "mfma" else t.c(0)
 
     def operand(mem: str, mem_t: str, row: str, rows: int, k0: int) -> str:
         """An A / B operand whose k runs along a row of `mem` ([bh, rows, k]): E elements of row
         `row` from k0 (+ E x the lane group on MFMA); zeros past the rows."""
-        col = t.add(t.c(k0), t.mul(group, t.c(E))) if ins.units == "mfma" else t.c(k0)
+        col = t.add(t.c(k0), lane_k)
         return t.guarded(t.cmp("ult", row, t.c(rows)), frag_t,
                          lambda: t.op(f"vector.load {mem}[%bh, {row}, {col}] : {mem_t}, {frag_t}", "v"), zero_frag)
 
-    k_step = 8 if ins.units == "mfma" else ins.ik  # k per instruction: MFMA lanes take 4 of each 8
-    q_frags = [operand(Q, Q_t, t.add(q0, row_lane), sq, s * k_step) for s in range(d // k_step)]
+    q_frags = [operand(Q, Q_t, t.add(q0, row_lane), sq, s * ins.ik) for s in range(d // ins.ik)]
     Ps = "%Ps"
     o_tiles = dv // IN
     keys = t.c(sk)
@@ -100,8 +104,8 @@ def matrix_attention_module_text(v: OpView, ins: MatrixInstruction, name: str) -
            + ", ".join(f"{c} = {i}" for c, i in zip(carried, inits)) + f") -> ({', '.join([acc_t] * len(carried))})")
     # S = Q K^T
     s_acc = zero_acc
-    for s in range(d // k_step):
-        kf = operand(K, K_t, t.add("%kb", row_lane), sk, s * k_step)
+    for s in range(d // ins.ik):
+        kf = operand(K, K_t, t.add("%kb", row_lane), sk, s * ins.ik)
         s_acc = t.op(ins.text(q_frags[s], kf, s_acc, dt), "s")
     col = t.add("%kb", t.op(f"arith.remui {lane}, {t.c(IN)} : index", "i"))  # this lane's key
     key_ok = t.cmp("ult", col, t.c(sk))
@@ -142,15 +146,15 @@ def matrix_attention_module_text(v: OpView, ins: MatrixInstruction, name: str) -
     t.line("gpu.barrier")
     # P as A operands: rows = queries, k = keys of this block
     p_frags = []
-    for s in range(IN // k_step):
-        c0 = t.add(t.c(s * k_step), t.mul(group, t.c(E))) if ins.units == "mfma" else t.c(0)
+    for s in range(IN // ins.ik):
+        c0 = t.add(t.c(s * ins.ik), lane_k)
         p_frags.append(t.op(f"vector.load {Ps}[{wave}, {row_lane}, {c0}] : {Ps_t}, {frag_t}", "p"))
     new_o = []
     for j in range(o_tiles):
         acc = t.op(f"arith.mulf %o{j}, {alpha_v} : {acc_t}", "o")
-        for s in range(IN // k_step):
-            # V's operand: k = keys (E of them from the lane group's run), n = the lane's value column
-            first = t.add(t.add("%kb", t.c(s * k_step)), t.mul(group, t.c(E)) if ins.units == "mfma" else t.c(0))
+        for s in range(IN // ins.ik):
+            # V's operand: k = keys (E of them from this lane's first), n = the lane's value column
+            first = t.add(t.add("%kb", t.c(s * ins.ik)), lane_k)
             vcol = t.add(t.c(j * IN), t.op(f"arith.remui {lane}, {t.c(IN)} : index", "i"))
             vf = zero_frag
             for e in range(E):

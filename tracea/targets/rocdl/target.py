@@ -188,9 +188,8 @@ class RocmTarget(Target):
         if knobs.amd_emulator():
             from ...runtime.amd_emulator import EmulatedHipKernel
             kernel = EmulatedHipKernel(build.artifact)
-            kernel.stages = build.stages
-            return kernel
-        from ...runtime.hip_launcher import HipKernel
-        kernel = HipKernel(build.artifact, device)
+        else:
+            from ...runtime.hip_launcher import HipKernel
+            kernel = HipKernel(build.artifact, device)
         kernel.stages = build.stages
         return kernel
