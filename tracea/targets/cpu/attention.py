@@ -23,7 +23,7 @@ from __future__ import annotations
 
 from ...dialects.ops import AttentionDef, OpView
 from ...codegen.loop_text import LoopText, memref_text
-from .gemm import transpose_in_registers
+from .gemm import K_UNROLL, transpose_in_registers
 from ...codegen.kernel_text import vector_exp
 
 NNAN = "fastmath<nnan>"  # max without NaN handling: a single vmaxps
@@ -173,17 +173,19 @@ def attention_kernel_text(name: str, v: OpView, location: str, threads: int = 1)
     t.for_("%r0", t.c(0), t.c(BR), t.c(QR))
     t.for_("%c", t.c(0), width, t.c(sub))
     strip = t.op(f"arith.divui {t.add('%j0', '%c')}, {t.c(sub)} : index", "i")
-    res, accs = _for_iter(t, "%dd", t.c(0), t.c(d), t.c(1), [zv] * (QR * QV), vt)
-    kvec = [t.op(f"vector.load {KT}[%b, {strip}, %dd, {t.c(j * L)}] : {KT_t}, {vt}", "k") for j in range(QV)]
-    new = []
-    for r in range(QR):
-        qs = t.op(f"memref.load {Qs}[{t.add('%r0', t.c(r))}, %dd] : {Qs_t}", "q")
-        qb = t.op(f"vector.broadcast {qs} : f32 to {vt}", "q")
-        new += [t.op(f"vector.fma {qb}, {kvec[j]}, {accs[r * QV + j]} : {vt}", "f") for j in range(QV)]
-    _yield(t, new, vt)
+
+    def qk_step(dd: str, accs: list[str]) -> list[str]:
+        kvec = [t.op(f"vector.load {KT}[%b, {strip}, {dd}, {t.c(j * L)}] : {KT_t}, {vt}", "k") for j in range(QV)]
+        new = []
+        for r in range(QR):
+            qs = t.op(f"memref.load {Qs}[{t.add('%r0', t.c(r))}, {dd}] : {Qs_t}", "q")
+            qb = t.op(f"vector.broadcast {qs} : f32 to {vt}", "q")
+            new += [t.op(f"vector.fma {qb}, {kvec[j]}, {accs[r * QV + j]} : {vt}", "f") for j in range(QV)]
+        return new
+    scores = t.reduction(t.c(0), t.c(d), [zv] * (QR * QV), vt, qk_step, unroll=K_UNROLL)
     for r in range(QR):
         for j in range(QV):
-            t.line(f"vector.store {res}#{r * QV + j}, {P}[{t.add('%r0', t.c(r))}, {t.add('%c', t.c(j * L))}] "
+            t.line(f"vector.store {scores[r * QV + j]}, {P}[{t.add('%r0', t.c(r))}, {t.add('%c', t.c(j * L))}] "
                    f": {P_t}, {vt}")
     t.close()
     t.close()
@@ -250,17 +252,20 @@ def attention_kernel_text(name: str, v: OpView, location: str, threads: int = 1)
                       f": f32 to {vt}", "o")
             inits += [t.op(f"arith.mulf {t.op(f'vector.load {Oacc}[{rows[r]}, {t.c((g0 + j) * L)}] : {Oacc_t}, {vt}', 'o')}"
                            f", {ab} : {vt}", "o") for j in range(gs)]
-        res, accs = _for_iter(t, "%jj", t.c(0), keys_here, t.c(1), inits, vt)
-        key = t.add("%j0", "%jj")
-        vrow = [t.op(f"vector.load {VP}[%b, {t.c(g0 // gs)}, {key}, {t.c(j * L)}] : {VP_t}, {vt}", "v") for j in range(gs)]
-        new = []
-        for r in range(PR):
-            pb = t.op(f"vector.broadcast {t.op(f'memref.load {P}[{rows[r]}, %jj] : {P_t}', 'p')} : f32 to {vt}", "p")
-            new += [t.op(f"vector.fma {pb}, {vrow[j]}, {accs[r * gs + j]} : {vt}", "o") for j in range(gs)]
-        _yield(t, new, vt)
+
+        def pv_step(jj: str, accs: list[str]) -> list[str]:
+            key = t.add("%j0", jj)
+            vrow = [t.op(f"vector.load {VP}[%b, {t.c(g0 // gs)}, {key}, {t.c(j * L)}] : {VP_t}, {vt}", "v")
+                    for j in range(gs)]
+            new = []
+            for r in range(PR):
+                pb = t.op(f"vector.broadcast {t.op(f'memref.load {P}[{rows[r]}, {jj}] : {P_t}', 'p')} : f32 to {vt}", "p")
+                new += [t.op(f"vector.fma {pb}, {vrow[j]}, {accs[r * gs + j]} : {vt}", "o") for j in range(gs)]
+            return new
+        outs = t.reduction(t.c(0), keys_here, inits, vt, pv_step, unroll=K_UNROLL)
         for r in range(PR):
             for j in range(gs):
-                t.line(f"vector.store {res}#{r * gs + j}, {Oacc}[{rows[r]}, {t.c((g0 + j) * L)}] : {Oacc_t}, {vt}")
+                t.line(f"vector.store {outs[r * gs + j]}, {Oacc}[{rows[r]}, {t.c((g0 + j) * L)}] : {Oacc_t}, {vt}")
         t.close()
     t.close()  # key blocks
 

@@ -24,7 +24,7 @@ from dataclasses import dataclass
 from ...codegen.conv_gather import ConvGather
 from ...codegen.kernel_text import fused_epilogue
 from ...codegen.loop_text import LoopText, memref_text
-from ...dialects.ops import ACCUMULATOR_DTYPE, Epilogue, OpView, TensorSpec
+from ...dialects.ops import ACCUMULATOR_DTYPE, Epilogue, OpView
 
 
 def conv_k_block(c: int, k: int, kc: int) -> int:
@@ -103,6 +103,12 @@ class GemmPlan:
         """Partial sums cross K blocks through memory; a non-f32 result cannot hold them."""
         return self.out_dtype != ACCUMULATOR_DTYPE and self.k > self.kc
 
+
+# Micro-kernels (this GEMM's, attention's Q K^T and P V) run K_UNROLL steps of their reduction an
+# iteration (LoopText.reduction). Measured here (Zen 3, AVX2, in-process A/B beside numpy, torch):
+# GEMM 256^3 +10 % on 1 thread, +25-35 % on 2; 2048^3 +4 % / +10 %; attention S512 D64 +4 % / +5 %,
+# B8 H12 S128 causal +2-5 % / +6-9 %; 8 steps were no faster than 4.
+K_UNROLL = 4
 
 # Packed A rows are kc + A_PAD floats apart: at exactly kc (a power of two) the MR rows the
 # micro-kernel reads together would fall into a few L1 sets and evict each other.
@@ -586,26 +592,24 @@ def gemm_kernel_text(name: str, v: OpView, location: str, gather: ConvGather | N
     aoff = t.mul("%ir", kc)
     a_rows = [] if p.transpose_a else [t.mul(t.add("%ir", t.c(r)), t.add(kc, t.c(A_PAD))) for r in range(MR)]
     out.prefetch(t.add("%ic", "%ir"), t.add("%jc", "%jr"), MR, NR)
-    accs = [f"%acc{r}_{j}" for r in range(MR) for j in range(nv)]
-    res = t.fresh("r")
-    t.open(f"{res}:{len(accs)} = scf.for %k = {t.c(0)} to {kc} step {t.c(1)} "
-           f"iter_args({', '.join(f'{x} = {zv}' for x in accs)}) -> ({', '.join([vf32] * len(accs))})")
-    kb = t.add(boff, t.mul("%k", t.c(NR)))
-    bvec = [t.op(f"vector.load {Bp}[{t.add(kb, t.c(j * L))}] : {Bp_t}, {vf32}", "b") for j in range(nv)]
-    if p.transpose_a:
-        ka = t.add(aoff, t.mul("%k", t.c(MR)))
-        a_index = [t.add(ka, t.c(r)) for r in range(MR)]
-    else:
-        a_index = [t.add(row_base, "%k") for row_base in a_rows]
-    new = []
-    for r in range(MR):
-        s = t.op(f"memref.load {Ap}[{a_index[r]}] : {Ap_t}", "a")
-        av = t.op(f"vector.broadcast {s} : f32 to {vf32}", "a")
-        for j in range(nv):
-            new.append(t.op(f"vector.fma {av}, {bvec[j]}, {accs[r * nv + j]} : {vf32}", "f"))
-    t.line(f"scf.yield {', '.join(new)} : {', '.join([vf32] * len(new))}")
-    t.close()
-    acc = [f"{res}#{i}" for i in range(len(accs))]
+    def fma_step(k: str, accs: list[str]) -> list[str]:
+        """One k of the register tile: NR/L vectors of B, MR broadcasts of A, MR*NR/L FMAs."""
+        kb = t.add(boff, t.mul(k, t.c(NR)))
+        bvec = [t.op(f"vector.load {Bp}[{t.add(kb, t.c(j * L))}] : {Bp_t}, {vf32}", "b") for j in range(nv)]
+        if p.transpose_a:
+            ka = t.add(aoff, t.mul(k, t.c(MR)))
+            a_index = [t.add(ka, t.c(r)) for r in range(MR)]
+        else:
+            a_index = [t.add(row_base, k) for row_base in a_rows]
+        new = []
+        for r in range(MR):
+            s = t.op(f"memref.load {Ap}[{a_index[r]}] : {Ap_t}", "a")
+            av = t.op(f"vector.broadcast {s} : f32 to {vf32}", "a")
+            for j in range(nv):
+                new.append(t.op(f"vector.fma {av}, {bvec[j]}, {accs[r * nv + j]} : {vf32}", "f"))
+        return new
+
+    acc = t.reduction(t.c(0), kc, [zv] * (MR * nv), vf32, fma_step, unroll=K_UNROLL)
 
     row0 = t.add("%ic", "%ir")
     col0 = t.add("%jc", "%jr")
