@@ -109,21 +109,23 @@ class LoopText:
     def for_(self, iv: str, lo: str, hi: str, step: str) -> None:
         self.open(f"scf.for {iv} = {lo} to {hi} step {step}")
 
-    def reduction(self, lo: str, hi: str, inits: list[str], vtype: str, step, unroll: int = 1) -> list[str]:
-        """A loop over k in [lo, hi) carrying `inits` (a micro-kernel's accumulators):
+    def reduction(self, lo: str, hi: str, inits: list[str], vtype: str, step, unroll: int = 1,
+                  stride: int = 1) -> list[str]:
+        """A loop over k in [lo, hi) by `stride` carrying `inits` (a micro-kernel's accumulators):
         step(k, values) writes one k's ops and returns the new values. With unroll > 1 an
         iteration runs `unroll` steps and a second loop the rest, one at a time (the trip
-        counts here are run-time values, which LLVM does not unroll). Returns the final values."""
+        counts here are run-time values, which LLVM does not unroll); hi - lo must be a multiple
+        of `stride`. Returns the final values."""
         types = ", ".join([vtype] * len(inits))
 
         def loop(lo: str, hi: str, inits: list[str], unroll: int) -> list[str]:
             res, iv = self.fresh("r"), self.fresh("k")
             names = [self.fresh("acc") for _ in inits]
-            self.open(f"{res}:{len(inits)} = scf.for {iv} = {lo} to {hi} step {self.c(unroll)} "
+            self.open(f"{res}:{len(inits)} = scf.for {iv} = {lo} to {hi} step {self.c(unroll * stride)} "
                       f"iter_args({', '.join(f'{n} = {i}' for n, i in zip(names, inits))}) -> ({types})")
             values = names
             for u in range(unroll):
-                values = step(iv if u == 0 else self.add(iv, self.c(u)), values)
+                values = step(iv if u == 0 else self.add(iv, self.c(u * stride)), values)
             self.line(f"scf.yield {', '.join(values)} : {types}")
             self.close()
             return [f"{res}#{i}" for i in range(len(inits))]
@@ -131,7 +133,7 @@ class LoopText:
         if unroll == 1:
             return loop(lo, hi, inits, 1)
         whole = self.add(lo, self.mul(self.op(f"arith.divui {self.op(f'arith.subi {hi}, {lo} : index', 'i')}, "
-                                             f"{self.c(unroll)} : index", "i"), self.c(unroll)))
+                                             f"{self.c(unroll * stride)} : index", "i"), self.c(unroll * stride)))
         return loop(whole, hi, loop(lo, whole, inits, unroll), 1)
 
     def parallel(self, iv: str, lo: str, hi: str, step: str) -> None:
