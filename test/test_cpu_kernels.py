@@ -327,6 +327,23 @@ def test_implicit_gemm_conv_k_blocks(c, k, layout, rng):
                      c * k * k)
 
 
+@pytest.mark.parametrize("kc", [32, 128, 192, 48])
+def test_implicit_gemm_conv_explicit_k_blocks(kc, rng):
+    """A schedule's K block must hold whole channel runs or divide one: those run (against
+    numpy), one that does not is refused with the nearest that fits (it read past the runs and
+    returned garbage, silently)."""
+    x, w = ref.random(rng, (1, 9, 8, 64)), ref.random(rng, (3, 3, 64, 16), scale=0.1)
+    s = td.Schedule(tile=(12, 16, kc), warp_tile=(6, 2 * LANES if LANES == 8 else LANES, 1),
+                    lane_map=td.LaneMap("simd", (LANES,)))
+    fn = td.function(td.tensor(x.shape), td.tensor(w.shape))(
+        lambda a, f: td.conv2d(a, f, padding=1, layout="nhwc", schedule=s))
+    if kc == 48:
+        with pytest.raises(tracea.CompileError, match=r"K block \(tile\[2\] = 48\).*multiple of 64.*nearest that fits is 32"):
+            tracea.compile(fn)
+        return
+    ref.assert_close(tracea.compile(fn)(x, w), ref.conv2d(x, w, None, (1, 1), (1, 1), layout="nhwc"), "f32", 576)
+
+
 def test_attention_schedule_is_checked():
     def compile_with(schedule):
         return tracea.compile(td.function(*[td.tensor((4, LANES))] * 3)(

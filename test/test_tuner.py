@@ -121,6 +121,24 @@ def _evaluate_with(objective, fails=lambda c: False):
     return evaluate, calls
 
 
+@pytest.mark.parametrize("channels", [3, 64, 40])
+def test_nhwc_conv_space_has_only_k_blocks_the_gather_can_fill(channels):
+    """The implicit-GEMM conv's K blocks are fitted to whole runs of the gather (channels, or a
+    kernel row of 3 channels = 21 values): every configuration passes the variant's check."""
+    from tracea.tuner.autotuner import kernel_problems
+    program = td.function(td.tensor((1, 20, 20, channels)), td.tensor((7, 7, channels, 16)), name="kernel")(
+        lambda x, f: td.conv2d(x, f, padding=3, layout="nhwc"))
+    (tp,) = kernel_problems(program)
+    conv = variant("cpu.conv2d.implicit_gemm")
+    space = conv.search_space(tp.problem, host())
+    k_blocks = set()
+    for c in space.configurations():
+        s = space.schedule(c)
+        conv.check_schedule(tp.problem, host(), s)
+        k_blocks.add(s.tile[2])
+    assert len(k_blocks) > 1
+
+
 def test_gp_search_finds_the_valley_floor_sooner_than_random():
     """One configuration of 144 is within 5 % of the best: random search needs 72.5 evaluations
     on average ((N + 1) / 2); the GP, following the valley, needs under a third of that."""

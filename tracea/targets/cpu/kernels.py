@@ -270,13 +270,16 @@ def _gemm_space(p: Problem, caps: Capabilities) -> SearchSpace:
     MC / NC / KC. Blocks are rounded to the register tile and cut to the problem, so sizes past
     the problem's collapse into one configuration."""
     lanes = caps.cpu.f32_lanes
-    m, n, k = implicit_gemm(p.view)[:3] if p.op == "conv2d" and p.view is not None else (p.m, p.n, p.k)
+    conv = p.op == "conv2d" and p.view is not None
+    m, n, k, gather = implicit_gemm(p.view) if conv else (p.m, p.n, p.k, None)
 
     def fit(s: Schedule) -> Schedule:
         (mc, nc, kc), (mr, nr, _) = s.tile, s.warp_tile
         mc, nc = _round_up(mc, mr), _round_up(nc, nr)
         if known(m, n, k):
             mc, nc, kc = min(mc, _round_up(m, mr)), min(nc, _round_up(n, nr)), min(kc, _round_up(k, 8))
+        if gather is not None:  # a conv's K blocks hold whole runs of the gather (see _conv_check)
+            kc = conv_k_block(gather.unit(lanes), k, kc)
         return replace(s, tile=(mc, nc, kc))
 
     space = (SearchSpace(adjust=fit).lanes(lanes).warp_m([4, 6, 8, 12]).warp_n([lanes, 2 * lanes, 3 * lanes])
@@ -306,6 +309,23 @@ def _dot_space(p: Problem, caps: Capabilities) -> SearchSpace:
 
 def _gemm_check(p: Problem, caps: Capabilities, s: Schedule) -> None:
     check_gemm_schedule(p, caps, s)
+
+
+def _conv_check(p: Problem, caps: Capabilities, s: Schedule) -> None:
+    """The implicit GEMM's schedule, and K blocks the gather can fill: the packing copies runs of
+    C channels (or whole kernel rows), so a K block shorter than K holds whole runs or divides
+    one (another K block read past the runs: wrong numbers)."""
+    check_gemm_schedule(p, caps, s)
+    if p.view is None:
+        return
+    _, _, k, gather = implicit_gemm(p.view)
+    lanes, kc = s.lane_map.shape[-1], s.tile[2]
+    unit = gather.unit(lanes)
+    if kc < k and kc % unit and unit % kc:
+        what = "a kernel row of channels" if gather.wide(lanes) else "the input's channels"
+        raise OpError(f"conv2d as an implicit GEMM: the K block (tile[2] = {kc}) must be a multiple of {unit} "
+                      f"({what}, which the packing copies as one run) or divide it; the nearest that fits is "
+                      f"{conv_k_block(unit, k, kc)}")
 
 
 def _conv_default(p: Problem, caps: Capabilities, threads: int | None) -> Schedule | None:
@@ -455,7 +475,7 @@ for _variant in (
     Variant("cpu.conv2d.implicit_gemm", "cpu", ("conv2d",), (ON_CPU, SIMD, Rule(
         "groups = 1", lambda p, caps: None if p.groups is None else p.groups == 1)), 20,
         "the packed GEMM over im2col rows gathered from the NHWC image", frozenset({"simd"}),
-        _conv_default, _gemm_space, _gemm_check),
+        _conv_default, _gemm_space, _conv_check),
     Variant("cpu.attention.flash", "cpu", ("attention",), (ON_CPU, SIMD, Rule(
         "head dims multiples of the SIMD lanes", _attention_fits)), 20,
         "flash attention: blocks of queries against blocks of keys, online softmax, S never stored",
