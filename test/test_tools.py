@@ -71,3 +71,24 @@ def test_demo_runs_and_checks(tmp_path):
     assert result.stdout.count("-> OK") == 2 and "GFLOP/s" in result.stdout
     rows = [line for line in result.stdout.splitlines() if line.startswith("| ")]
     assert len(rows) == 4 and "GPT-2-style decoder" in rows[3] and "| eager |" in rows[3]
+
+
+@pytest.mark.parametrize("n", [2, 3, 4, 6])
+def test_interleaved_rounds_vary_what_runs_before_each_call(n):
+    """Timing as users call: each implementation follows every other about equally often (a
+    rotated fixed order put the same peer before Tracea's kernel in every round: torch's, whose
+    spinning threads cost a small 2-thread kernel 20 %)."""
+    from collections import Counter
+    from tracea.tools.timing import interleaved_samples, round_orders
+    names = [f"impl{i}" for i in range(n)]
+    orders = round_orders(names)
+    assert all(sorted(o) == names for o in orders)
+    inside = Counter((a, b) for o in orders for a, b in zip(o, o[1:]))
+    assert set(inside) == {(a, b) for a in names for b in names if a != b}
+    assert len(set(inside.values())) == 1  # every ordered pair equally often
+    log = []
+    samples = interleaved_samples({name: (lambda name=name: log.append(name)) for name in names}, rounds=len(orders),
+                                  seconds=0)
+    assert all(len(s) == len(orders) for s in samples.values())
+    before = Counter(zip(log[n:], log[n + 1:]))  # after the warm-up
+    assert all(before[(a, b)] > 0 for a in names for b in names if a != b)

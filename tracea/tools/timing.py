@@ -12,21 +12,34 @@ def interleaved_times(calls: dict[str, Callable], rounds: int, seconds: float = 
 
 def interleaved_samples(calls: dict[str, Callable], rounds: int, seconds: float = 2.0) -> dict[str, list[float]]:
     """Each round calls every implementation once, back to back, no pause (each call meets the
-    thread pools the previous one left running): the median seconds of each, over at least
-    `rounds` rounds and `seconds` of them (a case of a few milliseconds fits whole in one of a
-    busy VM's spells with a core missing): the seconds of every call of each. Each round starts one implementation further on, so
-    each follows each of the others equally often (a small 2-thread kernel called right after a
-    torch op ran 7-10 % slower than the same code called after Tracea's)."""
+    thread pools the previous one left running): the seconds of every call of each, over at
+    least `rounds` rounds and `seconds` of them (a case of a few milliseconds fits whole in one
+    of a busy VM's spells with a core missing). The rounds run the implementations in orders
+    (round_orders) in which each follows each of the others about equally often: what runs just before
+    a call matters (a 2-thread GEMM 256^3 right after a torch op ran 20 % slower than after
+    numpy), and rotating one order would have put the same one before it every time."""
     samples: dict[str, list[float]] = {name: [] for name in calls}
     for call in calls.values():
         call()  # warm-up
-    order = list(calls.items())
+    orders = round_orders(list(calls))
     began, done = time.perf_counter(), 0
     while done < rounds or time.perf_counter() - began < seconds:
-        shift = done % len(order)
+        order = orders[done % len(orders)]
         done += 1
-        for name, call in order[shift:] + order[:shift]:
+        for name in order:
             start = time.perf_counter()
-            call()
+            calls[name]()
             samples[name].append(time.perf_counter() - start)
     return samples
+
+
+def round_orders(names: list[str]) -> list[list[str]]:
+    """Orders of `names` in which each name comes right after each other name equally often
+    inside the rounds: a Williams design (the rows of a balanced Latin square, as crossover
+    trials use; for an odd count its rows and their reverses)."""
+    n = len(names)
+    first = [0]
+    for j in range(1, n):  # 0, 1, n-1, 2, n-2, ...
+        first.append((j + 1) // 2 if j % 2 else n - j // 2)
+    rows = [[names[(x + i) % n] for x in first] for i in range(n)]
+    return rows if n % 2 == 0 or n == 1 else rows + [list(reversed(r)) for r in rows]
