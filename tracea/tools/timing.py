@@ -15,9 +15,9 @@ def interleaved_samples(calls: dict[str, Callable], rounds: int, seconds: float 
     thread pools the previous one left running): the seconds of every call of each, over at
     least `rounds` rounds and `seconds` of them (a case of a few milliseconds fits whole in one
     of a busy VM's spells with a core missing). The rounds run the implementations in orders
-    (round_orders) in which each follows each of the others about equally often: what runs just before
-    a call matters (a 2-thread GEMM 256^3 right after a torch op ran 20 % slower than after
-    numpy), and rotating one order would have put the same one before it every time."""
+    (round_orders) in which each follows each of the others about equally often: what runs just
+    before a call matters (a 2-thread GEMM 256^3 right after a torch op ran 20 % slower than right
+    after another Tracea call), and rotating one order put the same one before it every time."""
     samples: dict[str, list[float]] = {name: [] for name in calls}
     for call in calls.values():
         call()  # warm-up

@@ -182,6 +182,7 @@ def attention_kernel_text(name: str, v: OpView, location: str, threads: int = 1)
             qb = t.op(f"vector.broadcast {qs} : f32 to {vt}", "q")
             new += [t.op(f"vector.fma {qb}, {kvec[j]}, {accs[r * QV + j]} : {vt}", "f") for j in range(QV)]
         return new
+
     scores = t.reduction(t.c(0), t.c(d), [zv] * (QR * QV), vt, qk_step, unroll=K_UNROLL)
     for r in range(QR):
         for j in range(QV):
@@ -262,6 +263,7 @@ def attention_kernel_text(name: str, v: OpView, location: str, threads: int = 1)
                 pb = t.op(f"vector.broadcast {t.op(f'memref.load {P}[{rows[r]}, {jj}] : {P_t}', 'p')} : f32 to {vt}", "p")
                 new += [t.op(f"vector.fma {pb}, {vrow[j]}, {accs[r * gs + j]} : {vt}", "o") for j in range(gs)]
             return new
+
         outs = t.reduction(t.c(0), keys_here, inits, vt, pv_step, unroll=K_UNROLL)
         for r in range(PR):
             for j in range(gs):

@@ -592,6 +592,7 @@ def gemm_kernel_text(name: str, v: OpView, location: str, gather: ConvGather | N
     aoff = t.mul("%ir", kc)
     a_rows = [] if p.transpose_a else [t.mul(t.add("%ir", t.c(r)), t.add(kc, t.c(A_PAD))) for r in range(MR)]
     out.prefetch(t.add("%ic", "%ir"), t.add("%jc", "%jr"), MR, NR)
+
     def fma_step(k: str, accs: list[str]) -> list[str]:
         """One k of the register tile: NR/L vectors of B, MR broadcasts of A, MR*NR/L FMAs."""
         kb = t.add(boff, t.mul(k, t.c(NR)))
