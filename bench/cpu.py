@@ -4,6 +4,7 @@ IREE's llvm-cpu, side by side in one run.
     .venv/bin/python bench/cpu.py                    # 1 and 2 threads, every shape
     .venv/bin/python bench/cpu.py --threads 2 --only gemm --markdown
     .venv/bin/python bench/cpu.py --interleaved      # as a program mixing them calls them
+    .venv/bin/python bench/cpu.py --after --threads 2  # Tracea right after numpy / torch vs alone
     .venv/bin/python bench/cpu.py --interleaved --tune 30   # + each case tuned, beside the default
 
 Each thread count runs in a worker process whose thread pools (OpenBLAS, torch, IREE, Tracea)
@@ -12,6 +13,11 @@ blocks of calls, a pause before each block (median_times: each library at its be
 with --interleaved call by call, one after the other with no pause (interleaved_times: each
 call meets the thread pools the previous library left running, as in a program that calls
 numpy, torch and Tracea in turn). The median over all calls is reported, after warm-up.
+With --after, only Tracea's kernel is timed, right after a call of each peer, right after itself
+and after a 1 ms pause (times_after): the share of its stand-alone (back-to-back) speed it keeps
+when it meets the thread pools numpy's OpenBLAS or torch left running (>= 0.9x is the goal). The
+pause is the control: nothing else runs, yet its threads have gone to sleep and must be woken, so
+a short kernel loses there what is no other library's doing.
 Tracea's ratio to each peer is peer time / Tracea time (> 1: Tracea is faster). With --tune, the
 kernel on its variants' default schedules (TRACEA_USE_TUNED=0) and on the tuning cache's, after
 tuning the ops it lacks (tracea/tuner), are timed side by side.
@@ -30,7 +36,7 @@ from typing import Callable
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.join(HERE, ".."))
-from tracea.tools.timing import interleaved_times  # noqa: E402
+from tracea.tools.timing import interleaved_times, times_after  # noqa: E402
 
 
 @dataclass
@@ -226,7 +232,7 @@ def _default_and_tuned(fn, threads: int, budget: int):
     return default, tracea.compile(fn, threads=threads)
 
 
-def worker(threads: int, only: str | None, rounds: int, interleaved: bool = False, tune: int = 0) -> list[dict]:
+def worker(threads: int, only: str | None, rounds: int, mode: str = "blocks", tune: int = 0) -> list[dict]:
     import tracea
     try:
         import torch
@@ -266,7 +272,14 @@ def worker(threads: int, only: str | None, rounds: int, interleaved: bool = Fals
             except Exception as e:  # report, keep benchmarking the others
                 print(f"  (iree failed on {case.name}: {type(e).__name__}: {str(e)[:200]})", file=sys.stderr)
         _check_against_peers(case.name, calls)
-        times = interleaved_times(calls, rounds) if interleaved else median_times(calls, rounds)
+        if mode == "after":
+            before = {n: c for n, c in calls.items() if n != "tuned"} | {"pause": lambda: time.sleep(0.001)}
+            times = times_after(calls["tracea"], before, rounds)
+            row = {"case": case.name, "threads": threads, "after_ms": {n: t * 1e3 for n, t in times.items()}}
+            results.append(row)
+            print(_format_after_row(row), file=sys.stderr, flush=True)
+            continue
+        times = interleaved_times(calls, rounds) if mode == "interleaved" else median_times(calls, rounds)
         row = {"case": case.name, "threads": threads, "compile_s": compile_s,
                "gflops": {n: case.flops / t / 1e9 for n, t in times.items()}}
         results.append(row)
@@ -302,6 +315,23 @@ def _format_row(row) -> str:
     return "  ".join(parts)
 
 
+def _format_after_row(row) -> str:
+    after = row["after_ms"]
+    return f"{row['case']:<38} {row['threads']}T  tracea alone {after['tracea']:8.3f} ms  " + "  ".join(
+        f"after {p} x{after['tracea'] / after[p]:.2f}" for p in PEERS + ["pause"] if p in after)
+
+
+def markdown_after(rows: list[dict]) -> str:
+    lines = ["| case | threads | Tracea alone (after itself) | right after numpy | right after torch | right after IREE "
+             "| after a 1 ms pause |", "| --- | --- | --- | --- | --- | --- | --- |"]
+    for row in rows:
+        after = row["after_ms"]
+        cells = [f"{after[p]:.3f} ms (**{after['tracea'] / after[p]:.2f}x**)" if p in after else "-"
+                 for p in PEERS + ["pause"]]
+        lines.append(f"| {row['case']} | {row['threads']} | {after['tracea']:.3f} ms | " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
 def markdown(rows: list[dict]) -> str:
     tuned = any("tuned" in row["gflops"] for row in rows)
     lines = ["| case | threads | Tracea GFLOP/s | " + ("tuned GFLOP/s (vs default) | " if tuned else "")
@@ -326,15 +356,19 @@ def main() -> int:
     parser.add_argument("--only", choices=["gemm", "gemm-small", "conv", "attention", "softmax", "norm"], help="one group of cases")
     parser.add_argument("--rounds", type=int, default=15, help="timed rounds per case (median reported)")
     parser.add_argument("--markdown", action="store_true", help="print a Markdown table at the end")
-    parser.add_argument("--interleaved", action="store_true",
-                        help="time call by call, implementations in turn, no pauses (default: blocks after a pause)")
+    mode = parser.add_mutually_exclusive_group()
+    mode.add_argument("--interleaved", action="store_const", dest="mode", const="interleaved", default="blocks",
+                      help="time call by call, implementations in turn, no pauses (default: blocks after a pause)")
+    mode.add_argument("--after", action="store_const", dest="mode", const="after",
+                      help="time Tracea's kernel right after each peer's call and right after itself: the "
+                           "share of its stand-alone speed it keeps beside numpy and torch")
     parser.add_argument("--tune", type=int, default=0, metavar="BUDGET",
                         help="also tune each case's ops (BUDGET evaluations each; the tuning cache answers "
                              "those it has) and time the tuned kernel beside the default")
     parser.add_argument("--worker", type=int, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.worker:
-        print(json.dumps(worker(args.worker, args.only, args.rounds, args.interleaved, args.tune)))
+        print(json.dumps(worker(args.worker, args.only, args.rounds, args.mode, args.tune)))
         return 0
     rows = []
     for threads in [int(t) for t in args.threads.split(",")]:
@@ -351,8 +385,8 @@ def main() -> int:
         cmd = [sys.executable, os.path.abspath(__file__), "--worker", str(threads), "--rounds", str(args.rounds)]
         if args.only:
             cmd += ["--only", args.only]
-        if args.interleaved:
-            cmd.append("--interleaved")
+        if args.mode != "blocks":
+            cmd.append(f"--{args.mode}")
         if args.tune:
             cmd += ["--tune", str(args.tune)]
         done = subprocess.run(cmd, env=env, stdout=subprocess.PIPE, text=True)
@@ -360,7 +394,7 @@ def main() -> int:
             return done.returncode
         rows += json.loads(done.stdout)
     if args.markdown:
-        print(markdown(rows))
+        print(markdown_after(rows) if args.mode == "after" else markdown(rows))
     return 0
 
 

@@ -157,9 +157,11 @@ def test_the_doctor_says_how_other_pools_share_the_cores(order):
 
 ON_TORCH_THREADS = RUNNING + textwrap.dedent("""
     import os, sys
-    import torch  # first: its GNU OpenMP spins its default (runtime/gnu_openmp.py)
+    if sys.argv[1] == "torch first":
+        import torch  # its GNU OpenMP spins its default (runtime/gnu_openmp.py)
     import numpy as np
     import tracea
+    import torch  # tracea first: tracea loaded torch's libgomp, which torch finds loaded
     from tracea import dialects as td
     torch.set_num_threads(2)
     rng = np.random.default_rng(0)
@@ -183,19 +185,61 @@ ON_TORCH_THREADS = RUNNING + textwrap.dedent("""
         torch.mm(torch.randn(64, 64), torch.randn(64, 64))  # interleaved with torch's own parallel ops
     big = rng.standard_normal((512, 512)).astype(np.float32)
     assert np.abs(big @ big.T - (big.astype(np.float64) @ big.T)).max() < 1e-2  # numpy's jobs too
-    print(sorted(runtimes), len(os.listdir("/proc/self/task")) - threads_before)
+    gnu = {line.split()[-1] for line in open("/proc/self/maps") if "libgomp" in line}
+    print(len(gnu), sorted(runtimes), len(os.listdir("/proc/self/task")) - threads_before)
 """)
 
 
+@pytest.mark.parametrize("order", ["tracea first", "torch first"])
 @pytest.mark.parametrize("runtime", ["auto", "llvm"])
-def test_kernels_run_on_torchs_threads_when_torch_was_imported_first(runtime):
-    """torch first: Tracea's parallel regions run on GNU OpenMP's threads (the ones spinning after
-    each torch op), correct for every share of the static schedule, and no thread of another
-    runtime is started; TRACEA_OPENMP=llvm, the control, starts libomp's workers."""
+def test_kernels_run_on_torchs_threads(runtime, order):
+    """Whichever is imported first, Tracea's parallel regions run on torch's GNU OpenMP threads
+    (the ones spinning after each torch op; one libgomp in the process), correct for every share
+    of the static schedule, and no thread of another runtime is started; TRACEA_OPENMP=llvm, the
+    control, starts libomp's workers."""
     pytest.importorskip("torch")
-    found, new_threads = _run(ON_TORCH_THREADS, TRACEA_OPENMP=runtime, GOMP_SPINCOUNT=None,
-                              OMP_WAIT_POLICY=None).splitlines()[-1].rsplit(" ", 1)
+    libraries, found, new_threads = _run(ON_TORCH_THREADS.replace("sys.argv[1]", repr(order)), TRACEA_OPENMP=runtime,
+                                         GOMP_SPINCOUNT=None, OMP_WAIT_POLICY=None).splitlines()[-1].split(" ")
+    assert libraries == "1", "two GNU OpenMP runtimes in one process"
     if runtime == "auto":
         assert found == "['gnu']" and int(new_threads) <= 1, (found, new_threads)  # GNU OpenMP's third thread (threads=3)
     else:
         assert found == "['llvm']" and int(new_threads) >= 2, (found, new_threads)
+
+
+FORKED = textwrap.dedent("""
+    import os
+    import numpy as np
+    import tracea
+    from tracea import dialects as td
+    rng = np.random.default_rng(0)
+    a, b = rng.standard_normal((300, 70)).astype(np.float32), rng.standard_normal((70, 45)).astype(np.float32)
+    big = rng.standard_normal((512, 512)).astype(np.float32)
+    gemm = tracea.compile(td.function(td.tensor(a.shape), td.tensor(b.shape))(td.gemm), threads=2)
+    x = rng.standard_normal((64, 3, 40)).astype(np.float32)
+    softmax = tracea.compile(td.function(td.tensor(x.shape))(td.softmax), threads=2)  # a barrier between loops
+
+    def check():
+        assert np.abs(gemm(a, b) - a @ b).max() < 1e-4
+        e = np.exp(x - x.max(-1, keepdims=True))
+        assert np.abs(softmax(x) - e / e.sum(-1, keepdims=True)).max() < 1e-6
+        assert np.abs(big @ big.T - big.astype(np.float64) @ big.T).max() < 1e-2  # OpenBLAS's jobs
+
+    check()
+    pid = os.fork()
+    if pid == 0:
+        check()
+        os._exit(0)
+    _, status = os.waitpid(pid, 0)
+    check()
+    print(gemm.openmp, os.waitstatus_to_exitcode(status))
+""")
+
+
+@pytest.mark.parametrize("runtime", ["auto", "llvm"])
+def test_threaded_kernels_run_in_a_forked_child(runtime):
+    """GNU OpenMP's team does not survive fork(): a child's kernels must still run (on its one
+    thread), and numpy's jobs go back to OpenBLAS's own threads, instead of waiting forever."""
+    pytest.importorskip("torch")
+    found, child = _run(FORKED, TRACEA_OPENMP=runtime).split()[-2:]
+    assert (found, child) == ("gnu" if runtime == "auto" else "llvm", "0")

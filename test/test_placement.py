@@ -1,5 +1,6 @@
-"""OpenMP worker placement (tracea/runtime/placement.py): a threaded kernel's workers are kept off
-the CPU its caller runs on, and nothing is placed where the user chose OpenMP affinity."""
+"""OpenMP worker placement (tracea/runtime/placement.py): a threaded kernel's workers on LLVM's
+libomp are kept off the CPU its caller runs on, and nothing is placed where the user chose OpenMP
+affinity."""
 from __future__ import annotations
 
 import os
@@ -20,6 +21,12 @@ pytestmark = [
     pytest.mark.skipif(openmp_library() is None, reason="LLVM's OpenMP runtime (pip package cmeel-libomp) is not installed"),
 ]
 CPUS = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else 1
+
+
+@pytest.fixture(autouse=True)
+def on_libomp(monkeypatch):
+    """Placement is libomp's: with torch installed, threaded kernels run on GNU OpenMP's team."""
+    monkeypatch.setenv("TRACEA_OPENMP", "llvm")
 
 
 def threaded_gemm():

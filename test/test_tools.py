@@ -92,3 +92,23 @@ def test_interleaved_rounds_vary_what_runs_before_each_call(n):
     assert all(len(s) == len(orders) for s in samples.values())
     before = Counter(zip(log[n:], log[n + 1:]))  # after the warm-up
     assert all(before[(a, b)] > 0 for a in names for b in names if a != b)
+
+
+def test_times_after_times_the_target_right_after_each_predecessor():
+    """bench/cpu.py --after: each sample of the target is the call right after its predecessor's,
+    every predecessor (the target itself too) equally often; a sleep in one predecessor's call
+    must show in the target's time after it and in no other."""
+    import time
+    from collections import Counter
+    from tracea.tools.timing import times_after
+    log = []
+
+    def target():
+        log.append("target")
+        if log[-2:-1] == ["slow"]:
+            time.sleep(0.002)  # what a spinning pool left behind costs the next call
+    before = {"target": target, "fast": lambda: log.append("fast"), "slow": lambda: log.append("slow")}
+    times = times_after(target, before, rounds=6, seconds=0)
+    assert times["slow"] > 0.0015 > max(times["fast"], times["target"])
+    pairs = list(zip(log[4:], log[5:]))[::2]  # after the warm-up: (predecessor, target) pairs
+    assert {b for _, b in pairs} == {"target"} and Counter(a for a, _ in pairs) == {"target": 6, "fast": 6, "slow": 6}

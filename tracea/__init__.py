@@ -6,7 +6,7 @@ import sys as _sys  # noqa: E402
 
 from .runtime import blas_threads as _blas_threads  # noqa: E402
 
-_blas_threads.limit_gnu_openmp_spinning()  # before anything loads torch's libgomp
+_blas_threads.share_gnu_openmp()  # before anything loads torch's libgomp
 
 # torch-mlir bundles its own LLVM/MLIR. Its native library must be loaded after the xtc MLIR
 # libraries and before any kernel is JIT-compiled: loaded first, it makes the JIT bind to its

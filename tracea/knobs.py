@@ -66,9 +66,10 @@ def place_workers() -> bool:
 def share_cores() -> bool:
     """TRACEA_SHARE_CORES=0 leaves other libraries' thread pools as they are. By default, so that
     they do not spin on the cores Tracea's kernels run on: OpenBLAS (numpy's) runs its jobs on
-    Tracea's OpenMP threads once a threaded kernel is loaded, and GNU OpenMP (torch's), when
-    Tracea is imported before it, spins ~70 us instead of ~7 ms before its idle threads sleep
-    (runtime/blas_threads.py)."""
+    Tracea's OpenMP threads once a threaded kernel is loaded, and GNU OpenMP (torch's) runs
+    Tracea's kernels too (loaded by `import tracea` when torch is installed and not loaded yet, and
+    then spinning ~70 us instead of ~7 ms before its idle threads sleep; runtime/blas_threads.py,
+    gnu_openmp.py)."""
     return _flag("TRACEA_SHARE_CORES", True)
 
 
@@ -83,8 +84,9 @@ def parallel_runtime() -> str:
 
 def openmp_runtime() -> str:
     """TRACEA_OPENMP: whose threads threaded CPU kernels run on: "auto" (the default: GNU OpenMP's,
-    torch's, when it was loaded before tracea, else LLVM's libomp), "gnu" or "llvm"
-    (runtime/gnu_openmp.py)."""
+    torch's, when torch is loaded or installed, else LLVM's libomp), "gnu" or "llvm"
+    (runtime/gnu_openmp.py). Read once more at `import tracea`: with "llvm" it does not load
+    torch's libgomp."""
     value = os.environ.get("TRACEA_OPENMP", "auto").strip().lower() or "auto"
     if value not in ("auto", "gnu", "llvm"):
         raise ValueError(f"TRACEA_OPENMP must be 'auto', 'gnu' or 'llvm', got {value!r}")

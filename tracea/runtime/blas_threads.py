@@ -7,9 +7,9 @@ Why: after each threaded call, OpenBLAS's own workers spin for 2^28 cycles (~0.1
 sleep (driver/others/blas_server.c, THREAD_TIMEOUT). A Tracea kernel called in that window
 shares its cores with them: a 2-thread GEMM 1024^3 took 25.6 ms right after a numpy matmul,
 12.6 ms alone (Zen 3, 2 cores). OpenBLAS (0.3.27 and later) lets its caller run its jobs instead
-(openblas_set_threads_callback_function); here they run on the libomp team Tracea's kernels use,
-whose idle workers sleep after 1 ms (runtime/libraries.py), and OpenBLAS's own workers stay
-asleep. numpy computes exactly as before: the jobs are OpenBLAS's own, each on its own thread (a
+(openblas_set_threads_callback_function); here they run on the OpenMP team Tracea's kernels
+use (libomp's, whose idle workers sleep after 1 ms, runtime/libraries.py; or GNU OpenMP's,
+gnu_openmp.py), and OpenBLAS's own workers stay asleep. numpy computes exactly as before: the jobs are OpenBLAS's own, each on its own thread (a
 threaded level-3 job waits for its siblings' panels, so all of them run at once).
 
 Every OpenBLAS in the process is shared (numpy's, scipy's, a system one) once a threaded Tracea
@@ -20,7 +20,9 @@ GNU OpenMP (torch's intra-op threads) has no such hook: its idle threads spin GO
 shared a core with one (2 threads, GEMM 1024^3 interleaved with torch: 0.60x of torch's speed;
 with 3,000: 0.96x, torch's own speed unchanged). libgomp reads the count when it loads, so
 `import tracea` sets GOMP_SPINCOUNT=3000 when libgomp is not loaded yet and the user set neither
-it nor OMP_WAIT_POLICY (`limit_gnu_openmp_spinning`). TRACEA_SHARE_CORES=0 does neither.
+it nor OMP_WAIT_POLICY, and then loads torch's libgomp when torch is installed, so that Tracea's
+kernels run on torch's threads in either import order (`share_gnu_openmp`, gnu_openmp.py).
+TRACEA_SHARE_CORES=0 does none of this.
 """
 from __future__ import annotations
 
@@ -87,8 +89,9 @@ SETTERS = ("openblas_set_threads_callback_function", "scipy_openblas_set_threads
            "scipy_openblas_set_threads_callback_function")
 
 _lock = threading.Lock()
-_callback: tuple[object, int] | None = None  # (the JIT library that owns it, its address)
-shared: set[str] = set()  # paths of the OpenBLAS libraries whose jobs run on Tracea's threads
+_callback: tuple[object, int, str] | None = None  # (the JIT library that owns it, its address, "gnu"/"llvm")
+shared: dict[str, object] = {}  # the OpenBLAS libraries whose jobs run on Tracea's threads: their setters
+_forked_child = False  # in a forked child GNU OpenMP's team is gone (stop_sharing_in_forked_child)
 _tried: set[str] = set()  # paths looked at once (shared, or without the callback)
 
 
@@ -116,7 +119,7 @@ def share_with_openblas(libomp: ctypes.CDLL | None) -> list[str]:
     kernels run on: `libomp`'s (loaded), or with None GNU OpenMP's (gnu_openmp.py); returns the
     libraries newly shared."""
     global _callback
-    if not knobs.share_cores():
+    if not knobs.share_cores() or (libomp is None and _forked_child):
         return []
     newly = []
     with _lock:
@@ -138,37 +141,77 @@ def share_with_openblas(libomp: ctypes.CDLL | None) -> list[str]:
                     jit = native.JitLibrary(code, [CALLBACK, TEAM_SIZE])
                     team_size = ctypes.cast(libomp.omp_get_num_threads, ctypes.c_void_p).value
                 ctypes.c_void_p.from_address(jit.addresses[TEAM_SIZE]).value = team_size
-                _callback = (jit, jit.addresses[CALLBACK])
+                _callback = (jit, jit.addresses[CALLBACK], "gnu" if libomp is None else "llvm")
             setter.argtypes = [ctypes.c_void_p]
             setter.restype = None
             setter(_callback[1])
-            shared.add(path)
+            shared[path] = setter
             newly.append(path)
     return newly
 
 
 GOMP_SPINCOUNT = "3000"
-_gnu_openmp = "not set: TRACEA_SHARE_CORES=0"  # what limit_gnu_openmp_spinning found
-gnu_openmp_loaded_first: str | None = None  # libgomp's path when it spins its default (gnu_openmp.py)
+_gnu_openmp = "not set: TRACEA_SHARE_CORES=0"  # what share_gnu_openmp found and did
+gnu_openmp_library: str | None = None  # the libgomp Tracea's threaded kernels run on (gnu_openmp.py)
 
 
-def limit_gnu_openmp_spinning() -> bool:
-    """GOMP_SPINCOUNT for a GNU OpenMP not loaded yet (see above); whether it was set."""
-    global _gnu_openmp, gnu_openmp_loaded_first
+def share_gnu_openmp() -> None:
+    """At `import tracea`: GOMP_SPINCOUNT for a GNU OpenMP not loaded yet (see above) and, when
+    torch is installed, its libgomp loaded now, so that torch's ops and Tracea's kernels run on one
+    team of threads whichever of the two the program imports first (gnu_openmp.py)."""
+    global _gnu_openmp, gnu_openmp_library
     if not knobs.share_cores():
-        return False
-    chosen = [f"{v}={os.environ[v]}" for v in ("GOMP_SPINCOUNT", "OMP_WAIT_POLICY") if os.environ.get(v)]
-    if chosen:
+        return
+    if loaded := _loaded_libraries("libgomp"):  # too late for settings: it read them when it loaded
+        gnu_openmp_library = loaded[0]
+        _gnu_openmp = "its own settings (libgomp was loaded before tracea)"
+        return
+    if chosen := [f"{v}={os.environ[v]}" for v in ("GOMP_SPINCOUNT", "OMP_WAIT_POLICY") if os.environ.get(v)]:
         _gnu_openmp = f"yours: {', '.join(chosen)}"
-        return False
-    if loaded := _loaded_libraries("libgomp"):  # too late: it read its settings when it loaded
-        gnu_openmp_loaded_first = loaded[0]
-        _gnu_openmp = ("default (its idle threads spin ~7 ms after each parallel op): libgomp was loaded "
-                       "before tracea")
-        return False
-    os.environ["GOMP_SPINCOUNT"] = GOMP_SPINCOUNT
-    _gnu_openmp = f"GOMP_SPINCOUNT={GOMP_SPINCOUNT}, set by tracea (~70 us of spinning)"
-    return True
+    else:
+        os.environ["GOMP_SPINCOUNT"] = GOMP_SPINCOUNT
+        _gnu_openmp = f"GOMP_SPINCOUNT={GOMP_SPINCOUNT}, set by tracea (~70 us of spinning)"
+    if os.environ.get("TRACEA_OPENMP", "").strip().lower() == "llvm" or (path := _torch_libgomp()) is None:
+        return
+    try:  # global: a libomp loaded later must not take over the GOMP_* names torch binds to
+        ctypes.CDLL(path, mode=ctypes.RTLD_GLOBAL)
+    except OSError:
+        return
+    gnu_openmp_library = path
+    _gnu_openmp += "; torch's libgomp loaded by tracea"
+
+
+def _torch_libgomp() -> str | None:
+    """The GNU OpenMP an installed torch runs on, found without importing torch: its wheel ships
+    one (torch/lib/libgomp.so.1; older wheels torch.libs/libgomp-<hash>.so.1), which torch's
+    libraries then find loaded under its soname."""
+    import importlib.util
+    from pathlib import Path
+    spec = importlib.util.find_spec("torch")
+    if spec is None or not spec.submodule_search_locations:
+        return None
+    root = Path(next(iter(spec.submodule_search_locations)))
+    for folder in (root / "lib", root.parent / "torch.libs"):
+        if found := sorted(folder.glob("libgomp*.so*")):
+            return str(found[0])
+    return None
+
+
+def _stop_sharing_in_forked_child() -> None:
+    """GNU OpenMP's team does not survive fork() (gnu_openmp.py runs kernels serially in a child),
+    and OpenBLAS's jobs must all run at once: in a child OpenBLAS takes them back onto its own
+    threads (by the setters kept from the parent: no dlopen in a child of a threaded process).
+    libomp re-creates its team in a child: jobs shared with it stay."""
+    global _forked_child
+    _forked_child = True
+    if _callback is not None and _callback[2] == "gnu":
+        for setter in shared.values():
+            setter(None)
+        shared.clear()
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_stop_sharing_in_forked_child)
 
 
 def status() -> dict:
@@ -185,7 +228,7 @@ def status() -> dict:
             openblas[path] = "its own threads until a threaded Tracea kernel is loaded"
     from . import gnu_openmp
     gnu = _gnu_openmp
-    if gnu_openmp_loaded_first:
-        gnu += (", so Tracea's threaded kernels run on its threads" if gnu_openmp.chosen_runtime() == "gnu"
-                else "; Tracea's threaded kernels keep libomp (TRACEA_OPENMP=llvm): import tracea before torch")
+    if gnu_openmp_library:
+        gnu += (", and Tracea's threaded kernels run on its threads" if gnu_openmp.chosen_runtime() == "gnu"
+                else "; Tracea's threaded kernels keep libomp (TRACEA_OPENMP=llvm)")
     return {"openblas": openblas, "gnu_openmp": gnu}

@@ -1,12 +1,15 @@
-"""Tracea's threaded kernels on GNU OpenMP's threads, when torch loaded libgomp before tracea.
+"""Tracea's threaded kernels on GNU OpenMP's threads (torch's), when torch is loaded or installed.
 
 Why: torch's intra-op threads are GNU OpenMP's (libgomp), whose idle threads spin 300,000 pauses
-(~7 ms on Zen 3) after each parallel op. `import tracea` before torch shortens that spin
-(runtime/blas_threads.py), but libgomp reads its settings when it loads: after `import torch;
-import tracea` (the natural order) every Tracea kernel called after a torch op shared its cores
-with two spinning threads. Measured (2 threads, Zen 3, pieces of a GPT-2-style block interleaved
-with eager torch): a 128x256x768 linear 5.2 ms instead of 0.58 ms, a layer norm 3.9 ms
-instead of 0.16 ms.
+(~7 ms on Zen 3) after each parallel op. libgomp reads its settings when it loads: after `import
+torch; import tracea` (the natural order) every Tracea kernel on its own (libomp) threads called
+after a torch op shared its cores with two spinning threads. Measured (2 threads, Zen 3, pieces of
+a GPT-2-style block interleaved with eager torch): a 128x256x768 linear 5.2 ms instead of
+0.58 ms, a layer norm 3.9 ms instead of 0.16 ms. Even with the spin shortened (`import tracea`
+first, runtime/blas_threads.py), a 2-thread GEMM 256^3 right after a torch op ran at 0.88x of its
+speed after another Tracea call: torch's threads still held the cores. So `import tracea` loads
+torch's libgomp when torch is installed but not loaded yet (torch then finds it loaded), and in
+either order one team of threads runs both (the same GEMM after torch: 0.96-1.04x).
 
 The fix: the kernels' parallel regions run on the threads that are spinning. Kernels call LLVM
 OpenMP's entry points (MLIR's OpenMP lowering: `__kmpc_fork_call`, `__kmpc_push_num_threads`,
@@ -18,6 +21,10 @@ libomp exports the same names; by name a call could bind to the wrong runtime). 
 schedule splits iterations as LLVM's runtime does: equal shares, the first `trip % threads`
 threads one more. OpenBLAS's jobs (blas_threads.py) follow the kernels onto the same threads.
 
+GNU OpenMP's team does not survive fork(): a forked child's parallel regions (torch's too) wait
+forever for threads that were not copied. In a child, the kernels' regions run on the calling
+thread (correct, one core), and OpenBLAS takes its jobs back (blas_threads.py).
+
 `TRACEA_OPENMP=gnu` or `=llvm` forces one runtime (default `auto`). Kernels exported as shared
 libraries (`Kernel.export`) keep LLVM's runtime.
 """
@@ -25,10 +32,17 @@ from __future__ import annotations
 
 import ctypes
 import functools
+import os
 
 from .. import knobs
 
 MAX_ARGS = 16  # MLIR passes a parallel region one argument (its captures, packed); blas_threads 5
+
+# GNU OpenMP's team does not survive fork(): a forked child's first parallel region waits forever
+# for threads that were not copied. In a child the kernels' regions run on the calling thread.
+_in_forked_child = ctypes.c_int32(0)
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=lambda: setattr(_in_forked_child, "value", 1))
 
 _SHIM = r"""
 %task_call = type {{ ptr, i32, [{max_args} x ptr] }}
@@ -139,6 +153,13 @@ go:
   call void @llvm.va_end.p0(ptr %ap)
   %n = load i32, ptr @pushed_threads
   store i32 0, ptr @pushed_threads
+  %in_child = load volatile i32, ptr inttoptr (i64 {forked} to ptr)
+  %serial = icmp ne i32 %in_child, 0
+  br i1 %serial, label %alone, label %team
+alone:
+  call void @run_task(ptr %call)  ; outside a parallel region: thread 0 of 1, the whole range
+  ret void
+team:
   %parallel = inttoptr i64 {parallel} to ptr
   call void %parallel(ptr @run_task, ptr %call, i32 %n, i32 0)
   ret void
@@ -146,7 +167,7 @@ go:
 """
 
 
-def _shim_ir(parallel: int, barrier: int, thread_num: int, num_threads: int) -> str:
+def _shim_ir(parallel: int, barrier: int, thread_num: int, num_threads: int, forked: int) -> str:
     n = MAX_ARGS
     load_args = "\n".join(
         f"  %argp{i} = getelementptr %task_call, ptr %call, i32 0, i32 2, i32 {i}\n  %arg{i} = load ptr, ptr %argp{i}"
@@ -162,7 +183,8 @@ def _shim_ir(parallel: int, barrier: int, thread_num: int, num_threads: int) -> 
                     f"  %slot{i} = getelementptr %task_call, ptr %call, i32 0, i32 2, i32 {i}\n"
                     f"  store ptr %v{i}, ptr %slot{i}")
     return _SHIM.format(max_args=n, load_args=load_args, cases=cases, calls=calls, read_args="\n".join(read),
-                        parallel=parallel, barrier=barrier, thread_num=thread_num, num_threads=num_threads)
+                        parallel=parallel, barrier=barrier, thread_num=thread_num, num_threads=num_threads,
+                        forked=forked)
 
 
 def chosen_runtime() -> str:
@@ -170,16 +192,16 @@ def chosen_runtime() -> str:
     from . import blas_threads
     choice = knobs.openmp_runtime()
     if choice == "auto":
-        return "gnu" if blas_threads.gnu_openmp_loaded_first and knobs.share_cores() else "llvm"
+        return "gnu" if blas_threads.gnu_openmp_library and knobs.share_cores() else "llvm"
     if choice == "gnu" and _libgomp_path() is None:
         return "llvm"  # nothing to run on: GNU OpenMP is not loaded
     return choice
 
 
 def _libgomp_path() -> str | None:
-    from .blas_threads import _loaded_libraries, gnu_openmp_loaded_first
+    from .blas_threads import _loaded_libraries, gnu_openmp_library
     found = [p for p in _loaded_libraries("libgomp") if "libgomp" in p.rsplit("/", 1)[-1]]
-    return gnu_openmp_loaded_first or (found[0] if found else None)
+    return gnu_openmp_library or (found[0] if found else None)
 
 
 @functools.cache
@@ -193,7 +215,7 @@ def shim_object() -> bytes:
     """Object code of the six entry points over the loaded libgomp (its addresses built in)."""
     from ..targets.cpu import native
     text = _shim_ir(_address("GOMP_parallel"), _address("GOMP_barrier"), _address("omp_get_thread_num"),
-                    _address("omp_get_num_threads"))
+                    _address("omp_get_num_threads"), ctypes.addressof(_in_forked_child))
     return native.compile_llvm_ir(text, [], optimize=False)
 
 

@@ -43,3 +43,23 @@ def round_orders(names: list[str]) -> list[list[str]]:
         first.append((j + 1) // 2 if j % 2 else n - j // 2)
     rows = [[names[(x + i) % n] for x in first] for i in range(n)]
     return rows if n % 2 == 0 or n == 1 else rows + [list(reversed(r)) for r in rows]
+
+
+def times_after(target: Callable, before: dict[str, Callable], rounds: int, seconds: float = 2.0) -> dict[str, float]:
+    """The median seconds of `target` called right after each of `before` (no pause between the
+    two), in rounds that run the predecessors in round_orders: what a kernel keeps of its speed
+    when it meets the thread pools another library left running. Give `target` itself as one of
+    `before` for its stand-alone speed."""
+    samples: dict[str, list[float]] = {name: [] for name in before}
+    for call in [*before.values(), target]:
+        call()  # warm-up
+    orders = round_orders(list(before))
+    began, done = time.perf_counter(), 0
+    while done < rounds or time.perf_counter() - began < seconds:
+        for name in orders[done % len(orders)]:
+            before[name]()
+            start = time.perf_counter()
+            target()
+            samples[name].append(time.perf_counter() - start)
+        done += 1
+    return {name: sorted(ts)[len(ts) // 2] for name, ts in samples.items()}
