@@ -9,8 +9,9 @@ shares its cores with them: a 2-thread GEMM 1024^3 took 25.6 ms right after a nu
 12.6 ms alone (Zen 3, 2 cores). OpenBLAS (0.3.27 and later) lets its caller run its jobs instead
 (openblas_set_threads_callback_function); here they run on the OpenMP team Tracea's kernels
 use (libomp's, whose idle workers sleep after 1 ms, runtime/libraries.py; or GNU OpenMP's,
-gnu_openmp.py), and OpenBLAS's own workers stay asleep. numpy computes exactly as before: the jobs are OpenBLAS's own, each on its own thread (a
-threaded level-3 job waits for its siblings' panels, so all of them run at once).
+gnu_openmp.py), and OpenBLAS's own workers stay asleep. numpy computes exactly as before: the
+jobs are OpenBLAS's own, each on its own thread (a threaded level-3 job waits for its siblings'
+panels, so all of them run at once).
 
 Every OpenBLAS in the process is shared (numpy's, scipy's, a system one) once a threaded Tracea
 kernel is loaded.
@@ -91,7 +92,7 @@ SETTERS = ("openblas_set_threads_callback_function", "scipy_openblas_set_threads
 _lock = threading.Lock()
 _callback: tuple[object, int, str] | None = None  # (the JIT library that owns it, its address, "gnu"/"llvm")
 shared: dict[str, object] = {}  # the OpenBLAS libraries whose jobs run on Tracea's threads: their setters
-_forked_child = False  # in a forked child GNU OpenMP's team is gone (stop_sharing_in_forked_child)
+_forked_child = False  # in a forked child GNU OpenMP's team is gone (_stop_sharing_in_forked_child)
 _tried: set[str] = set()  # paths looked at once (shared, or without the callback)
 
 
