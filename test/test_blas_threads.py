@@ -6,6 +6,7 @@ returns (from /proc), not by timing."""
 from __future__ import annotations
 
 import os
+import signal
 import subprocess
 import sys
 import textwrap
@@ -38,15 +39,21 @@ RESULTS = textwrap.dedent("""
 
 def _run(script: str, **env) -> str:
     """In a fresh process (its own thread pools; `env` on top of this one's, None removing a
-    variable), with a deadline: a job OpenBLAS waits for that never runs would hang it."""
+    variable), with a deadline: a job OpenBLAS waits for that never runs would hang it. On the
+    deadline its whole process group goes, forked children too (a hung one spins on a core)."""
     environment = {**os.environ, "OPENBLAS_NUM_THREADS": "2", **env}
+    process = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                               text=True, start_new_session=True,
+                               env={k: v for k, v in environment.items() if v is not None})
     try:
-        done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120,
-                              env={k: v for k, v in environment.items() if v is not None})
+        stdout, stderr = process.communicate(timeout=120)
     except subprocess.TimeoutExpired:
-        pytest.fail("numpy hung with its jobs on Tracea's threads (a job that never ran?)")
-    assert done.returncode == 0, done.stderr
-    return done.stdout.strip()
+        os.killpg(process.pid, signal.SIGKILL)
+        process.communicate()
+        pytest.fail("a process hung with Tracea's kernels or numpy's jobs on OpenMP threads (a job that never "
+                    "ran, or a team lost in a fork?)")
+    assert process.returncode == 0, stderr
+    return stdout.strip()
 
 
 def test_numpy_computes_the_same_on_tracea_threads():
