@@ -28,9 +28,13 @@ import subprocess
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from ..errors import TraceaError
 from .libraries import load_runtime_library
+
+if TYPE_CHECKING:  # kernel.py imports this module
+    from .kernel import Signature
 
 FORMAT = "tracea-cpu-kernel-2"  # 2: checksums
 _C_TYPES = {"f32": "float", "f64": "double", "f16": "uint16_t /* f16 */", "bf16": "uint16_t /* bf16 */"}
