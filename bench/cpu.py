@@ -300,6 +300,7 @@ def _check_against_peers(name: str, calls: dict[str, Callable]) -> None:
 
 
 PEERS = ["numpy", "torch", "iree"]
+AFTER = PEERS + ["pause"]  # --after's predecessors besides Tracea itself
 
 
 def _format_row(row) -> str:
@@ -318,7 +319,7 @@ def _format_row(row) -> str:
 def _format_after_row(row) -> str:
     after = row["after_ms"]
     return f"{row['case']:<38} {row['threads']}T  tracea alone {after['tracea']:8.3f} ms  " + "  ".join(
-        f"after {p} x{after['tracea'] / after[p]:.2f}" for p in PEERS + ["pause"] if p in after)
+        f"after {p} x{after['tracea'] / after[p]:.2f}" for p in AFTER if p in after)
 
 
 def markdown_after(rows: list[dict]) -> str:
@@ -327,7 +328,7 @@ def markdown_after(rows: list[dict]) -> str:
     for row in rows:
         after = row["after_ms"]
         cells = [f"{after[p]:.3f} ms (**{after['tracea'] / after[p]:.2f}x**)" if p in after else "-"
-                 for p in PEERS + ["pause"]]
+                 for p in AFTER]
         lines.append(f"| {row['case']} | {row['threads']} | {after['tracea']:.3f} ms | " + " | ".join(cells) + " |")
     return "\n".join(lines)
 

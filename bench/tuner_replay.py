@@ -93,13 +93,13 @@ def main() -> int:
                   "threads": table["threads"], "configs": len(table["configs"]), "failed": len(table["configs"]) - len(ran),
                   "best_ms": min(ran) * 1e3, "default_ms": default * 1e3 if default else None,
                   "random_expected": random_expectation(table)}
-        for strategy in ("gp", "random", "tuner"):
-            counts = [evaluations_to_reach(table, "gp" if strategy == "tuner" else strategy, seed, args.cap,
-                                           from_default=strategy == "tuner") for seed in range(args.seeds)]
+        for column, strategy, from_default in (("gp", "gp", False), ("random", "random", False), ("tuner", "gp", True)):
+            counts = [evaluations_to_reach(table, strategy, seed, args.cap, from_default=from_default)
+                      for seed in range(args.seeds)]
             reached = sorted(c if c is not None else args.cap + 1 for c in counts)
-            result[strategy] = {"median": statistics.median(reached), "p90": reached[int(0.9 * (len(reached) - 1))],
-                                "missed": sum(c is None for c in counts)}
-            print(f"{result['table']}: {strategy} median {result[strategy]['median']} p90 {result[strategy]['p90']}",
+            result[column] = {"median": statistics.median(reached), "p90": reached[int(0.9 * (len(reached) - 1))],
+                              "missed": sum(c is None for c in counts)}
+            print(f"{result['table']}: {column} median {result[column]['median']} p90 {result[column]['p90']}",
                   file=sys.stderr, flush=True)
         rows.append(result)
     if args.markdown:

@@ -92,7 +92,6 @@ SETTERS = ("openblas_set_threads_callback_function", "scipy_openblas_set_threads
 _lock = threading.Lock()
 _callback: tuple[object, int, str] | None = None  # (the JIT library that owns it, its address, "gnu"/"llvm")
 shared: dict[str, object] = {}  # the OpenBLAS libraries whose jobs run on Tracea's threads: their setters
-_forked_child = False  # in a forked child GNU OpenMP's team is gone (_stop_sharing_in_forked_child)
 _tried: set[str] = set()  # paths looked at once (shared, or without the callback)
 
 
@@ -120,7 +119,8 @@ def share_with_openblas(libomp: ctypes.CDLL | None) -> list[str]:
     kernels run on: `libomp`'s (loaded), or with None GNU OpenMP's (gnu_openmp.py); returns the
     libraries newly shared."""
     global _callback
-    if not knobs.share_cores() or (libomp is None and _forked_child):
+    from . import gnu_openmp
+    if not knobs.share_cores() or (libomp is None and gnu_openmp.in_forked_child()):
         return []
     newly = []
     with _lock:
@@ -133,7 +133,6 @@ def share_with_openblas(libomp: ctypes.CDLL | None) -> list[str]:
                 continue
             if _callback is None:
                 from ..targets.cpu import native
-                from . import gnu_openmp
                 code = native.compile_llvm_ir(CALLBACK_IR, [], optimize=False)
                 if libomp is None:
                     jit = native.JitLibrary(code, [CALLBACK, TEAM_SIZE], also=[gnu_openmp.shim_object()])
@@ -172,7 +171,11 @@ def share_gnu_openmp() -> None:
     else:
         os.environ["GOMP_SPINCOUNT"] = GOMP_SPINCOUNT
         _gnu_openmp = f"GOMP_SPINCOUNT={GOMP_SPINCOUNT}, set by tracea (~70 us of spinning)"
-    if os.environ.get("TRACEA_OPENMP", "").strip().lower() == "llvm" or (path := _torch_libgomp()) is None:
+    try:
+        keep_libomp = knobs.openmp_runtime() == "llvm"
+    except ValueError:  # a bad value is reported where kernels are compiled, not by `import tracea`
+        keep_libomp = False
+    if keep_libomp or (path := _torch_libgomp()) is None:
         return
     try:  # global: a libomp loaded later must not take over the GOMP_* names torch binds to
         ctypes.CDLL(path, mode=ctypes.RTLD_GLOBAL)
@@ -203,8 +206,6 @@ def _stop_sharing_in_forked_child() -> None:
     and OpenBLAS's jobs must all run at once: in a child OpenBLAS takes them back onto its own
     threads (by the setters kept from the parent: no dlopen in a child of a threaded process).
     libomp re-creates its team in a child: jobs shared with it stay."""
-    global _forked_child
-    _forked_child = True
     if _callback is not None and _callback[2] == "gnu":
         for setter in shared.values():
             setter(None)

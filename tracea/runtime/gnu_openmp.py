@@ -7,10 +7,10 @@ after a torch op shared its cores with two spinning threads. Measured (2 threads
 a GPT-2-style block interleaved with eager torch): a 128x256x768 linear 5.2 ms instead of
 0.58 ms, a layer norm 3.9 ms instead of 0.16 ms. Even with the spin shortened (`import tracea`
 first, runtime/blas_threads.py), a 2-thread GEMM 256^3 right after a torch op ran at 0.88x of its
-speed after another Tracea call (0.88x in two runs): torch's threads still held the cores. So `import tracea` loads
-torch's libgomp when torch is installed but not loaded yet (torch then finds it loaded), and in
-either order one team of threads runs both (the same GEMM after torch: 0.95-0.97x, as after
-numpy).
+speed after another Tracea call, in two runs: torch's threads still held the cores. So `import
+tracea` loads torch's libgomp when torch is installed but not loaded yet (torch then finds it
+loaded), and in either order one team of threads runs both (the same GEMM after torch:
+0.95-0.97x, as after numpy).
 
 The fix: the kernels' parallel regions run on the threads that are spinning. Kernels call LLVM
 OpenMP's entry points (MLIR's OpenMP lowering: `__kmpc_fork_call`, `__kmpc_push_num_threads`,
@@ -43,6 +43,10 @@ MAX_ARGS = 16  # MLIR passes a parallel region one argument (its captures, packe
 _in_forked_child = ctypes.c_int32(0)
 if hasattr(os, "register_at_fork"):
     os.register_at_fork(after_in_child=lambda: setattr(_in_forked_child, "value", 1))
+
+
+def in_forked_child() -> bool:
+    return bool(_in_forked_child.value)
 
 _SHIM = r"""
 %task_call = type {{ ptr, i32, [{max_args} x ptr] }}

@@ -7,7 +7,7 @@ from typing import Callable
 
 def interleaved_times(calls: dict[str, Callable], rounds: int, seconds: float = 2.0) -> dict[str, float]:
     """The median seconds of each of `calls`, timed as interleaved_samples does."""
-    return {name: sorted(ts)[len(ts) // 2] for name, ts in interleaved_samples(calls, rounds, seconds).items()}
+    return _medians(interleaved_samples(calls, rounds, seconds))
 
 
 def interleaved_samples(calls: dict[str, Callable], rounds: int, seconds: float = 2.0) -> dict[str, list[float]]:
@@ -62,4 +62,8 @@ def times_after(target: Callable, before: dict[str, Callable], rounds: int, seco
             target()
             samples[name].append(time.perf_counter() - start)
         done += 1
+    return _medians(samples)
+
+
+def _medians(samples: dict[str, list[float]]) -> dict[str, float]:
     return {name: sorted(ts)[len(ts) // 2] for name, ts in samples.items()}
