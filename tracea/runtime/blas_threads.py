@@ -16,6 +16,12 @@ panels, so all of them run at once).
 Every OpenBLAS in the process is shared (numpy's, scipy's, a system one) once a threaded Tracea
 kernel is loaded.
 
+OpenBLAS's own workers still exist, and a fork (Tracea's compiler process is a forked child,
+passes/isolation.py) stops them (OpenBLAS's pthread_atfork handler): its next threaded call starts
+new ones, callback or not, and they spin 2^28 cycles (0.1-0.25 s here) for jobs that never come,
+on the cores Tracea's next kernels run on. So while its jobs are shared, OpenBLAS re-reads its
+settings with OPENBLAS_THREAD_TIMEOUT=4 (16 cycles: they sleep at once), unless the user set it.
+
 GNU OpenMP (torch's intra-op threads) has no such hook: its idle threads spin GOMP_SPINCOUNT
 (300,000 pauses, ~7 ms on Zen 3) before they sleep, and a Tracea kernel called after a torch op
 shared a core with one (2 threads, GEMM 1024^3 interleaved with torch: 0.60x of torch's speed;
@@ -90,8 +96,11 @@ SETTERS = ("openblas_set_threads_callback_function", "scipy_openblas_set_threads
            "scipy_openblas_set_threads_callback_function")
 
 _lock = threading.Lock()
-_callback: tuple[object, int, str] | None = None  # (the JIT library that owns it, its address, "gnu"/"llvm")
-shared: dict[str, object] = {}  # the OpenBLAS libraries whose jobs run on Tracea's threads: their setters
+_callbacks: dict[str, tuple[object, int]] = {}  # "gnu" / "llvm" -> (the JIT library that owns it, its address)
+_team: str | None = None  # whose team OpenBLAS's jobs run on now: "gnu" or "llvm"
+TEAMS = {"gnu": "GNU OpenMP's team, torch's", "llvm": "libomp's team"}
+shared: dict[str, tuple] = {}  # the OpenBLAS libraries whose jobs run on Tracea's threads: (setter, its library)
+IDLE_WORKERS_SPIN = "4"  # OPENBLAS_THREAD_TIMEOUT while shared: 2^4 cycles
 _tried: set[str] = set()  # paths looked at once (shared, or without the callback)
 
 
@@ -114,40 +123,67 @@ def _setter(path: str):
     return next((getattr(library, name) for name in SETTERS if hasattr(library, name)), None)
 
 
+def _set_idle_spin(library: ctypes.CDLL, timeout: str | None) -> None:
+    """Have OpenBLAS re-read its settings with OPENBLAS_THREAD_TIMEOUT=timeout (None: its default)
+    for the workers it starts next; the process's environment is left as it was. Nothing when
+    the user set the variable, or the library cannot re-read (its workers then spin after a fork)."""
+    read = getattr(library, "openblas_read_env", None)
+    if read is None or "OPENBLAS_THREAD_TIMEOUT" in os.environ:
+        return
+    if timeout is None:
+        read()
+        return
+    os.environ["OPENBLAS_THREAD_TIMEOUT"] = timeout
+    try:
+        read()
+    finally:
+        del os.environ["OPENBLAS_THREAD_TIMEOUT"]
+
+
 def share_with_openblas(libomp: ctypes.CDLL | None) -> list[str]:
-    """Point every OpenBLAS loaded in this process (and not yet tried) at the OpenMP team Tracea's
-    kernels run on: `libomp`'s (loaded), or with None GNU OpenMP's (gnu_openmp.py); returns the
-    libraries newly shared."""
-    global _callback
+    """Point every OpenBLAS loaded in this process at the OpenMP team Tracea's kernels run on:
+    `libomp`'s (loaded), or with None GNU OpenMP's (gnu_openmp.py); returns the libraries newly
+    shared. The latest threaded kernel's team takes the jobs: a kernel read from the disk cache
+    is first loaded on libomp, then linked again for GNU OpenMP (targets/cpu/target.py), and
+    its jobs must follow it there (else two teams fight for the cores again)."""
+    global _team
     from . import gnu_openmp
     if not knobs.share_cores() or (libomp is None and gnu_openmp.in_forked_child()):
         return []
-    newly = []
+    team = "llvm" if libomp is not None else "gnu"
     with _lock:
+        newly = []
         for path in _loaded_libraries("openblas"):
-            if path in _tried:
-                continue
-            _tried.add(path)
-            setter = _setter(path)
-            if setter is None:
-                continue
-            if _callback is None:
-                from ..targets.cpu import native
-                code = native.compile_llvm_ir(CALLBACK_IR, [], optimize=False)
-                if libomp is None:
-                    jit = native.JitLibrary(code, [CALLBACK, TEAM_SIZE], also=[gnu_openmp.shim_object()])
-                    team_size = gnu_openmp.team_size_function()
-                else:
-                    jit = native.JitLibrary(code, [CALLBACK, TEAM_SIZE])
-                    team_size = ctypes.cast(libomp.omp_get_num_threads, ctypes.c_void_p).value
-                ctypes.c_void_p.from_address(jit.addresses[TEAM_SIZE]).value = team_size
-                _callback = (jit, jit.addresses[CALLBACK], "gnu" if libomp is None else "llvm")
-            setter.argtypes = [ctypes.c_void_p]
-            setter.restype = None
-            setter(_callback[1])
-            shared[path] = setter
-            newly.append(path)
+            if path not in _tried:
+                _tried.add(path)
+                if (setter := _setter(path)) is not None:
+                    setter.argtypes, setter.restype = [ctypes.c_void_p], None
+                    shared[path] = (setter, ctypes.CDLL(path))
+                    newly.append(path)
+        if shared and (newly or team != _team):
+            address = _callback(team, libomp)
+            for setter, library in shared.values():
+                setter(address)
+                _set_idle_spin(library, IDLE_WORKERS_SPIN)
+            _team = team
     return newly
+
+
+def _callback(team: str, libomp: ctypes.CDLL | None) -> int:
+    """The address of the function that runs OpenBLAS's jobs on `team`'s threads (built once)."""
+    if team not in _callbacks:
+        from ..targets.cpu import native
+        from . import gnu_openmp
+        code = native.compile_llvm_ir(CALLBACK_IR, [], optimize=False)
+        if team == "gnu":
+            jit = native.JitLibrary(code, [CALLBACK, TEAM_SIZE], also=[gnu_openmp.shim_object()])
+            team_size = gnu_openmp.team_size_function()
+        else:
+            jit = native.JitLibrary(code, [CALLBACK, TEAM_SIZE])
+            team_size = ctypes.cast(libomp.omp_get_num_threads, ctypes.c_void_p).value
+        ctypes.c_void_p.from_address(jit.addresses[TEAM_SIZE]).value = team_size
+        _callbacks[team] = (jit, jit.addresses[CALLBACK])
+    return _callbacks[team][1]
 
 
 GOMP_SPINCOUNT = "3000"
@@ -206,10 +242,13 @@ def _stop_sharing_in_forked_child() -> None:
     and OpenBLAS's jobs must all run at once: in a child OpenBLAS takes them back onto its own
     threads (by the setters kept from the parent: no dlopen in a child of a threaded process).
     libomp re-creates its team in a child: jobs shared with it stay."""
-    if _callback is not None and _callback[2] == "gnu":
-        for setter in shared.values():
+    global _team
+    if _team == "gnu":
+        for setter, library in shared.values():
             setter(None)
+            _set_idle_spin(library, None)  # its workers take jobs again: the default spin
         shared.clear()
+        _team = None
 
 
 if hasattr(os, "register_at_fork"):
@@ -221,7 +260,7 @@ def status() -> dict:
     openblas = {}
     for path in _loaded_libraries("openblas"):
         if path in shared:
-            openblas[path] = "runs its jobs on Tracea's OpenMP threads"
+            openblas[path] = f"runs its jobs on Tracea's OpenMP threads ({TEAMS[_team]})"
         elif _setter(path) is None:
             openblas[path] = "its own threads (before OpenBLAS 0.3.27: no threads callback)"
         elif not knobs.share_cores():
