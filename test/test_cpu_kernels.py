@@ -18,6 +18,8 @@ import reference as ref
 from tracea.targets.cpu.softmax import ROW_IN_CACHE
 import tracea
 from tracea import dialects as td
+from tracea.codegen.conv_gather import DIRECT_MIN_INTERIOR, ConvGather
+from tracea.dialects.ops import TensorSpec
 from tracea.targets.cpu.gemm import column_chunk
 from tracea.targets.cpu.kernels import default_gemm_schedule
 from tracea.targets.cpu.target import openmp_library
@@ -325,6 +327,44 @@ def test_implicit_gemm_conv_k_blocks(c, k, layout, rng):
     out = tracea.compile(fn)(x, w)
     ref.assert_close(out, ref.conv2d(x, w, None, (2, 2) if k == 7 else (1, 1), (1, 1), layout=layout), "f32",
                      c * k * k)
+
+
+DIRECT_READ = "memref<?xf32, strided<[1], offset: ?>>"  # the micro-kernel's A: the image, or the packed strip
+
+
+@given(n=st.integers(1, 2), c=st.sampled_from([LANES, 2 * LANES, 3 * LANES, 40]), k=st.integers(1, 20),
+       hw=st.tuples(st.integers(16, 26), st.integers(16, 30)), kernel=st.sampled_from([(3, 3), (1, 3), (3, 1), (5, 5)]),
+       stride=st.sampled_from([(1, 1), (2, 2), (1, 2)]), dy=st.integers(1, 2), pads=st.tuples(*[st.integers(0, 2)] * 4),
+       blocks=st.sampled_from(["default", "rows", "part of a row", "whole K"]), bias=st.booleans(),
+       threads=st.sampled_from([1, 2]))
+def test_implicit_gemm_conv_reads_the_image_directly(n, c, k, hw, kernel, stride, dy, pads, blocks, bias, threads):
+    """Strips of pixels whose taps lie inside the image are read by the micro-kernel from the
+    image itself, the others packed (zeros for the padding): strips crossing rows and images,
+    M blocks, K blocks of several kernel rows, of part of one and of the whole K, asymmetric
+    padding, strides, a y dilation; large values so that a read off by one pixel shows."""
+    (kh, kw), (h, w) = kernel, hw
+    rng = np.random.default_rng(n + c * 10 + k * 1000 + h * 7 + w)
+    x, f, b = 100 * ref.random(rng, (n, h, w, c)), ref.random(rng, (kh, kw, c, k)), ref.random(rng, (k,))
+    row = kw * c
+    kc = {"default": None, "rows": 2 * row, "part of a row": c, "whole K": kh * row}[blocks]
+    s = None if kc is None else td.Schedule(tile=(24, 32, kc), warp_tile=(6, 2 * LANES if LANES == 8 else LANES, 1),
+                                            lane_map=td.LaneMap("simd", (LANES,)))
+    opts = dict(stride=stride, padding=pads, dilation=(dy, 1), layout="nhwc", schedule=s)
+    args = [td.tensor(x.shape), td.tensor(f.shape)] + ([td.tensor(b.shape)] if bias else [])
+    compiled = tracea.compile(td.function(*args)(lambda *a: td.conv2d(*a, **opts)), threads=threads, keep_stages=True)
+    out = compiled(x, f, *([b] if bias else []))
+    ref.assert_close(out, ref.conv2d(x, f, b if bias else None, stride, pads, (dy, 1), 1, "nhwc"), "f32", c * kh * kw)
+    oh, ow = out.shape[1:3]
+    gather = ConvGather(TensorSpec(x.shape, "f32"), kernel, (oh, ow), stride, (dy, 1), (pads[0], pads[2]))
+    if gather.interior_share() >= DIRECT_MIN_INTERIOR and kh * kw > 1:
+        assert DIRECT_READ in compiled.stages["linalg"], "this conv should read its inner pixels from the image"
+
+
+def test_small_images_keep_packing():
+    """Where few pixels have all their taps inside (7x7, padding 1: half), every strip is packed."""
+    fn = td.function(td.tensor((1, 7, 7, 64)), td.tensor((3, 3, 64, 64)))(
+        lambda a, f: td.conv2d(a, f, padding=1, layout="nhwc"))
+    assert DIRECT_READ not in tracea.compile(fn, keep_stages=True).stages["linalg"]
 
 
 @pytest.mark.parametrize("kc", [32, 128, 192, 48])

@@ -8,6 +8,13 @@ from dataclasses import dataclass
 from ..dialects.ops import Conv2dDef, OpView, TensorSpec
 
 
+# Read strips from the image (direct_segment) only where most pixels are inside it: the other
+# strips are still packed, after a per-strip check. 3x3 convs, Zen 3, in-process A/B against
+# packing all: 56x56 (93 % inside) +16 % on 1 thread, +28 % on 2; 28x28 (86 %) +4-12 %;
+# 14x14 (73 %) -7 % to +4 %; 7x7 (51 %) -2 to -7 %.
+DIRECT_MIN_INTERIOR = 0.8
+
+
 @dataclass(frozen=True)
 class ConvGather:
     """A is the im2col of an NHWC image, never materialized: row (n, oy, ox), column
@@ -30,6 +37,29 @@ class ConvGather:
         """The contiguous run the packing copies: C channels, or a whole kernel row."""
         c = self.image.shape[3]
         return self.kernel[1] * c if self.wide(lanes) else c
+
+    def direct_segment(self, kc: int, lanes: int) -> int | None:
+        """The length of the segments in which a K block of `kc` columns can be read straight
+        from the image, or None. For a fixed ky the columns (kx, c) of a row of A are one
+        contiguous run of the image (an x dilation of 1), KW x C long: a K block made of whole
+        runs, or lying inside one, is read run by run, a row's base pointer into the image
+        standing in for its packed copy. f32 images with C channels of at least a vector (small
+        C keeps the packing: the stem's 21-float runs would make 21-step reductions)."""
+        row = self.kernel[1] * self.image.shape[3]
+        segment = min(kc, row)
+        if self.image.dtype != "f32" or self.dilation[1] != 1 or self.wide(lanes) or kc % segment or row % segment \
+                or self.interior_share() < DIRECT_MIN_INTERIOR:
+            return None
+        return segment
+
+    def interior_share(self) -> float:
+        """The share of output pixels whose taps all lie inside the image (no padding read)."""
+        def inside(out: int, size: int, stride: int, taps: int, dilation: int, before: int) -> int:
+            return sum(0 <= o * stride - before and o * stride - before + (taps - 1) * dilation < size
+                       for o in range(out))
+        (kh, kw), (oh, ow), (_, h, w, _) = self.kernel, self.out_hw, self.image.shape
+        return (inside(oh, h, self.stride[0], kh, self.dilation[0], self.top_left[0])
+                * inside(ow, w, self.stride[1], kw, self.dilation[1], self.top_left[1]) / (oh * ow))
 
     def run(self, kc: int, lanes: int) -> int:
         unit = self.unit(lanes)

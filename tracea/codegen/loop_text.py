@@ -116,25 +116,30 @@ class LoopText:
         iteration runs `unroll` steps and a second loop the rest, one at a time (the trip
         counts here are run-time values, which LLVM does not unroll); hi - lo must be a multiple
         of `stride`. Returns the final values."""
-        types = ", ".join([vtype] * len(inits))
-
         def loop(lo: str, hi: str, inits: list[str], unroll: int) -> list[str]:
-            res, iv = self.fresh("r"), self.fresh("k")
-            names = [self.fresh("acc") for _ in inits]
-            self.open(f"{res}:{len(inits)} = scf.for {iv} = {lo} to {hi} step {self.c(unroll * stride)} "
-                      f"iter_args({', '.join(f'{n} = {i}' for n, i in zip(names, inits))}) -> ({types})")
-            values = names
-            for u in range(unroll):
-                values = step(iv if u == 0 else self.add(iv, self.c(u * stride)), values)
-            self.line(f"scf.yield {', '.join(values)} : {types}")
-            self.close()
-            return [f"{res}#{i}" for i in range(len(inits))]
+            def body(iv: str, values: list[str]) -> list[str]:
+                for u in range(unroll):
+                    values = step(iv if u == 0 else self.add(iv, self.c(u * stride)), values)
+                return values
+            return self.carried_for(lo, hi, self.c(unroll * stride), inits, vtype, body)
 
         if unroll == 1:
             return loop(lo, hi, inits, 1)
         whole = self.add(lo, self.mul(self.op(f"arith.divui {self.op(f'arith.subi {hi}, {lo} : index', 'i')}, "
                                              f"{self.c(unroll * stride)} : index", "i"), self.c(unroll * stride)))
         return loop(whole, hi, loop(lo, whole, inits, unroll), 1)
+
+    def carried_for(self, lo: str, hi: str, step: str, inits: list[str], vtype: str, body) -> list[str]:
+        """scf.for over [lo, hi) by `step` carrying `inits` (all of type `vtype`): body(iv, values)
+        writes one iteration's ops and returns the values carried on. Returns the final values."""
+        types = ", ".join([vtype] * len(inits))
+        res, iv = self.fresh("r"), self.fresh("k")
+        names = [self.fresh("acc") for _ in inits]
+        self.open(f"{res}:{len(inits)} = scf.for {iv} = {lo} to {hi} step {step} "
+                  f"iter_args({', '.join(f'{n} = {i}' for n, i in zip(names, inits))}) -> ({types})")
+        self.line(f"scf.yield {', '.join(body(iv, names))} : {types}")
+        self.close()
+        return [f"{res}#{i}" for i in range(len(inits))]
 
     def parallel(self, iv: str, lo: str, hi: str, step: str) -> None:
         self.parallel_nd([iv], [lo], [hi], [step])

@@ -239,6 +239,33 @@ def _pack_a_kernel_rows(t: LoopText, g: ConvGather, p: GemmPlan, image: str, ima
     _close_image_row(t, Ap, Ap_t, base, kc, zero)
 
 
+def image_row_bases(t: LoopText, g: ConvGather, p: GemmPlan, row0: str, table: str, table_t: str,
+                    slot: str) -> str:
+    """For the strip of MR rows at row0: whether every row's pixel has all its taps inside the
+    image (no padding read), stored with each row's offset into the flattened image (its first
+    tap) at table[slot .. slot + MR]; returns that flag (i1). Such a strip is read straight from
+    the image by the micro-kernel (ConvGather.direct_segment), not packed."""
+    (kh_n, kw_n), (sy, sx), (dy, _), (top, left) = g.kernel, g.stride, g.dilation, g.top_left
+    _, h, w, c = g.image.shape
+    oh, ow = g.out_hw
+    every = None
+    for r in range(p.mr):
+        row = t.add(row0, t.c(r))
+        img = t.op(f"arith.divui {row}, {t.c(oh * ow)} : index", "i")
+        pix = t.op(f"arith.remui {row}, {t.c(oh * ow)} : index", "i")
+        iy0 = t.op(f"arith.subi {t.mul(t.op(f'arith.divui {pix}, {t.c(ow)} : index', 'i'), t.c(sy))}, {t.c(top)} : index", "i")
+        ix0 = t.op(f"arith.subi {t.mul(t.op(f'arith.remui {pix}, {t.c(ow)} : index', 'i'), t.c(sx))}, {t.c(left)} : index", "i")
+        checks = [t.cmp("ult", row, t.c(p.m)), t.cmp("sge", iy0, t.c(0)), t.cmp("slt", t.add(iy0, t.c((kh_n - 1) * dy)), t.c(h)),
+                  t.cmp("sge", ix0, t.c(0)), t.cmp("slt", t.add(ix0, t.c(kw_n - 1)), t.c(w))]
+        for check in checks:
+            every = check if every is None else t.op(f"arith.andi {every}, {check} : i1", "p")
+        base = t.mul(t.add(t.mul(t.add(t.mul(img, t.c(h)), iy0), t.c(w)), ix0), t.c(c))
+        t.line(f"memref.store {base}, {table}[{t.add(slot, t.c(r))}] : {table_t}")
+    flag = t.op(f"arith.select {every}, {t.c(1)}, {t.c(0)} : index", "i")
+    t.line(f"memref.store {flag}, {table}[{t.add(slot, t.c(p.mr))}] : {table_t}")
+    return every
+
+
 def transpose_in_registers(t: LoopText, rows: list[str], dtype: str = "f32") -> list[str]:
     """The transpose of an L x L block held as L row vectors (L a power of two): log2(L)
     rounds of 2-input shuffles, each swapping the off-diagonal s x s blocks of every 2s x 2s
@@ -377,6 +404,36 @@ class _Output:
         t.close()
 
 
+def _direct_or_packed(t: LoopText, g: ConvGather, p: GemmPlan, segment: int, slot: str, table: str, table_t: str,
+                      image: str, packed: str, mem_t: str, packed_rows: list[str], a_src: dict, kc: str,
+                      inits: list[str], vtype: str, fma_step) -> list[str]:
+    """The micro-kernel's reduction over a K block of a conv, in segments of `segment` columns:
+    from the image when the strip's flag says so (each row at its pixel's offset, plus the
+    segment's tap row ky and first column), else from the packed strip."""
+    _, _, w, c = g.image.shape
+    row = g.kernel[1] * c  # a kernel row's columns: contiguous in the image
+    direct = t.cmp("ne", t.op(f"memref.load {table}[{t.add(slot, t.c(p.mr))}] : {table_t}", "i"), t.c(0))
+    src = t.fresh("m")
+    t.open(f"{src} = scf.if {direct} -> ({mem_t})")
+    t.line(f"scf.yield {image} : {mem_t}")
+    t.else_()
+    t.line(f"scf.yield {packed} : {mem_t}")
+    t.close()
+    bases = [t.op(f"arith.select {direct}, {t.op(f'memref.load {table}[{t.add(slot, t.c(r))}] : {table_t}', 'i')}, "
+                  f"{packed_rows[r]} : index", "i") for r in range(p.mr)]
+
+    def one_segment(k: str, accs: list[str]) -> list[str]:  # k: the segment's first column in the block
+        k0 = t.add("%pc", k)
+        ky = t.op(f"arith.divui {k0}, {t.c(row)} : index", "i")
+        in_image = t.add(t.mul(ky, t.c(g.dilation[0] * w * c)), t.op(f"arith.remui {k0}, {t.c(row)} : index", "i"))
+        # fma_step reads A at row + k (k counting from the block's start, as B's packed panel does)
+        offset = t.op(f"arith.select {direct}, {t.op(f'arith.subi {in_image}, {k} : index', 'i')}, {t.c(0)} : index", "i")
+        a_src.update(mem=src, type=mem_t, rows=[t.add(base, offset) for base in bases])
+        return t.reduction(k, t.add(k, t.c(segment)), accs, vtype, fma_step, unroll=K_UNROLL)
+
+    return t.carried_for(t.c(0), kc, t.c(segment), inits, vtype, one_segment)
+
+
 def gemm_kernel_text(name: str, v: OpView, location: str, gather: ConvGather | None = None,
                      threads: int = 1) -> str:
     """A private function on tensors (the op's operands in order) computing the op, its work
@@ -415,6 +472,22 @@ def gemm_kernel_text(name: str, v: OpView, location: str, gather: ConvGather | N
     # mmap (these are large), page-faulted anew by every block under the kernel's memory lock.
     Bp = t.op(f"memref.alloc() {{alignment = 64 : i64}} : {Bp_t}", "m")
     Ap_all = t.op(f"memref.alloc() {{alignment = 64 : i64}} : {Ap_all_t}", "m")
+    # Strips of a conv whose pixels are inside the image are read from it directly (no copy):
+    # per strip, MR row offsets into the flattened image and a flag (image_row_bases).
+    segment = gather.direct_segment(kc_max, L) if gather is not None else None
+    dyn_t = "memref<?xf32, strided<[1], offset: ?>>"
+    if segment:
+        strips = mcp // MR
+        D_t = memref_text((n_mblocks * strips * (MR + 1),), "index")
+        D = t.op(f"memref.alloc() {{alignment = 64 : i64}} : {D_t}", "m")
+        flat_t = memref_text((math.prod(gather.image.shape),), "f32")
+        flat = t.op(f"memref.collapse_shape {A} [[0, 1, 2, 3]] : {A_t} into {flat_t}", "m")
+        image_dyn = t.op(f"memref.cast {flat} : {flat_t} to {dyn_t}", "m")
+
+        def strip_slot() -> str:  # the table entry of the strip at (%ic, %ir)
+            block = t.op(f"arith.divui %ic, {t.c(p.mc)} : index", "i")
+            strip = t.add(t.mul(block, t.c(strips)), t.op(f"arith.divui %ir, {t.c(MR)} : index", "i"))
+            return t.mul(strip, t.c(MR + 1))
     chunks = -(-ncp // p.n_chunk)
     T_all_t = memref_text((n_mblocks * chunks, MR, NR), "f32")  # edge tiles, one buffer per work item
     T_all = t.op(f"memref.alloc() {{alignment = 64 : i64}} : {T_all_t}", "m")
@@ -520,7 +593,13 @@ def gemm_kernel_text(name: str, v: OpView, location: str, gather: ConvGather | N
         if not one_strip:
             t.for_("%ir", t.c(0), mc, t.c(MR))
         row0 = t.add("%ic", "%ir")
-        if gather is not None:
+        if segment:
+            direct = image_row_bases(t, gather, p, row0, D, D_t, strip_slot())
+            true = t.op("arith.constant true", "p")
+            t.open(f"scf.if {t.op(f'arith.xori {direct}, {true} : i1', 'p')}")
+            pack_a_from_image(t, gather, p, A, A_t, Ap, Ap_t, row0, kc, zero)
+            t.close()
+        elif gather is not None:
             pack_a_from_image(t, gather, p, A, A_t, Ap, Ap_t, row0, kc, zero)
         elif p.transpose_a:
             aoff = t.mul("%ir", kc)
@@ -577,6 +656,8 @@ def gemm_kernel_text(name: str, v: OpView, location: str, gather: ConvGather | N
     t.parallel_nd(["%ic", "%jb"], [t.c(0), t.c(0)], [t.c(p.m), nc], [t.c(p.mc), t.c(NB)])
     mc = t.min_(t.op(f"arith.subi {t.c(p.m)}, %ic : index", "i"), t.c(p.mc))
     block, Ap = a_block_view()
+    if segment:
+        Ap_dyn = t.op(f"memref.cast {Ap} : {Ap_t} to {dyn_t}", "m")
     item = t.add(t.mul(block, t.c(chunks)), t.op(f"arith.divui %jb, {t.c(NB)} : index", "i"))
     T_t = f"memref<{MR}x{NR}xf32, strided<[{NR}, 1], offset: ?>>"
     T = t.op(f"memref.subview {T_all}[{item}, 0, 0] [1, {MR}, {NR}] [1, 1, 1] : {T_all_t} to {T_t}", "m")
@@ -592,6 +673,7 @@ def gemm_kernel_text(name: str, v: OpView, location: str, gather: ConvGather | N
     aoff = t.mul("%ir", kc)
     a_rows = [] if p.transpose_a else [t.mul(t.add("%ir", t.c(r)), t.add(kc, t.c(A_PAD))) for r in range(MR)]
     out.prefetch(t.add("%ic", "%ir"), t.add("%jc", "%jr"), MR, NR)
+    a_src = {"mem": Ap, "type": Ap_t, "rows": a_rows}  # where the strip's rows are read: packed, or the image
 
     def fma_step(k: str, accs: list[str]) -> list[str]:
         """One k of the register tile: NR/L vectors of B, MR broadcasts of A, MR*NR/L FMAs."""
@@ -601,16 +683,20 @@ def gemm_kernel_text(name: str, v: OpView, location: str, gather: ConvGather | N
             ka = t.add(aoff, t.mul(k, t.c(MR)))
             a_index = [t.add(ka, t.c(r)) for r in range(MR)]
         else:
-            a_index = [t.add(row_base, k) for row_base in a_rows]
+            a_index = [t.add(row_base, k) for row_base in a_src["rows"]]
         new = []
         for r in range(MR):
-            s = t.op(f"memref.load {Ap}[{a_index[r]}] : {Ap_t}", "a")
+            s = t.op(f"memref.load {a_src['mem']}[{a_index[r]}] : {a_src['type']}", "a")
             av = t.op(f"vector.broadcast {s} : f32 to {vf32}", "a")
             for j in range(nv):
                 new.append(t.op(f"vector.fma {av}, {bvec[j]}, {accs[r * nv + j]} : {vf32}", "f"))
         return new
 
-    acc = t.reduction(t.c(0), kc, [zv] * (MR * nv), vf32, fma_step, unroll=K_UNROLL)
+    if segment:
+        acc = _direct_or_packed(t, gather, p, segment, strip_slot(), D, D_t, image_dyn, Ap_dyn, dyn_t, a_rows,
+                                a_src, kc, [zv] * (MR * nv), vf32, fma_step)
+    else:
+        acc = t.reduction(t.c(0), kc, [zv] * (MR * nv), vf32, fma_step, unroll=K_UNROLL)
 
     row0 = t.add("%ic", "%ir")
     col0 = t.add("%jc", "%jr")

@@ -134,8 +134,16 @@ def conv_gemm_schedule(v: OpView, host: CPU, threads: int) -> Schedule:
     m, nf, k, gather = implicit_gemm(v)
     schedule = default_gemm_schedule(m, nf, k, host, threads)
     mc, nc, _ = schedule.tile
-    kc = host.l1d_bytes // (schedule.warp_tile[1] * 4)
-    return replace(schedule, tile=(mc, nc, conv_k_block(gather.unit(schedule.lane_map.shape[-1]), k, kc)))
+    lanes = schedule.lane_map.shape[-1]
+    budget = host.l1d_bytes // (schedule.warp_tile[1] * 4)
+    kc = conv_k_block(gather.unit(lanes), k, budget)
+    row, c = gather.kernel[1] * gather.image.shape[3], gather.image.shape[3]
+    if gather.direct_segment(kc, lanes) is None and gather.direct_segment(row, lanes) is not None:
+        # K blocks of whole kernel rows (or parts of one), which the micro-kernel reads from the
+        # image itself where the pixels are inside it (no packing): 3x3 C128 at 384, not 640
+        kc = row * max(1, budget // row) if row <= budget else \
+            max([d for d in range(c, budget + 1, c) if row % d == 0] or [c])
+    return replace(schedule, tile=(mc, nc, min(kc, k)))
 
 
 def conv_as_gemm(w: KernelWriter, v: OpView, name: str, threads: int) -> tuple[str, str]:
