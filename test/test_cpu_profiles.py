@@ -26,6 +26,10 @@ def _functions():
     yield "attention", (lambda p, r, s: td.attention(p, r, s, causal=True)), (q, k, v), \
         ref.attention(q, k, v, None, True), 23
     yield "conv2d", (lambda p, r: td.conv2d(p, r, padding=1)), (img, filt), ref.conv2d(img, filt, padding=(1, 1, 1, 1)), 27
+    # NHWC with most pixels inside the image: those read by the micro-kernel from the image itself
+    img, filt = ref.random(rng, (2, 20, 21, 32), scale=30.0), ref.random(rng, (3, 3, 32, 24))
+    yield "conv2d_nhwc", (lambda p, r: td.conv2d(p, r, padding=1, layout="nhwc")), (img, filt), \
+        ref.conv2d(img, filt, padding=(1, 1, 1, 1), layout="nhwc"), 288
 
 
 @pytest.mark.parametrize("profile", list(PROFILES))
@@ -36,8 +40,10 @@ def test_kernels_planned_for_another_cpu_run_here(monkeypatch, profile):
         fn = td.function(*[td.tensor(x.shape) for x in inputs], name=name)(body)
         kernel = tracea.compile(fn, threads=2, keep_stages=True)
         lanes = PROFILES[profile].f32_lanes
-        if name in ("fused_gemm", "softmax"):  # vectors of the profile's width
+        if name in ("fused_gemm", "softmax", "conv2d_nhwc"):  # vectors of the profile's width
             assert f"vector<{lanes}xf32>" in kernel.stages["linalg"], (profile, name)
+        if name == "conv2d_nhwc":
+            assert "memref<?xf32, strided<[1], offset: ?>>" in kernel.stages["linalg"], profile  # read in place
         ref.assert_close(kernel(*inputs), expected, "f32", k)
 
 
