@@ -17,7 +17,9 @@ With --after, only Tracea's kernel is timed, right after a call of each peer, ri
 and after a 1 ms pause (times_after): the share of its stand-alone (back-to-back) speed it keeps
 when it meets the thread pools numpy's OpenBLAS or torch left running (>= 0.9x is the goal). The
 pause is the control: nothing else runs, yet its threads have gone to sleep and must be woken, so
-a short kernel loses there what is no other library's doing.
+a short kernel loses there what is no other library's doing; the last column times the peer
+(torch, else numpy) the same way, after itself and after the pause: a loss the peer shares is the
+machine's cold start, not Tracea's.
 Tracea's ratio to each peer is peer time / Tracea time (> 1: Tracea is faster). With --tune, the
 kernel on its variants' default schedules (TRACEA_USE_TUNED=0) and on the tuning cache's, after
 tuning the ops it lacks (tracea/tuner), are timed side by side.
@@ -273,9 +275,15 @@ def worker(threads: int, only: str | None, rounds: int, mode: str = "blocks", tu
                 print(f"  (iree failed on {case.name}: {type(e).__name__}: {str(e)[:200]})", file=sys.stderr)
         _check_against_peers(case.name, calls)
         if mode == "after":
-            before = {n: c for n, c in calls.items() if n != "tuned"} | {"pause": lambda: time.sleep(0.001)}
+            pause = lambda: time.sleep(0.001)  # noqa: E731
+            before = {n: c for n, c in calls.items() if n != "tuned"} | {"pause": pause}
             times = times_after(calls["tracea"], before, rounds)
-            row = {"case": case.name, "threads": threads, "after_ms": {n: t * 1e3 for n, t in times.items()}}
+            # The control: what the best-known peer itself keeps of its speed after an idle
+            # millisecond (a short kernel's cold start is the machine's, not Tracea's)
+            peer = next(p for p in ("torch", "numpy") if p in calls)
+            own = times_after(calls[peer], {peer: calls[peer], "pause": pause}, rounds)
+            row = {"case": case.name, "threads": threads, "after_ms": {n: t * 1e3 for n, t in times.items()},
+                   "peer_after_pause": (peer, own[peer] / own["pause"])}
             results.append(row)
             print(_format_after_row(row), file=sys.stderr, flush=True)
             continue
@@ -317,19 +325,20 @@ def _format_row(row) -> str:
 
 
 def _format_after_row(row) -> str:
-    after = row["after_ms"]
+    after, (peer, kept) = row["after_ms"], row["peer_after_pause"]
     return f"{row['case']:<38} {row['threads']}T  tracea alone {after['tracea']:8.3f} ms  " + "  ".join(
-        f"after {p} x{after['tracea'] / after[p]:.2f}" for p in AFTER if p in after)
+        f"after {p} x{after['tracea'] / after[p]:.2f}" for p in AFTER if p in after) + f"  ({peer} after pause x{kept:.2f})"
 
 
 def markdown_after(rows: list[dict]) -> str:
     lines = ["| case | threads | Tracea alone (after itself) | right after numpy | right after torch | right after IREE "
-             "| after a 1 ms pause |", "| --- | --- | --- | --- | --- | --- | --- |"]
+             "| after a 1 ms pause | control: the peer after a 1 ms pause |", "| --- | --- | --- | --- | --- | --- | --- | --- |"]
     for row in rows:
-        after = row["after_ms"]
+        after, (peer, kept) = row["after_ms"], row["peer_after_pause"]
         cells = [f"{after[p]:.3f} ms (**{after['tracea'] / after[p]:.2f}x**)" if p in after else "-"
                  for p in AFTER]
-        lines.append(f"| {row['case']} | {row['threads']} | {after['tracea']:.3f} ms | " + " | ".join(cells) + " |")
+        lines.append(f"| {row['case']} | {row['threads']} | {after['tracea']:.3f} ms | " + " | ".join(cells)
+                     + f" | {peer} {kept:.2f}x |")
     return "\n".join(lines)
 
 
