@@ -482,7 +482,8 @@ for _variant in (
         "per output pixel, blocks of channel vectors over the taps inside the image", frozenset({"simd"})),
     Variant("cpu.conv2d.implicit_gemm", "cpu", ("conv2d",), (ON_CPU, SIMD, Rule(
         "groups = 1", lambda p, caps: None if p.groups is None else p.groups == 1)), 20,
-        "the packed GEMM over im2col rows gathered from the NHWC image", frozenset({"simd"}),
+        "the packed GEMM over im2col rows of the NHWC image: read in place where all their taps are inside it, "
+        "packed elsewhere", frozenset({"simd"}),
         _conv_default, _gemm_space, _conv_check),
     Variant("cpu.attention.flash", "cpu", ("attention",), (ON_CPU, SIMD, Rule(
         "head dims multiples of the SIMD lanes", _attention_fits)), 20,
