@@ -286,3 +286,24 @@ def test_numpys_jobs_follow_a_kernel_read_from_the_disk_cache(runtime, tmp_path)
             assert openmp == ("llvm" if runtime == "llvm" else default)
             assert openblas == [f"runs its jobs on Tracea's OpenMP threads ({TEAMS[openmp]})"] * len(openblas)
 
+
+
+ENVIRONMENT = textwrap.dedent("""
+    import os
+    import numpy as np
+    import tracea
+    from tracea import dialects as td
+    from tracea.runtime import blas_threads
+    before = os.environ.get("OPENBLAS_THREAD_TIMEOUT")
+    tracea.compile(td.function(td.tensor((32, 32)), td.tensor((32, 32)), name="k")(td.gemm), threads=2)
+    print(repr((before, os.environ.get("OPENBLAS_THREAD_TIMEOUT"), bool(blas_threads.shared))))
+""")
+
+
+@pytest.mark.parametrize("users", [None, "10"])
+def test_sharing_leaves_the_environment_as_it_was(users):
+    """OpenBLAS re-reads its settings with a short spin while shared, but the process's
+    environment (what child processes inherit) is not changed, and a user's own setting stands."""
+    import ast
+    before, after, _ = ast.literal_eval(_run(ENVIRONMENT, OPENBLAS_THREAD_TIMEOUT=users).splitlines()[-1])
+    assert before == after == users
