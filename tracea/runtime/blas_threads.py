@@ -114,13 +114,14 @@ def _loaded_libraries(name: str) -> list[str]:
         return []
 
 
-def _setter(path: str):
-    """The OpenBLAS at `path`'s threads-callback setter, or None (not loadable, before 0.3.27)."""
+def _openblas(path: str) -> tuple | None:
+    """The OpenBLAS at `path` and its threads-callback setter, or None (not loadable, before 0.3.27)."""
     try:
         library = ctypes.CDLL(path)
     except OSError:
         return None
-    return next((getattr(library, name) for name in SETTERS if hasattr(library, name)), None)
+    setter = next((getattr(library, name) for name in SETTERS if hasattr(library, name)), None)
+    return None if setter is None else (setter, library)
 
 
 def _set_idle_spin(library: ctypes.CDLL, timeout: str | None) -> None:
@@ -156,9 +157,9 @@ def share_with_openblas(libomp: ctypes.CDLL | None) -> list[str]:
         for path in _loaded_libraries("openblas"):
             if path not in _tried:
                 _tried.add(path)
-                if (setter := _setter(path)) is not None:
-                    setter.argtypes, setter.restype = [ctypes.c_void_p], None
-                    shared[path] = (setter, ctypes.CDLL(path))
+                if (found := _openblas(path)) is not None:
+                    found[0].argtypes, found[0].restype = [ctypes.c_void_p], None
+                    shared[path] = found
                     newly.append(path)
         if shared and (newly or team != _team):
             address = _callback(team, libomp)
@@ -261,7 +262,7 @@ def status() -> dict:
     for path in _loaded_libraries("openblas"):
         if path in shared:
             openblas[path] = f"runs its jobs on Tracea's OpenMP threads ({TEAMS[_team]})"
-        elif _setter(path) is None:
+        elif _openblas(path) is None:
             openblas[path] = "its own threads (before OpenBLAS 0.3.27: no threads callback)"
         elif not knobs.share_cores():
             openblas[path] = "its own threads (TRACEA_SHARE_CORES=0)"

@@ -405,11 +405,13 @@ class _Output:
 
 
 def _direct_or_packed(t: LoopText, g: ConvGather, p: GemmPlan, segment: int, slot: str, table: str, table_t: str,
-                      image: str, packed: str, mem_t: str, packed_rows: list[str], a_src: dict, kc: str,
+                      image: str, packed: str, mem_t: str, a_src: dict, kc: str,
                       inits: list[str], vtype: str, fma_step) -> list[str]:
     """The micro-kernel's reduction over a K block of a conv, in segments of `segment` columns:
     from the image when the strip's flag says so (each row at its pixel's offset, plus the
-    segment's tap row ky and first column), else from the packed strip."""
+    segment's tap row ky and first column), else from the packed strip (a_src's rows on entry);
+    points a_src, which fma_step reads, at the chosen rows."""
+    packed_rows = a_src["rows"]
     _, _, w, c = g.image.shape
     row = g.kernel[1] * c  # a kernel row's columns: contiguous in the image
     direct = t.cmp("ne", t.op(f"memref.load {table}[{t.add(slot, t.c(p.mr))}] : {table_t}", "i"), t.c(0))
@@ -594,9 +596,8 @@ def gemm_kernel_text(name: str, v: OpView, location: str, gather: ConvGather | N
             t.for_("%ir", t.c(0), mc, t.c(MR))
         row0 = t.add("%ic", "%ir")
         if segment:
-            direct = image_row_bases(t, gather, p, row0, D, D_t, strip_slot())
-            true = t.op("arith.constant true", "p")
-            t.open(f"scf.if {t.op(f'arith.xori {direct}, {true} : i1', 'p')}")
+            t.open(f"scf.if {image_row_bases(t, gather, p, row0, D, D_t, strip_slot())}")
+            t.else_()  # a strip that touches the padding: packed
             pack_a_from_image(t, gather, p, A, A_t, Ap, Ap_t, row0, kc, zero)
             t.close()
         elif gather is not None:
@@ -693,8 +694,7 @@ def gemm_kernel_text(name: str, v: OpView, location: str, gather: ConvGather | N
         return new
 
     if segment:
-        acc = _direct_or_packed(t, gather, p, segment, strip_slot(), D, D_t, image_dyn, Ap_dyn, dyn_t, a_rows,
-                                a_src, kc, [zv] * (MR * nv), vf32, fma_step)
+        acc = _direct_or_packed(t, gather, p, segment, strip_slot(), D, D_t, image_dyn, Ap_dyn, dyn_t, a_src, kc, [zv] * (MR * nv), vf32, fma_step)
     else:
         acc = t.reduction(t.c(0), kc, [zv] * (MR * nv), vf32, fma_step, unroll=K_UNROLL)
 
