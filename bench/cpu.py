@@ -10,7 +10,7 @@ IREE's llvm-cpu, side by side in one run.
 Each thread count runs in a worker process whose thread pools (OpenBLAS, torch, IREE, Tracea)
 are all set to that count before they start. Within a case the implementations are timed in
 blocks of calls, a pause before each block (median_times: each library at its best, alone), or
-with --interleaved call by call, one after the other with no pause (interleaved_times: each
+with --interleaved call by call, one after the other with no pause (interleaved_samples: each
 call meets the thread pools the previous library left running, as in a program that calls
 numpy, torch and Tracea in turn). The median over all calls is reported, after warm-up.
 With --after, only Tracea's kernel is timed, right after a call of each peer, right after itself
@@ -20,7 +20,9 @@ pause is the control: nothing else runs, yet its threads have gone to sleep and 
 a short kernel loses there what is no other library's doing; the last column times the peer
 (torch, else numpy) the same way, after itself and after the pause: a loss the peer shares is the
 machine's cold start, not Tracea's.
-Tracea's ratio to each peer is peer time / Tracea time (> 1: Tracea is faster). With --tune, the
+Tracea's ratio to each peer is peer time / Tracea time (> 1: Tracea is faster); interleaved, the
+median over the rounds of that ratio within each round (paired_speedups: a slow spell of the VM
+cancels in each round), beside each one's median GFLOP/s. With --tune, the
 kernel on its variants' default schedules (TRACEA_USE_TUNED=0) and on the tuning cache's, after
 tuning the ops it lacks (tracea/tuner), are timed side by side.
 """
@@ -29,6 +31,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -38,7 +41,7 @@ from typing import Callable
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.join(HERE, ".."))
-from tracea.tools.timing import interleaved_times, times_after  # noqa: E402
+from tracea.tools.timing import interleaved_samples, paired_speedups, times_after  # noqa: E402
 
 
 @dataclass
@@ -287,9 +290,17 @@ def worker(threads: int, only: str | None, rounds: int, mode: str = "blocks", tu
             results.append(row)
             print(_format_after_row(row), file=sys.stderr, flush=True)
             continue
-        times = interleaved_times(calls, rounds) if mode == "interleaved" else median_times(calls, rounds)
+        speedup = None
+        if mode == "interleaved":
+            samples = interleaved_samples(calls, rounds)
+            times = {n: statistics.median(ts) for n, ts in samples.items()}
+            speedup = {n: paired_speedups(samples, n) for n in ("tracea", "tuned") if n in calls}
+        else:
+            times = median_times(calls, rounds)
         row = {"case": case.name, "threads": threads, "compile_s": compile_s,
                "gflops": {n: case.flops / t / 1e9 for n, t in times.items()}}
+        if speedup:
+            row["speedup"] = speedup
         results.append(row)
         print(_format_row(row), file=sys.stderr, flush=True)
     return results
@@ -311,15 +322,22 @@ PEERS = ["numpy", "torch", "iree"]
 AFTER = PEERS + ["pause"]  # --after's predecessors besides Tracea itself
 
 
+def _speedup(row, name: str, peer: str) -> float:
+    """`name`'s speed over `peer`'s: the paired per-round ratio where the rounds were interleaved
+    (timing.paired_speedups), else the ratio of the medians."""
+    paired = row.get("speedup", {}).get(name)
+    return paired[peer] if paired else row["gflops"][name] / row["gflops"][peer]
+
+
 def _format_row(row) -> str:
     g = row["gflops"]
     parts = [f"{row['case']:<38} {row['threads']}T  tracea {g['tracea']:7.1f} GFLOP/s"]
     if "tuned" in g:
-        parts.append(f"tuned {g['tuned']:7.1f} (x{g['tuned'] / g['tracea']:.2f} default)")
+        parts.append(f"tuned {g['tuned']:7.1f} (x{_speedup(row, 'tuned', 'tracea'):.2f} default)")
     for peer in PEERS:
         if peer in g:
-            parts.append(f"{peer} {g[peer]:7.1f} (x{g['tracea'] / g[peer]:.2f}"
-                         + (f", tuned x{g['tuned'] / g[peer]:.2f})" if "tuned" in g else ")"))
+            parts.append(f"{peer} {g[peer]:7.1f} (x{_speedup(row, 'tracea', peer):.2f}"
+                         + (f", tuned x{_speedup(row, 'tuned', peer):.2f})" if "tuned" in g else ")"))
     parts.append(f"compile {row['compile_s']:.2f}s")
     return "  ".join(parts)
 
@@ -351,10 +369,10 @@ def markdown(rows: list[dict]) -> str:
         g = row["gflops"]
 
         def ratio(p):  # default's ratio to the peer, and the tuned kernel's
-            text = f"{g[p]:.1f} (**{g['tracea'] / g[p]:.2f}x**"
-            return text + (f", tuned **{g['tuned'] / g[p]:.2f}x**)" if "tuned" in g else ")")
+            text = f"{g[p]:.1f} (**{_speedup(row, 'tracea', p):.2f}x**"
+            return text + (f", tuned **{_speedup(row, 'tuned', p):.2f}x**)" if "tuned" in g else ")")
         cells = [ratio(p) if p in g else "-" for p in PEERS]
-        extra = [f"{g['tuned']:.1f} ({g['tuned'] / g['tracea']:.2f}x)" if "tuned" in g else "-"] if tuned else []
+        extra = [f"{g['tuned']:.1f} ({_speedup(row, 'tuned', 'tracea'):.2f}x)" if "tuned" in g else "-"] if tuned else []
         lines.append(f"| {row['case']} | {row['threads']} | {g['tracea']:.1f} | " + " | ".join(extra + cells)
                      + f" | {row['compile_s']:.2f} s |")
     return "\n".join(lines)

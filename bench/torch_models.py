@@ -12,7 +12,8 @@ queries, RoPE, SwiGLU), ResNet-50 and ConvNeXt-tiny on 128x128 images, MobileNet
 anything runs; Tracea is imported first. Per model and batch: tracea.compile(model, inputs) and
 torch.compile(model) are checked against eager, then timed call by call in turn, no pauses
 (tracea/tools/timing.py; --blocks: in blocks after a pause, bench/cpu.py's median_times), medians.
-Ratios are eager (or inductor) time / Tracea time: > 1, Tracea is faster. Compile times are first
+Ratios are eager (or inductor) time / Tracea time: > 1, Tracea is faster; interleaved, the median
+of that ratio within each round (paired_speedups: a slow spell of the VM cancels). Compile times are first
 compiles in the process (Tracea's disk cache off: real compiles).
 """
 from __future__ import annotations
@@ -93,7 +94,7 @@ def _error(got, expected) -> float:
 def worker(threads: int, names: list[str], batches: list[int], rounds: int, blocks: bool) -> list[dict]:
     import tracea  # first: see tracea/runtime/blas_threads.py
     import torch
-    from tracea.tools.timing import interleaved_times
+    from tracea.tools.timing import interleaved_samples, paired_speedups
     torch.set_num_threads(threads)
     models = zoo()
     rows = []
@@ -124,7 +125,9 @@ def worker(threads: int, names: list[str], batches: list[int], rounds: int, bloc
                     from cpu import median_times
                     times = median_times(calls, rounds)
                 else:
-                    times = interleaved_times(calls, rounds)
+                    samples = interleaved_samples(calls, rounds)
+                    times = {k: sorted(v)[len(v) // 2] for k, v in samples.items()}
+                    row["speedup"] = paired_speedups(samples, "tracea")  # per round: a slow spell cancels
             row["ms"] = {k: v * 1e3 for k, v in times.items()}
             row["placement"] = ours.explain().splitlines()[0]
             rows.append(row)
@@ -133,11 +136,16 @@ def worker(threads: int, names: list[str], batches: list[int], rounds: int, bloc
     return rows
 
 
+def _speedup(row: dict, peer: str) -> float:
+    """Tracea's speed over `peer`'s: the per-round ratio's median where interleaved, else the medians'."""
+    return row["speedup"][peer] if "speedup" in row else row["ms"][peer] / row["ms"]["tracea"]
+
+
 def _line(row: dict) -> str:
     ms = row["ms"]
     return (f"{row['model']}, batch {row['batch']}, {row['threads']}T: eager {ms['eager']:.2f} ms, inductor "
-            f"{ms['inductor']:.2f}, tracea {ms['tracea']:.2f} -> {ms['eager'] / ms['tracea']:.2f}x eager, "
-            f"{ms['inductor'] / ms['tracea']:.2f}x inductor; compile tracea {row['compile_tracea']:.1f} s, inductor "
+            f"{ms['inductor']:.2f}, tracea {ms['tracea']:.2f} -> {_speedup(row, 'eager'):.2f}x eager, "
+            f"{_speedup(row, 'inductor'):.2f}x inductor; compile tracea {row['compile_tracea']:.1f} s, inductor "
             f"{row['compile_inductor']:.1f} s; error {row['error_tracea']:.1e} ({row['placement']})")
 
 
@@ -148,8 +156,8 @@ def markdown(rows: list[dict]) -> str:
     for r in rows:
         ms = r["ms"]
         lines.append(f"| {r['model']} | {r['batch']} | {r['threads']} | {ms['eager']:.2f} | {ms['inductor']:.2f} | "
-                     f"{ms['tracea']:.2f} | **{ms['eager'] / ms['tracea']:.2f}x** | "
-                     f"**{ms['inductor'] / ms['tracea']:.2f}x** | {r['compile_tracea']:.1f} s | "
+                     f"{ms['tracea']:.2f} | **{_speedup(r, 'eager'):.2f}x** | "
+                     f"**{_speedup(r, 'inductor'):.2f}x** | {r['compile_tracea']:.1f} s | "
                      f"{r['compile_inductor']:.1f} s | {r['error_tracea']:.0e} |")
     return "\n".join(lines)
 

@@ -94,6 +94,22 @@ def test_interleaved_rounds_vary_what_runs_before_each_call(n):
     assert all(before[(a, b)] > 0 for a in names for b in names if a != b)
 
 
+def test_paired_speedups_cancel_a_slow_spell():
+    """The interleaved benchmark's ratio: per round, so a spell of the VM that slows every call it
+    covers (2x) cancels. Here it covers rounds 0-9 and, in round 10, Tracea's call but not the
+    peer's: 11 of Tracea's 21 calls are slow and 10 of the peer's, so the medians are one slow and
+    one fast, and their ratio says Tracea is 1.8x slower where it is 1.1x faster."""
+    from tracea.tools.timing import _medians, paired_speedups
+    slow = [2.0 if r < 10 else 1.0 for r in range(21)]
+    tracea = [s * 1.0 for s in slow]
+    tracea[10] = 2.0
+    samples = {"tracea": tracea, "peer": [s * 1.1 for s in slow], "other": [s * 0.5 for s in slow]}
+    assert paired_speedups(samples, "tracea") == pytest.approx({"peer": 1.1, "other": 0.5})
+    assert paired_speedups(samples, "peer")["tracea"] == pytest.approx(1 / 1.1)
+    medians = _medians(samples)
+    assert medians["peer"] / medians["tracea"] == pytest.approx(0.55)  # what the medians would have said
+
+
 def test_times_after_times_the_target_right_after_each_predecessor():
     """bench/cpu.py --after: each sample of the target is the call right after its predecessor's,
     every predecessor (the target itself too) equally often; a sleep in one predecessor's call

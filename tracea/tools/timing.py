@@ -67,3 +67,14 @@ def times_after(target: Callable, before: dict[str, Callable], rounds: int, seco
 
 def _medians(samples: dict[str, list[float]]) -> dict[str, float]:
     return {name: sorted(ts)[len(ts) // 2] for name, ts in samples.items()}
+
+
+def paired_speedups(samples: dict[str, list[float]], name: str) -> dict[str, float]:
+    """How much faster `name` ran than each other implementation: the median over the rounds of
+    interleaved_samples of other's time / name's time in the same round. Calls of one round run
+    within a fraction of a second of each other, so a slow spell of the VM (a core taken away for
+    seconds, which slows every call it covers by up to 2x) cancels in each round's ratio instead of
+    moving one median more than another by the rounds it happened to cover."""
+    own = samples[name]
+    return {other: sorted(t / o for t, o in zip(ts, own))[len(own) // 2]
+            for other, ts in samples.items() if other != name}
