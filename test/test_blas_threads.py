@@ -15,13 +15,16 @@ import pytest
 
 pytestmark = pytest.mark.skipif(not os.path.exists("/proc/self/task"), reason="needs Linux's /proc")
 
+# The scripts' threaded kernel is a 64x64 @ 64x128 GEMM: N spans several register-tile columns on
+# every host (a 32-wide GEMM is one 16-lane AVX-512 column, one work item: a kernel without threads).
+
 
 RESULTS = textwrap.dedent("""
     import numpy as np
     import tracea
     from tracea import dialects as td
     from tracea.runtime import blas_threads
-    tracea.compile(td.function(td.tensor((32, 32)), td.tensor((32, 32)), name="k")(td.gemm), threads=2)
+    tracea.compile(td.function(td.tensor((64, 64)), td.tensor((64, 128)), name="k")(td.gemm), threads=2)
     if not any("openblas" in path for path in blas_threads.shared):
         print("skip: numpy here is not built on OpenBLAS")
         raise SystemExit
@@ -92,7 +95,7 @@ SPINNERS = BUSY + textwrap.dedent("""
     import numpy as np
     import tracea
     from tracea import dialects as td
-    k = tracea.compile(td.function(td.tensor((32, 32)), td.tensor((32, 32)), name="k")(td.gemm), threads=2)
+    k = tracea.compile(td.function(td.tensor((64, 64)), td.tensor((64, 128)), name="k")(td.gemm), threads=2)
     a = np.random.default_rng(0).standard_normal((768, 768)).astype(np.float32)
     a @ a
     if os.fork() == 0:  # OpenBLAS stops its workers at a fork, and starts new ones at its next call
@@ -148,7 +151,7 @@ STATUS = textwrap.dedent("""
     from tracea.doctor.report import format_report, report
     from tracea.runtime import blas_threads
     before = blas_threads.status()
-    tracea.compile(td.function(td.tensor((32, 32)), td.tensor((32, 32)), name="k")(td.gemm), threads=2)
+    tracea.compile(td.function(td.tensor((64, 64)), td.tensor((64, 128)), name="k")(td.gemm), threads=2)
     after = blas_threads.status()
     print(repr((before, after, "Other thread pools" in format_report(report()))))
 """)
@@ -265,7 +268,7 @@ CACHED = textwrap.dedent("""
     import tracea
     from tracea import dialects as td
     from tracea.runtime import blas_threads
-    k = tracea.compile(td.function(td.tensor((32, 32)), td.tensor((32, 32)), name="k")(td.gemm), threads=2)
+    k = tracea.compile(td.function(td.tensor((64, 64)), td.tensor((64, 128)), name="k")(td.gemm), threads=2)
     print(repr((k.origin, k.openmp, sorted(blas_threads.status()["openblas"].values()))))
 """)
 
@@ -295,7 +298,7 @@ ENVIRONMENT = textwrap.dedent("""
     from tracea import dialects as td
     from tracea.runtime import blas_threads
     before = os.environ.get("OPENBLAS_THREAD_TIMEOUT")
-    tracea.compile(td.function(td.tensor((32, 32)), td.tensor((32, 32)), name="k")(td.gemm), threads=2)
+    tracea.compile(td.function(td.tensor((64, 64)), td.tensor((64, 128)), name="k")(td.gemm), threads=2)
     print(repr((before, os.environ.get("OPENBLAS_THREAD_TIMEOUT"), bool(blas_threads.shared))))
 """)
 

@@ -23,9 +23,30 @@ def _jit(llvm_dialect: str, symbol: str, prototype):
     return prototype(library.addresses[symbol]), library
 
 
-def test_f32_to_bf16_rounds_to_nearest_even():
+def _without_bf16_conversions():
+    """The host's target machine less AVX512-BF16 / AVX-NE-CONVERT: fptrunc to bf16 calls
+    __truncsfbf2 (Tracea's definition), as on CPUs that have no bf16 conversions."""
+    llvm = native._llvm()
+    features = llvm.get_host_cpu_features()
+    for feature in ("avx512bf16", "avxneconvert", "amx-bf16"):
+        if feature in features:
+            features[feature] = False
+    return llvm.Target.from_default_triple().create_target_machine(
+        cpu=llvm.get_host_cpu_name(), features=features.flatten(), opt=2, reloc="pic")
+
+
+def _host_converts_bf16() -> bool:
+    return native._llvm().get_host_cpu_features().get("avx512bf16", False)
+
+
+@pytest.mark.parametrize("machine", ["software", "host"])
+def test_f32_to_bf16_rounds_to_nearest_even(machine, monkeypatch):
     """fptrunc to bf16 becomes a call of __truncsfbf2 on CPUs without bf16 conversions; Tracea's
-    own definition must round like IEEE (ties to even) and keep NaN a NaN."""
+    own definition must round like IEEE (ties to even) and keep NaN a NaN. On the host as LLVM
+    sees it (AVX512-BF16's vcvtneps2bf16 where it exists) the same, except that the instruction
+    takes a subnormal f32 as zero."""
+    if machine == "software":
+        monkeypatch.setattr(native, "host_machine", _without_bf16_conversions)
     to_bf16, keep = _jit("""
         llvm.func @to_bf16(%x: f32) -> i16 {
           %y = llvm.fptrunc %x : f32 to bf16
@@ -35,8 +56,11 @@ def test_f32_to_bf16_rounds_to_nearest_even():
     rng = np.random.default_rng(0)
     ties = np.array([0x3F808000, 0x3F818000, 0xBF808000, 0x7F7F8000], dtype=np.uint32).view(np.float32)
     values = np.concatenate([rng.standard_normal(500).astype(np.float32) * 1e3, ties,
-                             np.array([0.0, -0.0, np.inf, -np.inf, 3.4e38, 1e-40], dtype=np.float32)])
+                             np.array([0.0, -0.0, np.inf, -np.inf, 3.4e38, 1e-40, -3e-39], dtype=np.float32)])
     expected = values.astype(ml_dtypes.bfloat16).view(np.uint16)
+    if machine == "host" and _host_converts_bf16():
+        subnormal = (values != 0) & (np.abs(values) < np.finfo(np.float32).tiny)
+        expected = np.where(subnormal, np.signbit(values).astype(np.uint16) << 15, expected)
     got = np.array([to_bf16(float(v)) for v in values], dtype=np.uint16)
     np.testing.assert_array_equal(got, expected)
     nan = to_bf16(float("nan"))
