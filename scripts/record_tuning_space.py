@@ -3,9 +3,10 @@ data bench/tuner_replay.py replays the tuner and random search on (issue 25, ite
 
     .venv/bin/python scripts/record_tuning_space.py gemm-512 --threads 1
     .venv/bin/python scripts/record_tuning_space.py all --threads 1      # every problem below
+    .venv/bin/python scripts/record_tuning_space.py gemm-512 --device vulkan:0   # on a Vulkan device
 
-Writes bench/tuning_spaces/<problem>-<threads>t.json: the machine (CPU record, model name,
-kernel), the date, the space, and per configuration its time (the lower of two passes' medians,
+Writes bench/tuning_spaces/<problem>-<threads>t.json (<problem>-vulkan.json on a Vulkan
+device): the machine (CPU record, model name, kernel; the device and its driver), the date, the space, and per configuration its time (the lower of two passes' medians,
 the second pass in reverse order) with each pass's samples, or its error. Takes minutes per
 problem: each configuration is compiled (in worker processes) and timed twice.
 """
@@ -42,31 +43,35 @@ def problems():
             "conv3x3-nhwc-56": conv, "attention-s512-d64": lambda: attention(512, 64)}
 
 
-def machine() -> dict:
+def machine(device) -> dict:
     from tracea.doctor import host
     model = ""
     try:
         model = next(line.split(":", 1)[1].strip() for line in open("/proc/cpuinfo") if line.startswith("model name"))
     except (OSError, StopIteration):
         pass
-    return {"cpu": host().describe(), "model": model, "kernel": platform.release()}
+    found = {"cpu": host().describe(), "model": model, "kernel": platform.release()}
+    if device.backend != "cpu":
+        found["device"] = device.describe()
+    return found
 
 
-def record(name: str, threads: int, workers: int) -> str:
+def record(name: str, threads: int, workers: int, device: str = "cpu") -> str:
     from tracea.codegen.variants import variant
-    from tracea.doctor import host, plan
+    from tracea.doctor import plan
     from tracea.tuner.autotuner import AutoTuner
-    from tracea.tuner.measure import Measurer, TuningProblem
+    from tracea.tuner.measure import TuningProblem
     from tracea.tuner.space import config_key
 
     tp = TuningProblem.of(problems()[name]())
-    tuner = AutoTuner("cpu", threads=threads, workers=workers, progress=False)
-    decision = plan(tp.problem, host(), threads, tuned=False)
+    tuner = AutoTuner(device, threads=threads if device == "cpu" else None, workers=workers, progress=False)
+    threads, workers = tuner.threads, tuner.workers  # a GPU's kernels: threads 1, compiled here
+    decision = plan(tp.problem, tuner.caps, threads, tuned=False)
     chosen = variant(decision.variant_id)
     space = tuner._space(chosen, tp).include(decision.schedule)
     complete = tuner._completer(chosen, tp)
     configs = space.configurations()
-    measurer = Measurer(tp, chosen.id, threads, workers=workers)
+    measurer = tuner.measurer(tp, chosen.id)
     table, began = {}, time.perf_counter()
     try:
         # two passes, the second in reverse order, each configuration keeping the lower median: a
@@ -89,11 +94,12 @@ def record(name: str, threads: int, workers: int) -> str:
         row["seconds"] = min(ran) if len(ran) == len(row["passes"]) else None
         row["error"] = next((p["error"] for p in row["passes"] if p["error"]), None)
     default = next((config_key(c) for c in configs if complete(space.schedule(c)) == decision.schedule), None)
-    data = {"problem": name, "label": tp.label, "variant": chosen.id, "threads": threads, "machine": machine(),
+    data = {"problem": name, "label": tp.label, "variant": chosen.id, "threads": threads,
+            "machine": machine(tuner.caps),
             "date": datetime.date.today().isoformat(), "space": space.describe(), "default": default,
             "seconds": round(time.perf_counter() - began, 1), "configs": table}
     os.makedirs(OUT, exist_ok=True)
-    path = os.path.join(OUT, f"{name}-{threads}t.json")
+    path = os.path.join(OUT, f"{name}-{threads}t.json" if tuner.caps.backend == "cpu" else f"{name}-vulkan.json")
     with open(path, "w") as f:
         json.dump(data, f, indent=1, sort_keys=True)
     return path
@@ -104,9 +110,10 @@ def main() -> int:
     parser.add_argument("problem", choices=[*problems(), "all"])
     parser.add_argument("--threads", type=int, default=1, help="threads the kernels run on (default 1)")
     parser.add_argument("--workers", type=int, default=2, help="compile worker processes (default 2)")
+    parser.add_argument("--device", default="cpu", help="cpu (default) or a Vulkan device of this machine, vulkan:N")
     args = parser.parse_args()
     for name in (list(problems()) if args.problem == "all" else [args.problem]):
-        print(record(name, args.threads, args.workers))
+        print(record(name, args.threads, args.workers, args.device))
     return 0
 
 

@@ -18,6 +18,8 @@ import tracea
 from tracea import dialects as td
 from tracea.dialects.schedule import LaneMap, Schedule, Swizzle
 from tracea.doctor import host, named
+from tracea.doctor.capabilities import probe_vulkan
+from tracea.errors import OpError
 from tracea.codegen.variants import Problem, variant
 from tracea.tuner import SearchSpace, SpaceError, config_key
 from tracea.tuner.cache import TuningCache, entry_key, environment
@@ -460,11 +462,87 @@ def test_an_op_that_cannot_be_tuned_keeps_its_default_and_the_compile_goes_on(tu
     assert TuningCache().entries() == {}
 
 
-def test_tuning_a_gpu_device_is_refused_with_the_reason():
+def test_tuning_a_device_without_a_launcher_is_refused_with_the_reason():
     from tracea.errors import TraceaError
     from tracea.tuner import AutoTuner
-    with pytest.raises(TraceaError, match="times only CPU kernels"):
+    with pytest.raises(TraceaError, match="on cpu and vulkan devices only .*no cuda launcher"):
         AutoTuner("sm_90a")
+    with pytest.raises(TraceaError, match="threads= sizes the CPU's thread teams"):
+        AutoTuner("vulkan-lavapipe", threads=2)
+
+
+# --- a Vulkan device (lavapipe here) ---------------------------------------------------------
+
+VULKAN = None if isinstance(probe_vulkan(), str) else probe_vulkan()[0]
+needs_vulkan = pytest.mark.skipif(VULKAN is None, reason=f"no Vulkan device: {probe_vulkan()}")
+
+
+def test_simt_space_fits_the_vulkan_device():
+    """Every configuration left fits lavapipe's workgroups (1024 invocations, 32 KiB shared, at
+    least a subgroup), and what does not is pruned with the reason."""
+    from tracea.tuner import AutoTuner
+    from tracea.tuner.measure import TuningProblem
+    caps = named("vulkan-lavapipe")
+    tuner = AutoTuner(caps, progress=False)
+    tp = TuningProblem.of(_gemm(96, 80, 72))
+    space = tuner._space(variant("vulkan.gemm.simt"), tp)
+    for config in space.configurations():
+        s = space.schedule(config)
+        (bm, bn, bk), (tm, tn, _) = s.tile, s.warp_tile
+        invocations = (bm // tm) * (bn // tn)
+        assert caps.gpu.warp_size <= invocations <= caps.gpu.threads_per_block
+        assert 4 * bk * (bm + bn) <= caps.gpu.shared_bytes_per_block and tm * tn <= 64
+    assert space.pruned() and 20 <= len(space.configurations()) < 243
+    check = variant("vulkan.gemm.simt").check_schedule
+    for tile, warp, why in [((128, 128, 8), (2, 2, 1), "4096 threads per block .* at most 1024 on "),
+                            ((128, 128, 64), (4, 4, 1), "shared tiles of 65536 bytes"),
+                            ((64, 64, 8), (16, 8, 1), "a 16 x 8 register tile"),
+                            ((64, 48, 8), (4, 32, 1), "must be a multiple of the thread tile")]:
+        with pytest.raises(OpError, match=why):
+            check(tp.problem, caps, Schedule(tile=tile, warp_tile=warp))
+    metal = named("metal-apple")  # 32-wide SIMD groups
+    with pytest.raises(OpError, match="16 invocations per workgroup, fewer than a subgroup \\(32\\)"):
+        check(tp.problem, metal, Schedule(tile=(32, 32, 8), warp_tile=(8, 8, 1)))
+
+
+@needs_vulkan
+def test_the_tuner_times_kernels_on_the_vulkan_device_and_compile_uses_the_result(tuning_dir):
+    """AutoTuner("vulkan:0") compiles each candidate for the device, checks it against the CPU's
+    reference and times it there; a later compile for the device reads the tuned schedule (the
+    workgroup's shape follows its tiles) and computes the right numbers."""
+    from tracea.tuner import AutoTuner
+    from tracea.tuner.measure import TuningProblem
+    m, n, k = 96, 80, 72  # every tile of the space cut by an edge somewhere
+    tuner = AutoTuner(VULKAN.name, budget=5, progress=False, repeats=3, initial=3)
+    result = tuner.tune(TuningProblem.of(_gemm(m, n, k)))
+    assert result.variant_id == "vulkan.gemm.simt" and len(result.evaluations) == 5
+    assert all(e.feasible for e in result.evaluations), [e.error for e in result.evaluations]
+    assert len({config_key(e.config) for e in result.evaluations}) == 5
+    assert result.seconds is not None and result.seconds <= result.default_seconds
+    entry = next(iter(TuningCache().entries().values()))
+    assert entry["variant"] == "vulkan.gemm.simt" and "driver" in entry["environment"]
+    kernel = tracea.compile(_gemm(m, n, k), target="vulkan")
+    (bm, bn, _), (tm, tn, _) = result.schedule.tile, result.schedule.warp_tile
+    assert kernel.artifact.block == (bn // tn, bm // tm, 1)
+    rng = np.random.default_rng(0)
+    x, w = rng.standard_normal((m, k)).astype(np.float32) * 100, rng.standard_normal((k, n)).astype(np.float32)
+    np.testing.assert_allclose(kernel(x, w), x.astype(np.float64) @ w, rtol=1e-4, atol=1e-2)
+
+
+@needs_vulkan
+def test_every_simt_schedule_computes_the_gemm_on_the_device():
+    """The schedules the tuner may pick: a few corners of the space, each run on the device
+    against numpy (a tile that ignored its edges or a register tile laid out wrong shows here)."""
+    rng = np.random.default_rng(1)
+    m, n, k = 70, 130, 45
+    a, b = rng.standard_normal((m, k)).astype(np.float32), rng.standard_normal((k, n)).astype(np.float32)
+    for tile, warp in [((32, 32, 8), (2, 2, 1)), ((128, 64, 32), (8, 4, 1)), ((32, 128, 16), (2, 8, 1)),
+                       ((64, 32, 8), (4, 2, 1))]:
+        s = Schedule(tile=tile, warp_tile=warp)
+        fn = td.function(td.tensor(a.shape), td.tensor(b.shape))(lambda x, y: td.gemm(x, y, schedule=s))
+        kernel = tracea.compile(fn, target="vulkan")
+        assert kernel.artifact.block == (tile[1] // warp[1], tile[0] // warp[0], 1)
+        np.testing.assert_allclose(kernel(a, b), a.astype(np.float64) @ b, rtol=1e-4, atol=1e-4, err_msg=str(s))
 
 
 # --- the command line ------------------------------------------------------------------------
@@ -512,8 +590,9 @@ def test_a_campaign_on_a_local_ray_cluster_merges_into_the_cache(tuning_dir):
             seen_pids.update(self.pids)
             return out
         campaign.RemoteMeasurer.evaluate = spy
-        programs = [_gemm(32, 24, 16), td.function(td.tensor((1, 2, 16, 8)), td.tensor((1, 2, 16, 8)),
-                                                   td.tensor((1, 2, 16, 8)), name="attn")(td.attention)]
+        # head dim 16: a multiple of every x86 host's f32 lanes (the flash kernel's rule)
+        programs = [_gemm(32, 24, 16), td.function(td.tensor((1, 2, 16, 16)), td.tensor((1, 2, 16, 16)),
+                                                   td.tensor((1, 2, 16, 16)), name="attn")(td.attention)]
         results = campaign.tune_campaign(programs, budget=3, threads=1, progress=False, repeats=3)
     finally:
         campaign.RemoteMeasurer.evaluate = real

@@ -81,6 +81,19 @@ def devices() -> list[Capabilities]:
     return (gpus if isinstance(gpus, list) else []) + [host()] + (vulkan if isinstance(vulkan, list) else [])
 
 
+def device_here(device: str) -> Capabilities:
+    """This machine's "cuda" / "vulkan" device 0, or the one named "cuda:N" / "vulkan:N"."""
+    kind = device.split(":")[0]
+    found, profile = (probe_nvidia(), "'sm_80' or 'sm_90a'") if kind == "cuda" else (probe_vulkan(), "'vulkan-lavapipe'")
+    if isinstance(found, str):
+        label = "NVIDIA" if kind == "cuda" else "Vulkan"
+        raise PlanError(f"no {label} device here: {found}; name a device profile instead ({profile})")
+    wanted = [c for c in found if device == kind or c.name == device]
+    if not wanted:
+        raise PlanError(f"there is no {device}; this machine has {', '.join(c.name for c in found)}")
+    return wanted[0]
+
+
 class Context:
     """Profiles the machine once (or takes a named profile: Context("sm_90a")) and plans kernels
     on its best device: `plan_kernel(kernel, precision, **shapes)`."""
@@ -92,20 +105,13 @@ class Context:
             self.capabilities = devices()[0]
         elif device in ("cpu", "host"):
             self.capabilities = host()
-        elif device == "cuda" or str(device).startswith("cuda:"):
-            found = probe_nvidia()
-            if isinstance(found, str):
-                raise PlanError(f"no NVIDIA device here: {found}; plan for a named profile instead "
-                                "(Context('sm_80') or Context('sm_90a'))")
-            wanted = [c for c in found if device == "cuda" or c.name == device]
-            if not wanted:
-                raise PlanError(f"there is no {device}; this machine has {', '.join(c.name for c in found)}")
-            self.capabilities = wanted[0]
+        elif device in ("cuda", "vulkan") or str(device).startswith(("cuda:", "vulkan:")):
+            self.capabilities = device_here(str(device))
         else:
             try:
                 self.capabilities = named(device)
             except ValueError as e:
-                raise PlanError(f"{e}; or 'cpu', 'cuda', 'cuda:N'") from None
+                raise PlanError(f"{e}; or 'cpu', 'cuda', 'cuda:N', 'vulkan', 'vulkan:N'") from None
 
     @property
     def backend(self) -> str:

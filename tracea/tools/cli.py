@@ -51,7 +51,8 @@ def main(argv: list[str] | None = None) -> int:
                              "sm_90a, zen3-avx2, skylake-avx512, sapphire-rapids-avx512, x86-64-sse, graviton3-neon, "
                              "apple-m2-neon; or cpu")
     doctor.add_argument("--json", action="store_true", help="print the report as JSON")
-    tune = sub.add_parser("tune", help="tune the kernel ops of an .mlir file or a PyTorch model on this CPU and store "
+    tune = sub.add_parser("tune", help="tune the kernel ops of an .mlir file or a PyTorch model on this CPU (or a "
+                          "Vulkan device) and store "
                           "the schedules in the tuning cache, which later compiles use",
                           description="A Gaussian-process search per kernel op (gemm, fused_gemm, conv2d, attention): "
                                       "each candidate schedule compiled, checked against the reference lowering and "
@@ -62,6 +63,8 @@ def main(argv: list[str] | None = None) -> int:
     tune.add_argument("input", help="an MLIR file, or FILE.py:FUNCTION returning (torch module, example inputs)")
     tune.add_argument("--budget", type=int, default=40, help="evaluations per op (default 40)")
     tune.add_argument("--seconds", type=float, help="a time limit per op")
+    tune.add_argument("--device", default="cpu", help="where the kernels run and are timed: cpu (default) or a "
+                                                       "Vulkan device of this machine, vulkan:N (.mlir input)")
     tune.add_argument("--threads", type=int, help="threads the kernels run on (default: $TRACEA_NUM_THREADS or the cores)")
     tune.add_argument("--workers", type=int, help="compile worker processes (default: the cores)")
     tune.add_argument("--retune", action="store_true", help="search again even where the cache has a schedule")

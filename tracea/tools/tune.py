@@ -28,9 +28,12 @@ def _load_model(spec: str):
 
 def run_tune(args) -> int:
     from ..tuner.autotuner import AutoTuner, tune_program
-    tuner = AutoTuner("cpu", threads=args.threads, budget=args.budget, seconds=args.seconds, workers=args.workers,
-                      progress=not args.quiet, seed=args.seed, retune=args.retune)
+    tuner = AutoTuner(args.device, threads=args.threads, budget=args.budget, seconds=args.seconds,
+                      workers=args.workers, progress=not args.quiet, seed=args.seed, retune=args.retune)
     if args.input.endswith(".py") or ".py:" in args.input:
+        if tuner.caps.backend != "cpu":
+            raise TraceaError(f"a PyTorch model is compiled for the CPU; tune its ops with --device cpu, or tune an "
+                              f".mlir file's ops on {args.device}")
         if ".py:" not in args.input:
             raise TraceaError(f"name the function that builds the model: {args.input}:build")
         import tracea
@@ -51,18 +54,18 @@ def run_tune(args) -> int:
 
 
 def run_cache(args) -> int:
-    from ..doctor import host
+    from ..doctor import devices
     from ..tuner.cache import TuningCache, environment
     cache = TuningCache()
     if args.action == "clear":
         print(f"removed {cache.clear()} entries from {cache.path}")
         return 0
     entries = cache.entries()
-    env = environment(host())
+    here = [environment(device) for device in devices()]  # the CPU's, and each GPU's with its driver
     if args.action == "list":
         rows = [{"key": key, "label": e.get("label"), "variant": e.get("variant"), "threads": e.get("threads"),
                  "seconds": e.get("seconds"), "default_seconds": e.get("default_seconds"),
-                 "configurations": len(e["configs"]), "fresh": e.get("environment") == env, "tuned": e.get("tuned")}
+                 "configurations": len(e["configs"]), "fresh": e.get("environment") in here, "tuned": e.get("tuned")}
                 for key, e in sorted(entries.items(), key=lambda kv: kv[1].get("label") or "")]
         if args.json:
             print(json.dumps(rows, indent=1))

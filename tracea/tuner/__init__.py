@@ -3,7 +3,7 @@ measures (measure.py), the persistent tuning cache (cache.py) and the AutoTuner 
 to the Doctor's variants (autotuner.py)."""
 from .space import SearchSpace, SpaceError, config_key
 
-TIMED_BACKENDS = ("cpu",)  # where the AutoTuner can time kernels (no GPU launcher is wired to it)
+TIMED_BACKENDS = ("cpu", "vulkan")  # where the AutoTuner can time kernels (runtimes it launches them on)
 
 __all__ = ["TIMED_BACKENDS", "AutoTuner", "SearchSpace", "SpaceError", "TuningCache", "config_key"]
 

@@ -99,20 +99,27 @@ class AutoTuner:
         self.context = Context("cpu" if device is None else device)
         caps = self.context.capabilities
         if caps.backend not in TIMED_BACKENDS:
-            raise TraceaError(f"tuning for {caps.name} times kernels on that GPU, and Tracea times only CPU kernels "
-                              "(no GPU launcher is wired to the tuner yet); tune on the CPU (AutoTuner('cpu'))")
+            raise TraceaError(f"tuning for {caps.name} times kernels on that device, and Tracea's tuner times kernels "
+                              f"on {' and '.join(TIMED_BACKENDS)} devices only (no {caps.backend} launcher is wired to "
+                              "it); tune on the CPU (AutoTuner('cpu')) or a Vulkan device (AutoTuner('vulkan:0'))")
         self.caps = caps
-        self.threads = threads or knobs.num_threads() or caps.cpu.cores
+        on_cpu = caps.backend == "cpu"
+        if not on_cpu and threads not in (None, 1):
+            raise TraceaError(f"threads= sizes the CPU's thread teams; a {caps.backend} kernel's workgroups come from "
+                              "its schedule")
+        # a GPU kernel's key has threads 1, as its compile's plan() gives it (tuner/cache.py entry_key)
+        self.threads = (threads or knobs.num_threads() or caps.cpu.cores) if on_cpu else 1
         self.budget, self.seconds, self.repeats, self.seed, self.initial = budget, seconds, repeats, seed, initial
         self.cache = cache or tuning_cache.TuningCache()
-        self.workers = caps.cpu.cores if workers is None else workers
+        # compile workers fill the CPU's disk cache; GPU kernels are compiled where they are timed
+        self.workers = (caps.cpu.cores if workers is None else workers) if on_cpu else 0
         self.progress = knobs.show_progress() if progress is None else progress
         self.retune = retune  # search again where the cache has an entry
         self.results: list[TunedSchedule] = []  # what tune() returned, in order
         # where measurements come from: this machine, or a cluster's nodes (campaign.py sets both)
         self.environment = tuning_cache.environment(caps)
         self.measurer = lambda tp, variant_id: Measurer(tp, variant_id, self.threads, repeats=self.repeats,
-                                                        workers=self.workers, seed=self.seed)
+                                                        workers=self.workers, seed=self.seed, device=caps)
 
     # --- the seeds' API ---------------------------------------------------------------------
     def optimize(self, problem, *, retune: bool | None = None) -> TunedSchedule:

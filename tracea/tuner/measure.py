@@ -154,21 +154,25 @@ class CompilePool:
 
 
 class Measurer:
-    """Evaluates schedules of one TuningProblem on the CPU: compile (a pool of `workers`
-    processes when the disk cache is on), check against the reference, time."""
+    """Evaluates schedules of one TuningProblem on `device` (None: this CPU; or the Capabilities
+    of a device of this machine, e.g. a Vulkan one): compile (on the CPU, a pool of `workers`
+    processes when the disk cache is on), check against the CPU's reference lowering, time."""
 
     def __init__(self, problem: TuningProblem, variant_id: str, threads: int, *, repeats: int = 7,
-                 min_seconds: float = 0.05, workers: int = 0, seed: int = 0):
+                 min_seconds: float = 0.05, workers: int = 0, seed: int = 0, device=None):
         import tracea
         self.problem, self.variant_id, self.threads = problem, variant_id, threads
         self.repeats, self.min_seconds = repeats, min_seconds
-        reference = tracea.compile(problem.text, strategy="reference", threads=threads)
+        on_cpu = device is None or device.backend == "cpu"
+        # how a candidate is compiled: for the CPU's thread team, or for the device by its name
+        self.target = dict(threads=threads) if on_cpu else dict(target=device.backend, chip=device.name)
+        reference = tracea.compile(problem.text, strategy="reference", threads=threads if on_cpu else None)
         rng = np.random.default_rng(seed)
         self.inputs = [_random(spec, rng) for spec in reference.signature.inputs]
         self.expected = np.asarray(reference(*self.inputs), dtype=np.float64)
         self.dtype = reference.signature.outputs[0].dtype
         # without the disk cache a worker's compile could not reach this process
-        self.pool = CompilePool(workers) if workers > 1 and knobs.cache_dir() is not None else None
+        self.pool = CompilePool(workers) if on_cpu and workers > 1 and knobs.cache_dir() is not None else None
 
     def close(self) -> None:
         if self.pool is not None:
@@ -186,7 +190,7 @@ class Measurer:
         """The compiled kernel of `text` if it computes the reference's numbers, else the reason."""
         import tracea
         try:
-            kernel = tracea.compile(text, threads=self.threads)
+            kernel = tracea.compile(text, **self.target)
             out = np.asarray(kernel(*self.inputs), dtype=np.float64)
         except TraceaError as e:
             return f"{type(e).__name__}: {e}"

@@ -180,21 +180,21 @@ def emit_mma_gemm(v: OpView, name: str, caps: Capabilities | None = None) -> tup
                                                         tiles.shared_bytes())
 
 
-def simt_gemm(v: OpView, name: str, spirv: bool = False) -> tuple[str, Launch]:
-    """A gemm / fused_gemm on the SIMT kernel (`spirv`: written for MLIR's SPIR-V conversion)."""
-    return _simt(mma_gemm(v), name, spirv)
+def simt_gemm(v: OpView, name: str, spirv: bool = False, tiles: SimtTiles = SimtTiles()) -> tuple[str, Launch]:
+    """A gemm / fused_gemm on the SIMT kernel (`spirv`: written for MLIR's SPIR-V conversion).
+    NVIDIA's fallback keeps the default tiles; the Vulkan and Metal targets pass their schedule's."""
+    return _simt(mma_gemm(v), name, spirv, tiles)
 
 
-def simt_conv(v: OpView, name: str, spirv: bool = False) -> tuple[str, Launch]:
+def simt_conv(v: OpView, name: str, spirv: bool = False, tiles: SimtTiles = SimtTiles()) -> tuple[str, Launch]:
     """An NHWC conv2d as an implicit GEMM on the SIMT kernel, its A tiles gathered from the image."""
     m, n, k, gather = implicit_gemm(v)
     bias = v.operands.get("bias")
     return _simt(MmaGemm(m, n, k, gather.image.dtype, v.result.dtype, False, (Epilogue("bias_add"),) if bias else (),
-                         bias.dtype if bias else None, None, gather), name, spirv)
+                         bias.dtype if bias else None, None, gather), name, spirv, tiles)
 
 
-def _simt(g: MmaGemm, name: str, spirv: bool) -> tuple[str, Launch]:
-    tiles = SimtTiles()  # fixed tiles: the fallback is not tuned
+def _simt(g: MmaGemm, name: str, spirv: bool, tiles: SimtTiles) -> tuple[str, Launch]:
     x, y = tiles.threads
     return simt_gemm_module_text(g, tiles, name, spirv=spirv), Launch(
         simt_grid(g.m, g.n, tiles, math.prod(g.lead) if g.batch_grid else 1), (x, y, 1), 0)

@@ -35,13 +35,14 @@ class SimtTiles:
         """(x, y) threads per block: x along N, y along M."""
         return self.block_n // self.thread_n, self.block_m // self.thread_m
 
-    def validate(self) -> None:
+    def validate(self, max_threads: int = 1024) -> None:
         if self.block_m % self.thread_m or self.block_n % self.thread_n:
             raise ValueError(f"block tile {self.block_m}x{self.block_n} must be a multiple of the thread tile "
                              f"{self.thread_m}x{self.thread_n}")
         x, y = self.threads
-        if x * y > 1024:
-            raise ValueError(f"{x * y} threads per block; at most 1024")
+        if x * y > max_threads:
+            raise ValueError(f"{x * y} threads per block ({self.block_m}/{self.thread_m} x {self.block_n}/"
+                             f"{self.thread_n}); at most {max_threads}")
 
 
 def simt_gemm_module_text(g: MmaGemm, tiles: SimtTiles = SimtTiles(), name: str = "gemm", spirv: bool = False) -> str:

@@ -9,19 +9,22 @@ abort this MLIR's conversion) and its workgroup size as the entry point's.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import mlir.ir as ir
 
 from ...codegen.gpu_kernels import functions_to_kernels
-from ...codegen.variants import BackendIs, DtypeIn, Rule, SharedMemoryAtLeast, Variant, register_variant
+from ...codegen.variants import BackendIs, DtypeIn, Problem, Rule, SharedMemoryAtLeast, Variant, register_variant
+from ...dialects.schedule import Schedule
 from ...doctor.capabilities import Capabilities, named
+from ...errors import OpError
 from ...passes.registry import PassFailed, TraceaPass, option, register
 from ..nvvm.kernels import Launch, simt_conv, simt_gemm
 from ..nvvm.simt import SimtTiles
 from .attention import QUERIES, SHARED_BYTES, attention_module_text
 from .cooperative import TILE, cooperative_gemm_module_text
 from .softmax import MAX_WORKGROUP, softmax_module_text
+from ...tuner.space import SearchSpace
 
 KERNEL_OPS = ("tracea.gemm", "tracea.fused_gemm", "tracea.conv2d", "tracea.attention", "tracea.softmax")
 
@@ -41,6 +44,57 @@ F16_STORAGE = Rule("f32, or f16 on a device with 16-bit storage buffers and f16 
                    and caps.gpu.f16_storage and all(d in ("f16", "f32") for d in (p.dtypes or ())))
 
 
+# -- the SIMT kernels' schedule: tile = [BM, BN, BK] (a workgroup's tile of C and the K step
+# of its shared tiles), warp_tile = [TM, TN, 1] (each invocation's register tile) ---------------
+
+def simt_tiles(s: Schedule | None) -> SimtTiles:
+    if s is None or s.tile is None:
+        return _TILES
+    if len(s.tile) != 3 or s.warp_tile is None or len(s.warp_tile) != 3 or s.warp_tile[2] != 1:
+        raise OpError(f"a SIMT GEMM schedule is tile = [BM, BN, BK] and warp_tile = [TM, TN, 1] (each invocation's "
+                      f"TM x TN results); got tile {list(s.tile)}, warp_tile {list(s.warp_tile or ())}")
+    return SimtTiles(s.tile[0], s.tile[1], s.tile[2], s.warp_tile[0], s.warp_tile[1])
+
+
+def _simt_default(p: Problem, caps: Capabilities, threads: int | None) -> Schedule:
+    if p.schedule is not None and p.schedule.tile is not None:
+        return p.schedule
+    t = _TILES
+    return replace(p.schedule or Schedule(), tile=(t.block_m, t.block_n, t.block_k),
+                   warp_tile=(t.thread_m, t.thread_n, 1))
+
+
+def _simt_space(p: Problem, caps: Capabilities) -> SearchSpace:
+    """Workgroup tiles of 32 to 128 square-ish, K steps of 8 to 32, register tiles of 2 to 8 a
+    side; what the device cannot hold is pruned by _check_simt."""
+    return (SearchSpace().tile_m([32, 64, 128]).tile_n([32, 64, 128]).tile_k([8, 16, 32])
+            .warp_m([2, 4, 8]).warp_n([2, 4, 8]).warp_k([1]))
+
+
+MAX_RESULTS_PER_INVOCATION = 64  # TM x TN accumulators in registers (more spill on every GPU)
+
+
+def _check_simt(p: Problem, caps: Capabilities, s: Schedule) -> None:
+    t, gpu = simt_tiles(s), caps.gpu
+    try:
+        t.validate(gpu.threads_per_block if gpu is not None else 1024)
+    except ValueError as e:
+        raise OpError(f"{e}{f' on {gpu.name}' if gpu is not None else ''}") from None
+    x, y = t.threads
+    shared = 4 * t.block_k * (t.block_m + t.block_n)
+    if gpu is not None and shared > gpu.shared_bytes_per_block:
+        raise OpError(f"shared tiles of {shared} bytes (4 x BK x (BM + BN)); {gpu.name} has "
+                      f"{gpu.shared_bytes_per_block}")
+    if gpu is not None and x * y < gpu.warp_size:
+        raise OpError(f"{x * y} invocations per workgroup, fewer than a subgroup ({gpu.warp_size})")
+    if t.thread_m * t.thread_n > MAX_RESULTS_PER_INVOCATION:
+        raise OpError(f"a {t.thread_m} x {t.thread_n} register tile per invocation; at most "
+                      f"{MAX_RESULTS_PER_INVOCATION} results")
+
+
+SIMT_SCHEDULE = dict(default_schedule=_simt_default, search_space=_simt_space, check_schedule=_check_simt)
+
+
 def register_simt_variants(backend: str, dtypes, spirv: bool) -> dict:
     """The SIMT kernels as `backend`'s variants (their inputs held to `dtypes`; `spirv`: written for
     MLIR's SPIR-V conversion, as Vulkan and Metal take them, else for ROCDL): {variant id: emitter}."""
@@ -49,15 +103,17 @@ def register_simt_variants(backend: str, dtypes, spirv: bool) -> dict:
     for variant_, emitter in (
         (Variant(f"{backend}.gemm.simt", backend, ("gemm", "fused_gemm"), (
             on, dtypes, SharedMemoryAtLeast(GEMM_SHARED_BYTES)), 10,
-            "SIMT: shared-memory tiles of A and B, a 4 x 4 register tile per invocation, fused epilogue (f32 "
-            "accumulation)", frozenset({"simd"})), simt_gemm),
+            "SIMT: shared-memory tiles of A and B, a register tile per invocation (default 4 x 4), fused epilogue "
+            "(f32 accumulation)", frozenset({"simd"}), **SIMT_SCHEDULE),
+         lambda v, name, spirv: simt_gemm(v, name, spirv, simt_tiles(v.attrs.get("schedule")))),
         (Variant(f"{backend}.conv2d.implicit_gemm", backend, ("conv2d",), (
             on, dtypes, SharedMemoryAtLeast(GEMM_SHARED_BYTES),
             Rule("layout='nhwc' (filter HWCF; transpose an NCHW input to NHWC first)",
                  lambda p, caps: None if p.layout is None else p.layout == "nhwc"),
             Rule("groups=1", lambda p, caps: None if p.groups is None else p.groups == 1)), 10,
             "the SIMT GEMM with its A tiles gathered from the NHWC image (implicit GEMM), bias in the epilogue",
-            frozenset({"simd"})), simt_conv),
+            frozenset({"simd"}), **SIMT_SCHEDULE),
+         lambda v, name, spirv: simt_conv(v, name, spirv, simt_tiles(v.attrs.get("schedule")))),
         (Variant(f"{backend}.attention.flash_simt", backend, ("attention",), (
             on, dtypes, SharedMemoryAtLeast(SHARED_BYTES)), 10,
             f"flash attention: a workgroup per {QUERIES} queries, key and value blocks in shared memory, online "
@@ -94,14 +150,8 @@ def device_capabilities(device: str) -> Capabilities:
     """A Vulkan device of this machine ("vulkan:N") or a named Vulkan or Metal profile
     ("vulkan-lavapipe", "metal-apple")."""
     if device.startswith("vulkan:"):
-        from ...doctor.capabilities import probe_vulkan
-        found = probe_vulkan()
-        if isinstance(found, str):
-            raise ValueError(f"no Vulkan device here: {found}")
-        wanted = [c for c in found if c.name == device]
-        if not wanted:
-            raise ValueError(f"there is no {device}; this machine has {', '.join(c.name for c in found)}")
-        return wanted[0]
+        from ...doctor.engine import device_here
+        return device_here(device)
     caps = named(device)
     if caps.backend not in ("vulkan", "metal"):
         raise ValueError(f"{device!r} is a {caps.backend} profile, not a Vulkan or Metal device")
