@@ -530,6 +530,25 @@ def test_the_tuner_times_kernels_on_the_vulkan_device_and_compile_uses_the_resul
 
 
 @needs_vulkan
+def test_a_vulkan_compile_with_tune_true_tunes_on_the_device(tuning_dir, monkeypatch):
+    """tune=True on target="vulkan": the miss is searched on the device the kernel runs on, and
+    the compile that follows plans the tuned schedule. A target with no launcher for the tuner
+    is refused with the reason."""
+    monkeypatch.setenv("TRACEA_TUNE_BUDGET", "3")
+    m, n, k = 40, 72, 24
+    kernel = tracea.compile(_gemm(m, n, k), target="vulkan", tune=True)
+    (entry,) = TuningCache().entries().values()
+    assert entry["variant"] == "vulkan.gemm.simt" and len(entry["configs"]) == 3
+    tile, warp = entry["schedule"]["tile"], entry["schedule"]["warp_tile"]
+    assert kernel.artifact.block == (tile[1] // warp[1], tile[0] // warp[0], 1)
+    rng = np.random.default_rng(2)
+    x, w = rng.standard_normal((m, k)).astype(np.float32), rng.standard_normal((k, n)).astype(np.float32)
+    np.testing.assert_allclose(kernel(x, w), x.astype(np.float64) @ w, rtol=1e-4, atol=1e-4)
+    with pytest.raises(tracea.CompileError, match="no cuda launcher wired to the tuner"):
+        tracea.compile(_gemm(m, n, k), target="cuda", tune=True)
+
+
+@needs_vulkan
 def test_every_simt_schedule_computes_the_gemm_on_the_device():
     """The schedules the tuner may pick: a few corners of the space, each run on the device
     against numpy (a tile that ignored its edges or a register tile laid out wrong shows here)."""

@@ -79,7 +79,7 @@ def compile_program(program, *, target: str = "cpu", entry: str | None = None, s
     CPU kernels also on disk."""
     backend = get_target(target)
     text, source_name = _source(program)
-    tuner = _tuner(tune, target, strategy, threads)
+    tuner = _tuner(tune, target, strategy, threads, chip)
     if tuner is not None:
         from .tuner.autotuner import tune_program
         tune_program(text, tuner)
@@ -111,9 +111,9 @@ def compile_program(program, *, target: str = "cpu", entry: str | None = None, s
     return kernel
 
 
-def _tuner(tune, target: str, strategy: str, threads: int | None):
+def _tuner(tune, target: str, strategy: str, threads: int | None, chip: str | None = None):
     """The AutoTuner a compile tunes its ops with on a tuning-cache miss, or None: `tune` is
-    True, False, an AutoTuner, or None for $TRACEA_TUNE."""
+    True, False, an AutoTuner, or None for $TRACEA_TUNE. A Vulkan compile tunes on its device."""
     if tune is None:
         tune = knobs.tune()
     if not tune:  # the usual case: the tuner is not even imported
@@ -123,8 +123,11 @@ def _tuner(tune, target: str, strategy: str, threads: int | None):
         return tune
     if strategy != "tiled":
         return None
+    if target == "vulkan":
+        return AutoTuner(chip if chip and chip.startswith("vulkan:") else "vulkan:0", budget=knobs.tune_budget())
     if target != "cpu":
-        raise CompileError(f"tune=True times kernels on the CPU only; compile for {target!r} without tuning")
+        raise CompileError(f"tune=True times kernels on the CPU and on Vulkan devices; Tracea has no {target} launcher "
+                           f"wired to the tuner: compile for {target!r} without tuning")
     return AutoTuner("cpu", threads=threads, budget=knobs.tune_budget())
 
 

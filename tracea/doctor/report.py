@@ -87,7 +87,7 @@ def support_matrix() -> str:
              "## Support matrix", "",
              "● the backend has a kernel variant with the feature; × it has none ("
              + "".join(f"{BACKENDS[b]}: no variants yet; " for b in BACKENDS if not any(v.backend == b for v in registered))
-             + "the tuner times kernels on the CPU only: `tracea tune`).", "",
+             + "the tuner times kernels on the CPU and on Vulkan devices: `tracea tune`).", "",
              "| Feature | " + " | ".join(BACKENDS.values()) + " |", "| :--- |" + " :---: |" * len(BACKENDS)]
     for key, label in FEATURES.items():
         lines.append(f"| {label} | " + " | ".join("●" if key in has[b] else "×" for b in BACKENDS) + " |")
