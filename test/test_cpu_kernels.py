@@ -362,6 +362,34 @@ def test_implicit_gemm_conv_reads_the_image_directly(n, c, k, hw, kernel, stride
         assert DIRECT_READ in compiled.stages["linalg"], "this conv should read its inner pixels from the image"
 
 
+def _conv_view(fn):
+    """The OpView of the first conv2d of a Tracea function (what the kernel planners read)."""
+    import mlir.ir as ir
+    from tracea.dialects.context import shared_context
+    from tracea.dialects.ops import view
+    with shared_context("host"):
+        module = ir.Module.parse(str(fn))
+        func = module.body.operations[0]
+        return view(next(op.operation for op in func.regions[0].blocks[0].operations
+                         if op.operation.name == "tracea.conv2d"))
+
+
+@pytest.mark.parametrize("profile", ["zen3-avx2", "skylake-avx512"])
+def test_convs_read_in_place_take_register_tiles_of_few_rows(profile):
+    """A base pointer per row of the tile: the default in-place conv keeps at most 4 rows (6-8
+    ran at half speed on Zen 4); a packed one keeps the GEMM's height."""
+    from tracea.doctor.capabilities import CPU_PROFILES
+    from tracea.targets.cpu.kernels import DIRECT_MAX_MR, conv_gemm_schedule
+    cpu = CPU_PROFILES[profile]
+    for hw, in_place in [(56, True), (7, False)]:
+        fn = td.function(td.tensor((1, hw, hw, 64)), td.tensor((3, 3, 64, 64)))(
+            lambda a, f: td.conv2d(a, f, padding=1, layout="nhwc"))
+        s = conv_gemm_schedule(_conv_view(fn), cpu, 2)
+        mr = s.warp_tile[0]
+        assert (mr <= DIRECT_MAX_MR) if in_place else (mr > DIRECT_MAX_MR), (hw, s)
+        assert s.tile[0] % mr == 0
+
+
 def test_small_images_keep_packing():
     """Where few pixels have all their taps inside (7x7, padding 1: half), every strip is packed."""
     fn = td.function(td.tensor((1, 7, 7, 64)), td.tensor((3, 3, 64, 64)))(
@@ -430,6 +458,15 @@ def test_default_attention_keeps_its_tiles_in_registers(causal):
     loops (one store of a constant vector at entry is allowed)."""
     fn = td.function(*[td.tensor((1, 2, 128, 64))] * 3)(lambda a, b, c: td.attention(a, b, c, causal=causal))
     assert _vector_spills(tracea.compile(fn, threads=1)) <= 2
+
+
+@pytest.mark.parametrize("threads", [1, 2])
+def test_default_gemm_keeps_its_register_tile_in_registers(threads):
+    """On this host, the default GEMM's machine code spills no vector register: a 14 x 32 tile on
+    AVX-512 (28 accumulators of 32 registers) spilled 66 times in the unrolled k loop and ran
+    the 2-thread GEMM at half speed."""
+    fn = td.function(td.tensor((1024, 1024)), td.tensor((1024, 1024)))(td.gemm)
+    assert _vector_spills(tracea.compile(fn, threads=threads)) == 0
 
 
 @given(c=st.integers(1, LANES - 1), k=st.integers(1, 5), hw=st.integers(1, 12), stride=st.integers(1, 3),
