@@ -23,12 +23,15 @@ def _jit(llvm_dialect: str, symbol: str, prototype):
     return prototype(library.addresses[symbol]), library
 
 
+BF16_CONVERSIONS = ("avx512bf16", "avxneconvert", "amx-bf16")  # LLVM features that convert f32 to bf16
+
+
 def _without_bf16_conversions():
     """The host's target machine less AVX512-BF16 / AVX-NE-CONVERT: fptrunc to bf16 calls
     __truncsfbf2 (Tracea's definition), as on CPUs that have no bf16 conversions."""
     llvm = native._llvm()
     features = llvm.get_host_cpu_features()
-    for feature in ("avx512bf16", "avxneconvert", "amx-bf16"):
+    for feature in BF16_CONVERSIONS:
         if feature in features:
             features[feature] = False
     return llvm.Target.from_default_triple().create_target_machine(
@@ -36,7 +39,8 @@ def _without_bf16_conversions():
 
 
 def _host_converts_bf16() -> bool:
-    return native._llvm().get_host_cpu_features().get("avx512bf16", False)
+    features = native._llvm().get_host_cpu_features()
+    return any(features.get(feature, False) for feature in BF16_CONVERSIONS)
 
 
 @pytest.mark.parametrize("machine", ["software", "host"])

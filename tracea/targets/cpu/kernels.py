@@ -51,6 +51,10 @@ def _round_up(x: int, multiple: int) -> int:
 # 14: 1 thread +2-6 %, 2 threads 1024^3 2.2x and 2048^3 1.45x (the spills' reloads stalled there
 # on GNU OpenMP's threads), no shape slower. 16 registers (AVX2) keep 6 rows.
 MAX_MR = 8
+# Rows of the register tile when the micro-kernel reads A from the image in place: a base pointer
+# per row. Measured on Zen 4 (3x3 C64 56x56 NHWC, 1 thread, interleaved with torch): 4 rows 107
+# GFLOP/s (AVX2 code on the same host: 98), 6 or 8 rows 53-59 (71); packing instead 96.
+DIRECT_MAX_MR = 4
 FEW_ROWS, FEW_ROWS_KC = 160, 1024  # GEMMs of at most this many rows: one M block, K up to this in one block
 
 
@@ -161,11 +165,6 @@ def conv_gemm_schedule(v: OpView, host: CPU, threads: int) -> Schedule:
         mc = _round_up(mc, mr)
     return replace(schedule, tile=(mc, nc, kc), warp_tile=(mr, nr, 1))
 
-
-# Rows of the register tile when the micro-kernel reads A from the image in place: a base pointer
-# per row. Measured on Zen 4 (3x3 C64 56x56 NHWC, 1 thread, interleaved with torch): 4 rows 107
-# GFLOP/s (AVX2 code on the same host: 98), 6 or 8 rows 53-59 (71); packing instead 96.
-DIRECT_MAX_MR = 4
 
 
 def conv_as_gemm(w: KernelWriter, v: OpView, name: str, threads: int) -> tuple[str, str]:
