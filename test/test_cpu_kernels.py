@@ -499,8 +499,59 @@ def test_direct_nchw_conv(n, c, k, kh, kw, hw, stride, dilation, pads, bias, thr
     opts = dict(stride=stride, padding=pads, dilation=dilation)
     args = [td.tensor(x.shape), td.tensor(f.shape)] + ([td.tensor(b.shape)] if bias else [])
     fn = td.function(*args)(lambda *a: td.conv2d(*a, **opts))
-    out = tracea.compile(fn, threads=threads)(x, f, *([b] if bias else []))
+    out = tracea.compile(on_variant(fn, "cpu.conv2d.direct_nchw"), threads=threads)(x, f, *([b] if bias else []))
     ref.assert_close(out, ref.conv2d(x, f, b if bias else None, stride, pads, dilation, 1, "nchw"), "f32", c * kh * kw)
+
+
+def on_variant(fn, variant_id: str) -> str:
+    """The function's IR with its one conv2d told to run on `variant_id` (no schedule: the
+    variant's default)."""
+    text = str(fn)
+    forced = re.sub(r'("tracea.conv2d"\([^)]*\)) <?\{', rf'\1 {{"tracea.variant" = "{variant_id}", ', text, count=1)
+    assert forced != text
+    return forced
+
+
+@given(n=st.integers(1, 3), c=st.integers(1, 40), k=st.integers(1, 20), kh=st.integers(1, 4), kw=st.integers(1, 4),
+       hw=st.tuples(st.integers(1, 12), st.integers(1, 20)), stride=st.tuples(st.integers(1, 3), st.integers(1, 3)),
+       dilation=st.tuples(st.integers(1, 2), st.integers(1, 2)), pads=st.tuples(*[st.integers(0, 2)] * 4),
+       bias=st.booleans(), threads=st.sampled_from([1, 2]))
+def test_im2col_nchw_conv(n, c, k, kh, kw, hw, stride, dilation, pads, bias, threads):
+    """NCHW f32 conv as one GEMM for the batch over a channel-major im2col: every stride,
+    dilation, asymmetric padding, filter and position counts off the register tile."""
+    h, w = hw
+    if h + pads[0] + pads[1] < dilation[0] * (kh - 1) + 1 or w + pads[2] + pads[3] < dilation[1] * (kw - 1) + 1:
+        return
+    rng = np.random.default_rng(n + c * 10 + k * 1000 + h * 7 + w)
+    x, f, b = ref.random(rng, (n, c, h, w)), ref.random(rng, (k, c, kh, kw)), ref.random(rng, (k,))
+    opts = dict(stride=stride, padding=pads, dilation=dilation)
+    args = [td.tensor(x.shape), td.tensor(f.shape)] + ([td.tensor(b.shape)] if bias else [])
+    fn = td.function(*args)(lambda *a: td.conv2d(*a, **opts))
+    out = tracea.compile(on_variant(fn, "cpu.conv2d.im2col_nchw"), threads=threads)(x, f, *([b] if bias else []))
+    ref.assert_close(out, ref.conv2d(x, f, b if bias else None, stride, pads, dilation, 1, "nchw"), "f32", c * kh * kw)
+
+
+@pytest.mark.parametrize("shape,filt,stride,padding,expected", [
+    ((8, 512, 4, 4), (512, 512, 3, 3), 1, 1, "cpu.conv2d.im2col_nchw"),  # ResNet-50's last stage at 128x128
+    ((8, 256, 8, 8), (512, 256, 3, 3), 2, 1, "cpu.conv2d.im2col_nchw"),
+    ((1, 512, 7, 7), (512, 512, 3, 3), 1, 1, "cpu.conv2d.im2col_nchw"),  # ... at 224x224
+    ((8, 1024, 14, 14), (2048, 1024, 1, 1), 2, 0, "cpu.conv2d.im2col_nchw"),  # a strided 1x1 to 7x7
+    ((8, 512, 7, 7), (2048, 512, 1, 1), 1, 0, "cpu.conv2d.pointwise_nchw"),  # its im2col is the image itself
+    ((8, 128, 16, 16), (128, 128, 3, 3), 1, 1, "cpu.conv2d.direct_nchw"),  # 256 pixels an image
+    ((256, 512, 7, 7), (512, 512, 3, 3), 1, 1, "cpu.conv2d.direct_nchw"),  # an im2col of 231 MB
+])
+def test_small_nchw_images_run_as_one_gemm_for_the_batch(shape, filt, stride, padding, expected):
+    fn = td.function(td.tensor(shape), td.tensor(filt))(lambda a, f: td.conv2d(a, f, stride=stride, padding=padding))
+    assert re.search(rf"1 x conv2d on {expected}$", str(tracea.compile(fn).plan), re.M)
+
+
+def test_a_variant_written_on_an_op_must_fit_it():
+    fn = td.function(td.tensor((2, 8, 9, 9)), td.tensor((4, 8, 3, 3)))(lambda a, f: td.conv2d(a, f, padding=1))
+    with pytest.raises(tracea.CompileError, match="cpu.conv2d.pointwise_nchw, cannot compute conv2d .* remove "
+                                                  "tracea.variant to let the Doctor choose"):
+        tracea.compile(on_variant(fn, "cpu.conv2d.pointwise_nchw"))
+    with pytest.raises(tracea.CompileError, match="unknown kernel variant 'cpu.conv2d.fastest'; known: "):
+        tracea.compile(on_variant(fn, "cpu.conv2d.fastest"))
 
 
 @given(n=st.integers(1, 2), c=st.integers(1, 20), kh=st.integers(1, 7), kw=st.integers(1, 7),
@@ -522,7 +573,8 @@ def test_depthwise_conv(n, c, kh, kw, hw, stride, dilation, pads, bias, threads,
     opts = dict(stride=stride, padding=pads, dilation=dilation, groups=c, layout=layout)
     args = [td.tensor(x.shape), td.tensor(f.shape)] + ([td.tensor(b.shape)] if bias else [])
     kernel = tracea.compile(td.function(*args)(lambda *a: td.conv2d(*a, **opts)), threads=threads, keep_stages=True)
-    assert "linalg.generic" not in kernel.stages["linalg"]  # the depthwise kernel, not the reference loops
+    # the depthwise kernel (or, for one channel, a groups = 1 kernel), not the reference loops
+    assert re.search(r"1 x conv2d on cpu.conv2d.(depthwise|im2col|pointwise)", str(kernel.plan))
     out = kernel(x, f, *([b] if bias else []))
     ref.assert_close(out, ref.conv2d(x, f, b if bias else None, stride, pads, dilation, c, layout), "f32", kh * kw)
 
@@ -537,7 +589,8 @@ def test_pointwise_nchw_conv_is_a_gemm(n, c, hw, k, bias, stride):
     """1x1 NCHW convs over at least 32 (output) pixels run as one GEMM per image on the packed
     kernel, the filter shared by the images, strided ones on the pixels they read; over one
     pixel as one GEMM for the batch (x @ W^T, on the inner-product kernel for few images and
-    long rows); in between, on the direct kernel."""
+    long rows); strided ones to at most 64 pixels, as one GEMM over their im2col; the others in
+    between, on the direct kernel."""
     rng = np.random.default_rng(c + k)
     x, f, b = ref.random(rng, (n, c) + hw), ref.random(rng, (k, c, 1, 1)), ref.random(rng, (k,))
     args = [td.tensor(x.shape), td.tensor(f.shape)] + ([td.tensor(b.shape)] if bias else [])
@@ -545,7 +598,9 @@ def test_pointwise_nchw_conv_is_a_gemm(n, c, hw, k, bias, stride):
                             keep_stages=True)
     sy, sx = stride if isinstance(stride, tuple) else (stride, stride)
     pixels = -(-hw[0] // sy) * -(-hw[1] // sx)
-    assert ("__tracea_conv_gemm" in kernel.stages["linalg"]) == (pixels >= 32 or pixels == 1)
+    im2col = (sy, sx) != (1, 1) and hw != (1, 1) and pixels <= 64
+    expected = "im2col" if im2col else "pointwise" if pixels >= 32 or pixels == 1 else "direct"
+    assert re.search(rf"1 x conv2d on cpu.conv2d.{expected}_nchw$", str(kernel.plan), re.M)
     assert ("vector.reduction" in kernel.stages["linalg"]) == (pixels == 1 and n <= 32 and c >= 512)
     out = kernel(x, f, *([b] if bias else []))
     ref.assert_close(out, ref.conv2d(x, f, b if bias else None, (sy, sx), (0,) * 4, (1, 1), 1, "nchw"), "f32", c)

@@ -183,7 +183,7 @@ class Rule(Constraint):
     text: str  # as the rejection and the docs say it: "k % 8 == 0"
     holds: Callable[[Problem, Capabilities], bool | None] = field(compare=False)
     # a requirement passes while undecided (listed as a condition); a preference (a heuristic
-    # such as "few rows") does not
+    # such as "few rows") does not, and a variant written on the op by hand overrides it
     preference: bool = False
 
     def check(self, problem, caps):
@@ -226,11 +226,14 @@ class Variant:
     search_space: Callable | None = field(default=None, compare=False)
     check_schedule: Callable | None = field(default=None, compare=False)
 
-    def rejects(self, problem: Problem, caps: Capabilities) -> str | None:
-        """Why this variant cannot compute `problem` on `caps`, or None."""
+    def rejects(self, problem: Problem, caps: Capabilities, preferences: bool = True) -> str | None:
+        """Why this variant cannot compute `problem` on `caps` (or, with `preferences`, should
+        not be chosen for it), or None."""
         if problem.op not in self.ops:
             return f"implements {', '.join(self.ops)}, not {problem.op}"
         for constraint in self.constraints:
+            if not preferences and getattr(constraint, "preference", False):
+                continue
             why = constraint.check(problem, caps)
             if why:
                 return why

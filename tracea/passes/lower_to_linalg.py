@@ -153,7 +153,7 @@ def _window(out_dim: str, k_dim: str, stride: int, dilation: int) -> str:
     return f"{out_dim}{f' * {stride}' if stride != 1 else ''} + {k_dim}{f' * {dilation}' if dilation != 1 else ''}"
 
 
-def _windowed_input(w: KernelWriter, x: str, spatial: tuple[int, int], pads: tuple[int, int, int, int],
+def windowed_input(w: KernelWriter, x: str, spatial: tuple[int, int], pads: tuple[int, int, int, int],
                     needed: tuple[int, int]) -> str:
     """The input zero-padded (or cut) to exactly `needed` rows and columns, what the windows read.
 
@@ -190,7 +190,7 @@ def conv2d_reference(w: KernelWriter, v: OpView) -> str:
     oh, ow = v.result.shape[2:] if nchw else v.result.shape[1:3]
     kh, kw = f.shape[2:] if nchw else f.shape[:2]
     needed = ((oh - 1) * sh + (kh - 1) * dh + 1, (ow - 1) * sw + (kw - 1) * dw + 1)
-    padded = _windowed_input(w, w.arg["input"], (2, 3) if nchw else (1, 2), pads, needed)
+    padded = windowed_input(w, w.arg["input"], (2, 3) if nchw else (1, 2), pads, needed)
     hp, wp = needed
     if nchw:
         n, c, _, _ = x.shape

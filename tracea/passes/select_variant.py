@@ -10,7 +10,7 @@ import mlir.ir as ir
 
 from ..doctor.capabilities import Capabilities
 from ..doctor.engine import Context, PlanError, plan
-from ..codegen.variants import Problem
+from ..codegen.variants import Problem, variant
 from ..dialects.ops import view
 from ..dialects.verify import tracea_ops
 from .registry import PassFailed, TraceaPass, option, register
@@ -19,17 +19,32 @@ KERNEL_OPS = ("tracea.gemm", "tracea.fused_gemm", "tracea.conv2d", "tracea.atten
 
 
 def select(op: ir.Operation, caps: Capabilities, threads: int | None = None) -> str:
-    """The op's variant: the one written on it, else the decision engine's, written now with its
-    schedule (the default, or the op's own with what it leaves out filled in). Raises PlanError if
-    none fits."""
-    if "tracea.variant" not in op.attributes:
-        problem = Problem.from_view(view(op))
+    """The op's variant: the one written on it (checked to compute it, its heuristics
+    overridden, given its default schedule when the op has none), else the decision engine's,
+    written now with its schedule (the default, or the op's own with what it leaves out filled
+    in). Raises PlanError if none fits."""
+    problem = Problem.from_view(view(op))
+    if "tracea.variant" in op.attributes:
+        chosen_id = ir.StringAttr(op.attributes["tracea.variant"]).value
+        try:
+            chosen = variant(chosen_id)
+        except ValueError as e:
+            raise PlanError(str(e)) from None
+        why = chosen.rejects(problem, caps, preferences=False)
+        if why:
+            raise PlanError(f"the variant written on the op, {chosen_id}, cannot compute {problem.describe()} on "
+                            f"{caps.name}: {why}; remove tracea.variant to let the Doctor choose")
+        schedule = None
+        if problem.schedule is None and chosen.default_schedule is not None:
+            schedule = chosen.default_schedule(problem, caps, threads)
+    else:
         decision = plan(problem, caps, threads)
-        with op.context:
-            op.attributes["tracea.variant"] = ir.StringAttr.get(decision.variant_id)
-            if decision.schedule is not None and decision.schedule != problem.schedule:  # a default, or completed
-                op.attributes["schedule"] = decision.schedule.to_attr()
-    return ir.StringAttr(op.attributes["tracea.variant"]).value
+        chosen_id, schedule = decision.variant_id, decision.schedule
+    with op.context:
+        op.attributes["tracea.variant"] = ir.StringAttr.get(chosen_id)
+        if schedule is not None and schedule != problem.schedule:  # a default, or completed
+            op.attributes["schedule"] = schedule.to_attr()
+    return chosen_id
 
 
 @register
