@@ -579,6 +579,18 @@ def test_depthwise_conv(n, c, kh, kw, hw, stride, dilation, pads, bias, threads,
     ref.assert_close(out, ref.conv2d(x, f, b if bias else None, stride, pads, dilation, c, layout), "f32", kh * kw)
 
 
+@pytest.mark.parametrize("arch,lanes", [("skylake-avx512", 8), ("zen3-avx2", 8), ("x86-64-sse", 4)])
+def test_depthwise_nchw_runs_on_vectors_of_at_most_8_lanes(arch, lanes):
+    """On AVX-512 too (16-lane loads into phase planes split cache lines twice as often; 7- and
+    14-column rows waste less): 8 lanes, up to the host's width."""
+    from tracea.passes.pipeline import parse_pipeline, run_pipeline
+    fn = td.function(td.tensor((8, 576, 7, 7)), td.tensor((576, 1, 5, 5)))(lambda a, f: td.conv2d(a, f, padding=2,
+                                                                                                  groups=576))
+    result = run_pipeline(str(fn), parse_pipeline(f"tracea-select-variant{{arch={arch} threads=2}}"))
+    assert 'tracea.variant = "cpu.conv2d.depthwise_nchw"' in result.text
+    assert f'lane_map = {{kind = "simd", shape = array<i64: {lanes}>}}' in result.text
+
+
 @pytest.mark.parametrize("n,c,hw,k,bias", [(1, 256, (28, 28), 128, True), (3, 5, (9, 9), 7, True),
                                            (2, 16, (8, 9), 24, False), (2, 16, (7, 9), 24, True),
                                            (2, 16, (7, 7), 24, True), (2, 16, (5, 6), 24, True),
