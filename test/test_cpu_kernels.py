@@ -484,13 +484,8 @@ def test_small_channel_conv_copies_kernel_rows(c, k, hw, stride, pad, dy, layout
     ref.assert_close(tracea.compile(fn, threads=2)(x, w), expected, "f32", c * k * k)
 
 
-@given(n=st.integers(1, 2), c=st.integers(1, 40), k=st.integers(1, 20), kh=st.integers(1, 4), kw=st.integers(1, 4),
-       hw=st.tuples(st.integers(1, 20), st.integers(1, 40)), stride=st.tuples(st.integers(1, 3), st.integers(1, 3)),
-       dilation=st.tuples(st.integers(1, 2), st.integers(1, 2)), pads=st.tuples(*[st.integers(0, 2)] * 4),
-       bias=st.booleans(), threads=st.sampled_from([1, 2]))
-def test_direct_nchw_conv(n, c, k, kh, kw, hw, stride, dilation, pads, bias, threads):
-    """NCHW f32 conv through phase planes: every stride, dilation, asymmetric padding, filter
-    counts off the register tile, rows shorter and longer than a vector."""
+def check_nchw_conv(variant_id, n, c, k, kh, kw, hw, stride, dilation, pads, bias, threads):
+    """A groups = 1 NCHW f32 conv run on `variant_id` (its default schedule) against numpy."""
     h, w = hw
     if h + pads[0] + pads[1] < dilation[0] * (kh - 1) + 1 or w + pads[2] + pads[3] < dilation[1] * (kw - 1) + 1:
         return
@@ -499,7 +494,7 @@ def test_direct_nchw_conv(n, c, k, kh, kw, hw, stride, dilation, pads, bias, thr
     opts = dict(stride=stride, padding=pads, dilation=dilation)
     args = [td.tensor(x.shape), td.tensor(f.shape)] + ([td.tensor(b.shape)] if bias else [])
     fn = td.function(*args)(lambda *a: td.conv2d(*a, **opts))
-    out = tracea.compile(on_variant(fn, "cpu.conv2d.direct_nchw"), threads=threads)(x, f, *([b] if bias else []))
+    out = tracea.compile(on_variant(fn, variant_id), threads=threads)(x, f, *([b] if bias else []))
     ref.assert_close(out, ref.conv2d(x, f, b if bias else None, stride, pads, dilation, 1, "nchw"), "f32", c * kh * kw)
 
 
@@ -512,23 +507,24 @@ def on_variant(fn, variant_id: str) -> str:
     return forced
 
 
-@given(n=st.integers(1, 3), c=st.integers(1, 40), k=st.integers(1, 20), kh=st.integers(1, 4), kw=st.integers(1, 4),
-       hw=st.tuples(st.integers(1, 12), st.integers(1, 20)), stride=st.tuples(st.integers(1, 3), st.integers(1, 3)),
-       dilation=st.tuples(st.integers(1, 2), st.integers(1, 2)), pads=st.tuples(*[st.integers(0, 2)] * 4),
-       bias=st.booleans(), threads=st.sampled_from([1, 2]))
+NCHW_CONVS = dict(c=st.integers(1, 40), k=st.integers(1, 20), kh=st.integers(1, 4), kw=st.integers(1, 4),
+                  stride=st.tuples(st.integers(1, 3), st.integers(1, 3)),
+                  dilation=st.tuples(st.integers(1, 2), st.integers(1, 2)), pads=st.tuples(*[st.integers(0, 2)] * 4),
+                  bias=st.booleans(), threads=st.sampled_from([1, 2]))
+
+
+@given(n=st.integers(1, 2), hw=st.tuples(st.integers(1, 20), st.integers(1, 40)), **NCHW_CONVS)
+def test_direct_nchw_conv(n, c, k, kh, kw, hw, stride, dilation, pads, bias, threads):
+    """NCHW f32 conv through phase planes: every stride, dilation, asymmetric padding, filter
+    counts off the register tile, rows shorter and longer than a vector."""
+    check_nchw_conv("cpu.conv2d.direct_nchw", n, c, k, kh, kw, hw, stride, dilation, pads, bias, threads)
+
+
+@given(n=st.integers(1, 3), hw=st.tuples(st.integers(1, 12), st.integers(1, 20)), **NCHW_CONVS)
 def test_im2col_nchw_conv(n, c, k, kh, kw, hw, stride, dilation, pads, bias, threads):
     """NCHW f32 conv as one GEMM for the batch over a channel-major im2col: every stride,
     dilation, asymmetric padding, filter and position counts off the register tile."""
-    h, w = hw
-    if h + pads[0] + pads[1] < dilation[0] * (kh - 1) + 1 or w + pads[2] + pads[3] < dilation[1] * (kw - 1) + 1:
-        return
-    rng = np.random.default_rng(n + c * 10 + k * 1000 + h * 7 + w)
-    x, f, b = ref.random(rng, (n, c, h, w)), ref.random(rng, (k, c, kh, kw)), ref.random(rng, (k,))
-    opts = dict(stride=stride, padding=pads, dilation=dilation)
-    args = [td.tensor(x.shape), td.tensor(f.shape)] + ([td.tensor(b.shape)] if bias else [])
-    fn = td.function(*args)(lambda *a: td.conv2d(*a, **opts))
-    out = tracea.compile(on_variant(fn, "cpu.conv2d.im2col_nchw"), threads=threads)(x, f, *([b] if bias else []))
-    ref.assert_close(out, ref.conv2d(x, f, b if bias else None, stride, pads, dilation, 1, "nchw"), "f32", c * kh * kw)
+    check_nchw_conv("cpu.conv2d.im2col_nchw", n, c, k, kh, kw, hw, stride, dilation, pads, bias, threads)
 
 
 @pytest.mark.parametrize("shape,filt,stride,padding,expected", [
