@@ -5,8 +5,8 @@ data bench/tuner_replay.py replays the tuner and random search on (issue 25, ite
     .venv/bin/python scripts/record_tuning_space.py all --threads 1      # every problem below
     .venv/bin/python scripts/record_tuning_space.py gemm-512 --device vulkan:0   # on a Vulkan device
 
-Writes bench/tuning_spaces/<problem>-<threads>t.json (<problem>-vulkan.json on a Vulkan
-device): the machine (CPU record, model name, kernel; the device and its driver), the date, the space, and per configuration its time (the lower of two passes' medians,
+Writes bench/tuning_spaces/<problem>-<threads>t-<isa>.json (avx2, avx512, ...: the host's
+vectors; <problem>-vulkan.json on a Vulkan device): the machine (CPU record, model name, kernel; the device and its driver), the date, the space, and per configuration its time (the lower of two passes' medians,
 the second pass in reverse order) with each pass's samples, or its error. Takes minutes per
 problem: each configuration is compiled (in worker processes) and timed twice.
 """
@@ -99,7 +99,8 @@ def record(name: str, threads: int, workers: int, device: str = "cpu") -> str:
             "date": datetime.date.today().isoformat(), "space": space.describe(), "default": default,
             "seconds": round(time.perf_counter() - began, 1), "configs": table}
     os.makedirs(OUT, exist_ok=True)
-    path = os.path.join(OUT, f"{name}-{threads}t.json" if tuner.caps.backend == "cpu" else f"{name}-vulkan.json")
+    cpu = tuner.caps.backend == "cpu"
+    path = os.path.join(OUT, f"{name}-{threads}t-{tuner.caps.cpu.isa}.json" if cpu else f"{name}-vulkan.json")
     with open(path, "w") as f:
         json.dump(data, f, indent=1, sort_keys=True)
     return path

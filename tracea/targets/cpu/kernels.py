@@ -509,14 +509,27 @@ def _attention_fits(p: Problem, caps: Capabilities) -> bool | None:
     return p.head_dim % caps.cpu.f32_lanes == 0 and p.value_head_dim % caps.cpu.f32_lanes == 0
 
 
+# AVX-512 attention blocks: one register tile of 8 query rows against 256 keys (at most the keys
+# there are). Zen 4, recorded space S512 D64 (bench/tuning_spaces): 16 x 64 was 1.10x the best,
+# 8 x 256 1.02x; in-process A/B over the bench's shapes, 1 and 2 threads: S512 D64 / D128, causal
+# or not, S2048 causal -4 to -7 % time, B8 H12 S128 (128 keys) -5 %. AVX2 keeps 2 tiles x 64 keys
+# (Zen 3's recorded default is within 3 % of its best).
+AVX512_KEY_BLOCK = 256
+
+
 def _attention_default(p: Problem, caps: Capabilities, threads: int | None) -> Schedule:
-    """Blocks of 2 QK^T register tiles of queries x 64 keys; the register tile is as many
-    query rows x 2 key vectors as the vector registers hold (AVX2: 6 x 16 keys; AVX-512 keeps 8 x 32)."""
+    """Blocks of queries x keys (AVX2: 2 QK^T register tiles x 64 keys; AVX-512: one x up to 256);
+    the register tile is as many query rows x 2 key vectors as the vector registers hold (AVX2:
+    6 x 16 keys; AVX-512 8 x 32)."""
     lanes = caps.cpu.f32_lanes
     s = p.schedule
     if s is None:
         rows = min(8, (caps.cpu.vector_registers - 3) // 2)
-        s = Schedule(tile=(2 * rows, max(64, 4 * lanes)), lane_map=LaneMap("simd", (lanes,)))
+        tile = (2 * rows, max(64, 4 * lanes))
+        if lanes >= 16:
+            keys = p.view.operands["key"].shape[-2] if p.view is not None else AVX512_KEY_BLOCK
+            tile = (rows, min(AVX512_KEY_BLOCK, -(-keys // (2 * lanes)) * 2 * lanes))
+        s = Schedule(tile=tile, lane_map=LaneMap("simd", (lanes,)))
     if s.warp_tile is None and s.tile is not None and len(s.tile) == 2 and s.tile[1] % lanes == 0:
         rows, vectors = qk_tile(s.tile[0], s.tile[1], lanes, caps.cpu.vector_registers)
         s = replace(s, warp_tile=(rows, vectors * lanes))
