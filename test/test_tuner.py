@@ -13,6 +13,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+import torch
 
 import tracea
 from tracea import dialects as td
@@ -139,6 +140,27 @@ def test_nhwc_conv_space_has_only_k_blocks_the_gather_can_fill(channels):
         conv.check_schedule(tp.problem, host(), s)
         k_blocks.add(s.tile[2])
     assert len(k_blocks) > 1
+
+
+def test_small_image_nchw_conv_is_tuned_on_its_gemm():
+    """im2col_nchw's space is the packed GEMM's on (filters x positions x taps): blocks cut to
+    that GEMM, every configuration passes the variant's check, and a tuned one computes the conv."""
+    from tracea.tuner.autotuner import kernel_problems
+    program = td.function(td.tensor((2, 8, 4, 4)), td.tensor((20, 8, 3, 3)), name="kernel")(
+        lambda x, f: td.conv2d(x, f, padding=1))
+    (tp,) = kernel_problems(program)
+    conv = variant("cpu.conv2d.im2col_nchw")
+    space = conv.search_space(tp.problem, host())
+    schedules = [space.schedule(c) for c in space.configurations()]
+    for s in schedules:
+        conv.check_schedule(tp.problem, host(), s)
+        assert s.tile[0] <= 24 and s.tile[1] <= 2 * 4 * 4 + s.warp_tile[1] and s.tile[2] <= 8 * 9 + 8
+    x, f = np.random.default_rng(0).standard_normal((2, 8, 4, 4), np.float32), \
+        np.random.default_rng(1).standard_normal((20, 8, 3, 3), np.float32)
+    expected = torch.nn.functional.conv2d(torch.from_numpy(x), torch.from_numpy(f), padding=1).numpy()
+    for s in schedules[:: max(1, len(schedules) // 3)]:
+        fn = td.function(td.tensor(x.shape), td.tensor(f.shape))(lambda a, b: td.conv2d(a, b, padding=1, schedule=s))
+        np.testing.assert_allclose(tracea.compile(fn)(x, f), expected, rtol=1e-4, atol=1e-4)
 
 
 def test_gp_search_finds_the_valley_floor_sooner_than_random():

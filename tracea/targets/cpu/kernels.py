@@ -432,6 +432,12 @@ def _im2col_default(p: Problem, caps: Capabilities, threads: int | None) -> Sche
     return default_gemm_schedule(*_im2col_gemm(p.view), caps.cpu, threads or caps.cpu.cores)
 
 
+def _im2col_space(p: Problem, caps: Capabilities) -> SearchSpace:
+    """The packed GEMM's knobs, on im2col_nchw's GEMM (filters x positions x taps)."""
+    m, n, k = _im2col_gemm(p.view) if p.view is not None else (None, None, None)
+    return _gemm_space(replace(p, op="gemm", view=None, m=m, n=n, k=k), caps)
+
+
 def _im2col_check(p: Problem, caps: Capabilities, s: Schedule) -> None:
     if s.warp_tile is not None and s.warp_tile[-1] != 1:
         raise OpError(f"im2col_nchw runs the packed GEMM: warp_tile [MR, NR, 1]; got {list(s.warp_tile)}")
@@ -600,7 +606,7 @@ for _variant in (
         f"an im2col of at most {IM2COL_MAX_BYTES >> 20} MiB",
         lambda p, caps: p.view is not None and im2col_pays(p.view), preference=True)), 45,
         "one GEMM for the batch: the FCHW filter as it lies times the im2col of the images, channel-major",
-        frozenset({"simd"}), _im2col_default, None, _im2col_check),
+        frozenset({"simd"}), _im2col_default, _im2col_space, _im2col_check),
     Variant("cpu.conv2d.direct_nchw", "cpu", ("conv2d",), (ON_CPU, SIMD, NCHW_F32), 30,
         "direct convolution over phase planes (no transposes, no im2col)", frozenset({"simd"}),
         _direct_default, _direct_space, _direct_check),
