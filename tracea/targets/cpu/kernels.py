@@ -166,7 +166,6 @@ def conv_gemm_schedule(v: OpView, host: CPU, threads: int) -> Schedule:
     return replace(schedule, tile=(mc, nc, kc), warp_tile=(mr, nr, 1))
 
 
-
 def conv_as_gemm(w: KernelWriter, v: OpView, name: str, threads: int) -> tuple[str, str]:
     """conv2d = one GEMM over the im2col of the NHWC image, packed straight from the image
     (implicit GEMM), k ordered (kh, kw, c) so the HWCF filter is B as it lies; the bias is the
@@ -291,9 +290,9 @@ def conv_im2col_nchw(w: KernelWriter, v: OpView, name: str, threads: int) -> tup
     positions up to its register tile: on 4x4 images that is half its work wasted, on 8x8 a
     third; here the batch makes one long row of positions and the filter is read in place."""
     x, f, out = v.operands["input"], v.operands["filter"], v.result
-    (n, c, _, _), (k, _, kh, kw), (oh, ow) = x.shape, f.shape, out.shape[2:]
+    (n, c, _, _), (_, _, kh, kw), (oh, ow) = x.shape, f.shape, out.shape[2:]
     (sy, sx), (dy, dx), (top, bottom, left, right) = v.attrs["stride"], v.attrs["dilation"], Conv2dDef.pads(v.attrs)
-    _, positions, taps = _im2col_gemm(v)
+    k, positions, taps = _im2col_gemm(v)
     padded = windowed_input(w, w.arg["input"], (2, 3), (top, bottom, left, right),
                             ((oh - 1) * sy + (kh - 1) * dy + 1, (ow - 1) * sx + (kw - 1) * dx + 1))
     # cols[ch, ky, kx, image, y, x] = padded[image, ch, y sy + ky dy, x sx + kx dx]
@@ -415,11 +414,6 @@ def _conv_default(p: Problem, caps: Capabilities, threads: int | None) -> Schedu
     return conv_gemm_schedule(p.view, caps.cpu, threads or caps.cpu.cores)
 
 
-def _packed_gemm_schedule(p: Problem) -> bool:
-    s = p.schedule
-    return s is None or s.tile is not None and len(s.tile) == 3 and (s.warp_tile is None or s.warp_tile[-1] == 1)
-
-
 def _im2col_gemm(v: OpView) -> tuple[int, int, int]:
     """im2col_nchw's GEMM: (filters, positions of the batch, taps of the channels)."""
     (n, c, _, _), (k, _, kh, kw), (oh, ow) = v.operands["input"].shape, v.operands["filter"].shape, v.result.shape[2:]
@@ -436,12 +430,6 @@ def _im2col_space(p: Problem, caps: Capabilities) -> SearchSpace:
     """The packed GEMM's knobs, on im2col_nchw's GEMM (filters x positions x taps)."""
     m, n, k = _im2col_gemm(p.view) if p.view is not None else (None, None, None)
     return _gemm_space(replace(p, op="gemm", view=None, m=m, n=n, k=k), caps)
-
-
-def _im2col_check(p: Problem, caps: Capabilities, s: Schedule) -> None:
-    if s.warp_tile is not None and s.warp_tile[-1] != 1:
-        raise OpError(f"im2col_nchw runs the packed GEMM: warp_tile [MR, NR, 1]; got {list(s.warp_tile)}")
-    check_gemm_schedule(p, caps, s)
 
 
 def _direct_default(p: Problem, caps: Capabilities, threads: int | None) -> Schedule | None:
@@ -601,12 +589,13 @@ for _variant in (
         "one GEMM per image on the packed kernel (filter x image as they lie); 1-pixel images: one for the batch",
         frozenset({"simd"})),
     Variant("cpu.conv2d.im2col_nchw", "cpu", ("conv2d",), (ON_CPU, SIMD, NCHW_F32, Rule(
-        "no schedule, or the packed GEMM's (tile [MC, NC, KC])", lambda p, caps: _packed_gemm_schedule(p)), Rule(
+        "no schedule, or the packed GEMM's (tile [MC, NC, KC])",
+        lambda p, caps: _packed(p, caps) and (p.schedule is None or len(p.schedule.tile or ()) == 3)), Rule(
         f"output images of at most {IM2COL_MAX_PIXELS} pixels, not a 1x1 unpadded that reads them in place, "
         f"an im2col of at most {IM2COL_MAX_BYTES >> 20} MiB",
         lambda p, caps: p.view is not None and im2col_pays(p.view), preference=True)), 45,
         "one GEMM for the batch: the FCHW filter as it lies times the im2col of the images, channel-major",
-        frozenset({"simd"}), _im2col_default, _im2col_space, _im2col_check),
+        frozenset({"simd"}), _im2col_default, _im2col_space, _gemm_check),
     Variant("cpu.conv2d.direct_nchw", "cpu", ("conv2d",), (ON_CPU, SIMD, NCHW_F32), 30,
         "direct convolution over phase planes (no transposes, no im2col)", frozenset({"simd"}),
         _direct_default, _direct_space, _direct_check),
