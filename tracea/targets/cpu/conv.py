@@ -73,6 +73,9 @@ def copy_run(t: LoopText, n: int, L: int, iv: str, source, dest) -> None:
 # around the pixels (the 14x14 planes of a 5x5 stride-2 conv: a few vector stores)
 SMALL_PLANES = 1024
 
+# Narrowest vectors a stride-2 copy splits into its two column planes (a 14-pixel row: two pairs of 4)
+MIN_SPLIT_LANES = 4
+
 
 def copy_to_phase_planes(t: LoopText, X: str, X_t: str, XS: str, XS_t: str, hw: tuple[int, int],
                          top_left: tuple[int, int], stride: tuple[int, int], ws: int, plane: int, L: int) -> None:
@@ -115,20 +118,32 @@ def copy_to_phase_planes(t: LoopText, X: str, X_t: str, XS: str, XS_t: str, hw: 
                  lambda col: (f"{XS}[%nc, {ph}, {t.add(row, t.add(col, t.c(left)))}]", XS_t))
     else:  # columns go to sw planes in turn
         start = 0
-        if sw == 2 and w >= 2 * L:
-            # 2L columns at a time: the even ones to one plane, the odd ones to the other, as
-            # whole vectors (the element-wise copy was 70 % of a stride-2 depthwise conv)
-            start = w // (2 * L) * 2 * L
-            t.for_("%iw", t.c(0), t.c(start), t.c(2 * L))
-            pair = [t.op(f"vector.load {X}[%n, %ch, %ih, {t.add('%iw', t.c(j * L))}] : {X_t}, {vt}", "x")
-                    for j in range(2)]
-            half = t.add(row, t.op(f"arith.divui %iw, {t.c(2)} : index", "i"))  # %iw is even
-            for parity in range(2):
-                picked = ", ".join(str(2 * i + parity) for i in range(L))
-                xv = t.op(f"vector.shuffle {pair[0]}, {pair[1]} [{picked}] : {vt}, {vt}", "x")
-                p = t.add(t.mul(ph, t.c(2)), t.c((left + parity) % 2))
-                t.line(f"vector.store {xv}, {XS}[%nc, {p}, {t.add(half, t.c((left + parity) // 2))}] : {XS_t}, {vt}")
+        V = L  # lanes of the split: the widest vector whose pair fits in a row
+        while V > MIN_SPLIT_LANES and w < 2 * V:
+            V //= 2
+        if sw == 2 and w >= 2 * V:
+            # 2V columns at a time: the even ones to one plane, the odd ones to the other, as
+            # whole vectors (the element-wise copy was 70 % of a stride-2 depthwise conv); the
+            # row's last 2V columns once more, overlapping, instead of one by one
+            def split(iw: str, odd: int) -> None:  # columns iw .. iw + 2V - 1; iw's parity is `odd`
+                wt = f"vector<{V}xf32>"
+                pair = [t.op(f"vector.load {X}[%n, %ch, %ih, {t.add(iw, t.c(j * V))}] : {X_t}, {wt}", "x")
+                        for j in range(2)]
+                half = t.add(row, t.op(f"arith.divui {iw}, {t.c(2)} : index", "i"))  # (iw - odd) / 2
+                for parity in range(2):
+                    picked = ", ".join(str(2 * i + parity) for i in range(V))
+                    xv = t.op(f"vector.shuffle {pair[0]}, {pair[1]} [{picked}] : {wt}, {wt}", "x")
+                    q = left + odd + parity
+                    p = t.add(t.mul(ph, t.c(2)), t.c(q % 2))
+                    t.line(f"vector.store {xv}, {XS}[%nc, {p}, {t.add(half, t.c(q // 2))}] : {XS_t}, {wt}")
+
+            whole = w // (2 * V) * 2 * V
+            t.for_("%iw", t.c(0), t.c(whole), t.c(2 * V))
+            split("%iw", 0)
             t.close()
+            if whole < w:
+                split(t.c(w - 2 * V), (w - 2 * V) % 2)
+            start = w
         for phase in range(sw):  # the other columns one by one, a loop per plane (no divisions)
             first = start + (phase - left - start) % sw
             if first >= w:
