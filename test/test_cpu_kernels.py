@@ -685,6 +685,23 @@ def test_depthwise_nchw_conv_tiles_of_several_rows(hw, k, stride):
     ref.assert_close(out, ref.conv2d(x, f, b, (stride, stride), (k // 2,) * 4, (1, 1), c, "nchw"), "f32", k * k)
 
 
+@pytest.mark.parametrize("w", [7, 8, 9, 14, 15, 17, 28, 33])
+@pytest.mark.parametrize("left", [0, 1, 2])
+@pytest.mark.parametrize("groups", [1, 6])
+def test_stride_2_rows_split_into_column_planes(w, left, groups):
+    """A stride-2 NCHW conv copies each row's even and odd columns into two planes as vector
+    pairs: 4-lane pairs for rows of 8-15 pixels, the last 2V columns once more, overlapping (an
+    odd start swaps the planes), rows of 7 one by one. Values far apart per column, so a column
+    in the wrong plane or place shows."""
+    x = ref.random(np.random.default_rng(w), (2, 6, 5, w)) + np.arange(w, dtype=np.float32) * 10.0
+    f = ref.random(np.random.default_rng(left), (6, 6 // groups, 3, 5))
+    pads = (1, 1, left, 2)
+    fn = td.function(td.tensor(x.shape), td.tensor(f.shape))(
+        lambda a, b: td.conv2d(a, b, stride=2, padding=pads, groups=groups))
+    out = tracea.compile(on_variant(fn, "cpu.conv2d.depthwise_nchw" if groups > 1 else "cpu.conv2d.direct_nchw"))(x, f)
+    ref.assert_close(out, ref.conv2d(x, f, None, (2, 2), pads, (1, 1), groups, "nchw"), "f32", 15 * 6 // groups)
+
+
 LEFTOVER_LINALG = """
 #id = affine_map<(d0, d1) -> (d0, d1)>
 #row = affine_map<(d0, d1) -> (d1)>
