@@ -65,6 +65,10 @@ def epilogue(x, steps, bias=None, residual=None):
             x = 1 / (1 + np.exp(-x))
         elif kind == "silu":
             x = x / (1 + np.exp(-x))
+        elif kind == "hardsigmoid":
+            x = np.clip(x + 3, 0, 6) / 6
+        elif kind == "hardswish":
+            x = x * np.clip(x + 3, 0, 6) / 6
         else:
             raise ValueError(kind)
     return x

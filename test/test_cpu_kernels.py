@@ -305,7 +305,8 @@ def test_softmax_of_infinities():
 
 @pytest.mark.parametrize("step,kind,param", [(td.relu, "relu", None), (td.sigmoid, "sigmoid", None),
                                              (td.silu, "silu", None), (lambda: td.gelu("erf"), "gelu", "erf"),
-                                             (lambda: td.gelu("tanh"), "gelu", "tanh")])
+                                             (lambda: td.gelu("tanh"), "gelu", "tanh"),
+                                             (td.hardswish, "hardswish", None), (td.hardsigmoid, "hardsigmoid", None)])
 def test_vector_epilogues_over_a_wide_range(step, kind, param):
     """Full register tiles run the epilogue on vectors (polynomial exp / tanh / erf)."""
     n = 4 * LANES

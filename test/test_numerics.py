@@ -51,13 +51,14 @@ def test_gemm_larger_than_any_tile(rng):
 
 # --- fused_gemm -----------------------------------------------------------------------------------
 ACTIVATIONS = [("relu", None), ("gelu", "erf"), ("gelu", "tanh"), ("sigmoid", None), ("silu", None),
-               ("scale", -0.75)]
+               ("hardswish", None), ("hardsigmoid", None), ("scale", -0.75)]
 
 
 def _step(kind, param, bias, residual):
     return {"bias_add": lambda: td.bias_add(bias), "residual_add": lambda: td.residual_add(residual),
             "scale": lambda: td.scale(param), "relu": td.relu, "gelu": lambda: td.gelu(param),
-            "sigmoid": td.sigmoid, "silu": td.silu}[kind]()
+            "sigmoid": td.sigmoid, "silu": td.silu, "hardswish": td.hardswish,
+            "hardsigmoid": td.hardsigmoid}[kind]()
 
 
 @given(m=dim, n=dim, k=dim, dtype=dtypes,

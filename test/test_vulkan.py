@@ -52,7 +52,7 @@ def test_batched_gemm(batched_b):
 
 
 @needs_device
-@pytest.mark.parametrize("steps", ["bias_gelu", "bias_relu_residual", "silu", "gelu_tanh"])
+@pytest.mark.parametrize("steps", ["bias_gelu", "bias_relu_residual", "silu", "gelu_tanh", "hardswish"])
 def test_fused_epilogues(steps):
     """The epilogue runs in the shader: exact GELU's erf as a polynomial (SPIR-V has none), over
     inputs large enough to reach its tails."""
@@ -74,6 +74,9 @@ def test_fused_epilogues(steps):
     elif steps == "silu":
         fn = td.function(*specs)(lambda p, q: td.fused_gemm(p, q, [td.silu()], transpose_b=True))
         args, expected = [a, w], f.silu(x)
+    elif steps == "hardswish":
+        fn = td.function(*specs)(lambda p, q: td.fused_gemm(p, q, [td.hardswish()], transpose_b=True))
+        args, expected = [a, w], f.hardswish(x)
     else:
         fn = td.function(*specs)(lambda p, q: td.fused_gemm(p, q, [td.gelu(approximate="tanh")], transpose_b=True))
         args, expected = [a, w], f.gelu(x, approximate="tanh")

@@ -298,6 +298,10 @@ def apply_epilogue(b: Body, x: str, ep: Epilogue, operand: str | None) -> str:
         return _sigmoid(b, x)
     if ep.kind == "silu":
         return b.mul(x, _sigmoid(b, x))
+    if ep.kind in ("hardswish", "hardsigmoid"):  # torch's: relu6(x + 3) / 6, times x for hardswish
+        gate = b.mul(b.binary("minimumf", b.max(b.add(x, b.const(3.0)), b.const(0.0)), b.const(6.0)),
+                     b.const(1 / 6))
+        return b.mul(x, gate) if ep.kind == "hardswish" else gate
     if ep.kind == "gelu" and ep.approximate == "tanh":
         # 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3)))
         inner = b.mul(b.const(0.7978845608028654), b.add(x, b.mul(b.const(0.044715), b.mul(x, b.mul(x, x)))))

@@ -84,6 +84,16 @@ def silu() -> EpilogueStep:
     return EpilogueStep(Epilogue("silu"))
 
 
+def hardswish() -> EpilogueStep:
+    """x * relu6(x + 3) / 6 (MobileNetV3's activation)."""
+    return EpilogueStep(Epilogue("hardswish"))
+
+
+def hardsigmoid() -> EpilogueStep:
+    """relu6(x + 3) / 6."""
+    return EpilogueStep(Epilogue("hardsigmoid"))
+
+
 # --- op builders ---------------------------------------------------------------------------------
 _LIBRARY_DIRS = (os.path.dirname(os.path.dirname(__file__)), os.path.dirname(ir.__file__))
 

@@ -75,7 +75,7 @@ class Epilogue:
     value: float | None = None
     approximate: str | None = None
 
-    KINDS = ("bias_add", "scale", "relu", "gelu", "sigmoid", "silu", "residual_add")
+    KINDS = ("bias_add", "scale", "relu", "gelu", "sigmoid", "silu", "hardswish", "hardsigmoid", "residual_add")
     OPERAND_KINDS = ("bias_add", "residual_add")
 
     @property
@@ -286,7 +286,8 @@ class GemmDef(OpDef):
 
 class FusedGemmDef(GemmDef):
     name = "tracea.fused_gemm"
-    summary = "gemm followed by an ordered epilogue (bias_add, scale, relu, gelu, sigmoid, silu, residual_add)"
+    summary = ("gemm followed by an ordered epilogue (bias_add, scale, relu, gelu, sigmoid, silu, hardswish, "
+               "hardsigmoid, residual_add)")
     operands = (("a", "single"), ("b", "single"), ("bias", "optional"), ("residual", "optional"))
     attrs = {**GemmDef.attrs, "epilogue": EPILOGUE}
 

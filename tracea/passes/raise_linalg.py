@@ -58,6 +58,8 @@ _ACTIVATIONS = {
     Epilogue("gelu", approximate="tanh"): lambda x: 0.5 * x * (1 + np.tanh(math.sqrt(2 / math.pi) * (x + 0.044715 * x ** 3))),
     Epilogue("sigmoid"): _sigmoid,
     Epilogue("silu"): lambda x: x * _sigmoid(x),
+    Epilogue("hardswish"): lambda x: x * np.clip(x + 3, 0, 6) / 6,
+    Epilogue("hardsigmoid"): lambda x: np.clip(x + 3, 0, 6) / 6,
 }
 
 
