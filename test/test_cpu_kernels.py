@@ -3,6 +3,7 @@ enough to force every blocking path (several M, N and K blocks, edge tiles, f32 
 for f16/bf16 results), threads, and host-derived default schedules."""
 from __future__ import annotations
 
+import math
 import re
 import shutil
 import subprocess
@@ -701,6 +702,34 @@ def test_stride_2_rows_split_into_column_planes(w, left, groups):
         lambda a, b: td.conv2d(a, b, stride=2, padding=pads, groups=groups))
     out = tracea.compile(on_variant(fn, "cpu.conv2d.depthwise_nchw" if groups > 1 else "cpu.conv2d.direct_nchw"))(x, f)
     ref.assert_close(out, ref.conv2d(x, f, None, (2, 2), pads, (1, 1), groups, "nchw"), "f32", 15 * 6 // groups)
+
+
+@pytest.mark.parametrize("variant,x_shape,f_shape,padding,groups,layout", [
+    ("cpu.conv2d.direct_nchw", (2, 5, 11, 13), (6, 5, 3, 3), 1, 1, "nchw"),
+    ("cpu.conv2d.depthwise_nchw", (2, 6, 11, 13), (6, 1, 5, 5), 2, 6, "nchw"),
+    ("cpu.conv2d.pointwise_nchw", (2, 5, 9, 9), (7, 5, 1, 1), 0, 1, "nchw"),
+    ("cpu.conv2d.im2col_nchw", (3, 5, 6, 6), (7, 5, 3, 3), 1, 1, "nchw"),
+    ("cpu.conv2d.implicit_gemm", (2, 5, 9, 9), (7, 5, 3, 3), 1, 1, "nchw"),
+    ("cpu.conv2d.implicit_gemm", (2, 9, 9, 5), (3, 3, 5, 7), 1, 1, "nhwc"),
+    ("cpu.conv2d.depthwise_nhwc", (2, 9, 9, 20), (3, 3, 1, 20), 1, 20, "nhwc"),
+    ("cpu.reference", (1, 3, 5, 5), (2, 3, 3, 3), 1, 1, "nchw")])
+@pytest.mark.parametrize("steps", [[("hardswish", None)], [("relu", None), ("scale", -0.5)], [("gelu", "tanh")],
+                                   [("sigmoid", None)]])
+def test_conv_epilogue_runs_on_every_cpu_kernel(variant, x_shape, f_shape, padding, groups, layout, steps):
+    """A conv2d's epilogue (the activation after it) is applied to each value after the bias,
+    before the store, by every CPU conv kernel: inputs of scale 3 reach both sides of each
+    activation's bends."""
+    rng = np.random.default_rng(len(steps))
+    x, f = ref.random(rng, x_shape, scale=3.0), ref.random(rng, f_shape)
+    b = ref.random(rng, (f_shape[0] if layout == "nchw" else f_shape[3],))
+    build = {"hardswish": td.hardswish, "relu": td.relu, "sigmoid": td.sigmoid, "scale": lambda: td.scale(-0.5),
+             "gelu": lambda: td.gelu("tanh")}
+    fn = td.function(td.tensor(x.shape), td.tensor(f.shape), td.tensor(b.shape))(
+        lambda a, w, bias: td.conv2d(a, w, bias, padding=padding, groups=groups, layout=layout,
+                                     epilogue=[build[kind]() for kind, _ in steps]))
+    kernel = tracea.compile(on_variant(fn, variant))
+    expected = ref.epilogue(ref.conv2d(x, f, b, (1, 1), (padding,) * 4, (1, 1), groups, layout), steps)
+    ref.assert_close(kernel(x, f, b), expected, "f32", math.prod(f_shape[1:]) if layout == "nchw" else math.prod(f_shape[:3]))
 
 
 LEFTOVER_LINALG = """

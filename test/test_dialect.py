@@ -62,6 +62,19 @@ def test_builder_errors_name_the_problem(body, message):
     assert message in str(e.value)
 
 
+def test_a_conv_epilogue_takes_no_operands():
+    x, f = td.tensor((1, 3, 8, 8)), td.tensor((4, 3, 3, 3))
+    with pytest.raises(OpError, match="epilogue #0 is residual_add: a conv2d's epilogue steps take no operands"):
+        td.function(x, f, td.tensor((1, 4, 6, 6)))(lambda a, w, r: td.conv2d(a, w, epilogue=[td.residual_add(r)]))
+    with pytest.raises(OpError, match="epilogue steps are built with relu"):
+        td.function(x, f)(lambda a, w: td.conv2d(a, w, epilogue=["relu"]))
+    text = str(td.function(x, f)(lambda a, w: td.conv2d(a, w, epilogue=[td.relu(), td.hardswish()])))
+    assert 'epilogue = [{kind = "relu"}, {kind = "hardswish"}]' in text
+    bad = text.replace('{kind = "relu"}', '{kind = "bias_add"}')
+    with pytest.raises(tracea.CompileError, match="a conv2d's epilogue steps take no operands"):
+        tracea.compile(bad)
+
+
 def test_function_input_types_are_checked():
     with pytest.raises(OpError, match="input #1 of @function must be tracea.dialects.tensor"):
         td.function(td.tensor((4, 8)), (8, 3))

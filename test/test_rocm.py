@@ -225,16 +225,19 @@ def test_matrix_core_batched_and_transposed_operands(chip, dtype):
 @pytest.mark.parametrize("chip", list(ROCM_PROFILES))
 @pytest.mark.parametrize("dtype", ["f16", "bf16"])
 def test_matrix_core_conv_gathers_the_image_on_the_emulator(chip, dtype):
-    """An NHWC conv (stride, dilation, padding on every side, bias) as the matrix-core implicit
-    GEMM: each 16-byte A chunk is 8 channels of one image pixel, zero in the padding."""
+    """An NHWC conv (stride, dilation, padding on every side, bias, a hardswish after it) as the
+    matrix-core implicit GEMM: each 16-byte A chunk is 8 channels of one image pixel, zero in the
+    padding; the bias and the activation are the GEMM's epilogue."""
     x_shape, w_shape = (2, 9, 11, 16), (3, 3, 16, 24)
     fn = td.function(td.tensor(x_shape, dtype), td.tensor(w_shape, dtype), td.tensor((24,), "f32"))(
-        lambda x, w, b: td.conv2d(x, w, b, stride=(2, 1), padding=1, dilation=(1, 2), layout="nhwc"))
+        lambda x, w, b: td.conv2d(x, w, b, stride=(2, 1), padding=1, dilation=(1, 2), layout="nhwc",
+                                  epilogue=[td.hardswish()]))
     artifact = tracea.compile_gpu(fn, chip=chip)
     assert MATRIX_OPS[chip].format(dtype) in artifact.asm
     rng = np.random.default_rng(2)
     xs = [ref.random(rng, x_shape, dtype), ref.random(rng, w_shape, dtype), ref.random(rng, (24,), "f32")]
-    expected = ref.conv2d(*xs, stride=(2, 1), padding=(1, 1, 1, 1), dilation=(1, 2), layout="nhwc")
+    expected = ref.epilogue(ref.conv2d(*xs, stride=(2, 1), padding=(1, 1, 1, 1), dilation=(1, 2), layout="nhwc"),
+                            [("hardswish", None)])
     ref.assert_close(EmulatedHipKernel(artifact)(*xs), expected, dtype, 144)
     # channels that are not whole 16-byte runs: the SIMT conv (f16), nothing for bf16
     odd = td.function(td.tensor((1, 5, 5, 12), dtype), td.tensor((3, 3, 12, 8), dtype))(

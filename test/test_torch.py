@@ -395,6 +395,43 @@ def test_explain_reports_placement_and_the_kernel_plan():
         "fused_gemm 8x48, 10x48, 10 -> 8x10 (bias_add; transpose_b)"]
 
 
+class _ConvActivations(torch.nn.Module):
+    """MobileNetV3's patterns: a hardswish (x times a clamp of x + 3, its x also read by the
+    next conv's residual), a depthwise conv and relu, a squeeze-excitation style gate
+    (sigmoid(conv) times its input), a residual add before the relu (not fused)."""
+
+    def __init__(self):
+        super().__init__()
+        self.stem = torch.nn.Conv2d(3, 8, 3, padding=1)
+        self.depthwise = torch.nn.Conv2d(8, 8, 3, padding=1, groups=8)
+        self.gate = torch.nn.Conv2d(8, 8, 1)
+        self.project = torch.nn.Conv2d(8, 8, 1)
+        self.linear = torch.nn.Linear(8, 5)
+
+    def forward(self, x):
+        f = torch.nn.functional
+        y = f.hardswish(self.stem(x))
+        z = f.relu(self.depthwise(y))
+        z = torch.sigmoid(self.gate(z)) * z
+        out = f.relu(self.project(z) + y)
+        return torch.sigmoid(self.linear(out.mean((2, 3))))
+
+
+def test_activations_after_convs_and_linears_are_fused_into_their_kernels():
+    torch.manual_seed(0)
+    model, x = _ConvActivations().eval(), torch.randn(2, 3, 12, 12) * 3
+    compiled = tracea.compile(model, (x,))
+    with torch.no_grad():
+        np.testing.assert_allclose(compiled(x).numpy(), model(x).numpy(), rtol=1e-5, atol=1e-5)
+    plan = compiled.explain().split("kernel plan (in program order):")[1]
+    steps = [line.split(". ", 1)[1].split(" on ")[0] for line in plan.splitlines() if re.match(r"\s+\d+\. ", line)]
+    assert steps == ["conv2d 2x3x12x12, 8x3x3x3, 8 -> 2x8x12x12 (hardswish; padding [1, 1, 1, 1])",
+                     "conv2d 2x8x12x12, 8x1x3x3, 8 -> 2x8x12x12 (relu; groups 8; padding [1, 1, 1, 1])",
+                     "conv2d 2x8x12x12, 8x8x1x1, 8 -> 2x8x12x12 (sigmoid; padding [0, 0, 0, 0])",
+                     "conv2d 2x8x12x12, 8x8x1x1, 8 -> 2x8x12x12 (padding [0, 0, 0, 0])",
+                     "fused_gemm 2x8, 5x8, 5 -> 2x5 (bias_add + sigmoid; transpose_b)"]
+
+
 def test_explain_gives_the_plan_of_a_model_of_repeated_layers_also_from_the_disk_cache(tmp_path, monkeypatch):
     """A model's repeated layers are one function called once per layer: the plan lists its
     kernels once, with the number of calls; a kernel loaded from the disk cache reports the same."""

@@ -159,22 +159,24 @@ def test_softmax_along_the_last_axis(shape):
 
 
 @needs_device
-@pytest.mark.parametrize("n,hw,c,f,kernel,stride,padding,dilation,bias", [
-    (1, (8, 8), 3, 5, (3, 3), 1, 1, 1, True), (2, (13, 11), 6, 7, (3, 2), (2, 1), (1, 0, 2, 1), (1, 2), False),
-    (1, (5, 5), 4, 64, (1, 1), 1, 0, 1, True), (2, (16, 16), 16, 32, (7, 7), 2, 3, 1, True)])
-def test_nhwc_conv_is_an_implicit_gemm(n, hw, c, f, kernel, stride, padding, dilation, bias):
+@pytest.mark.parametrize("n,hw,c,f,kernel,stride,padding,dilation,bias,act", [
+    (1, (8, 8), 3, 5, (3, 3), 1, 1, 1, True, "hardswish"), (2, (13, 11), 6, 7, (3, 2), (2, 1), (1, 0, 2, 1), (1, 2), False, None),
+    (1, (5, 5), 4, 64, (1, 1), 1, 0, 1, True, None), (2, (16, 16), 16, 32, (7, 7), 2, 3, 1, True, "relu")])
+def test_nhwc_conv_is_an_implicit_gemm(n, hw, c, f, kernel, stride, padding, dilation, bias, act):
     """The SIMT GEMM gathering its A tiles from the image: strides, asymmetric padding (taps in the
-    padding read 0), dilation, a 7x7 stride-2 stem, bias in the epilogue."""
+    padding read 0), dilation, a 7x7 stride-2 stem, bias and an activation in the epilogue."""
     rng = np.random.default_rng(c * 10 + f)
-    x, w, b = ref.random(rng, (n, *hw, c)), ref.random(rng, (*kernel, c, f)), ref.random(rng, (f,))
+    x, w, b = ref.random(rng, (n, *hw, c), scale=3.0), ref.random(rng, (*kernel, c, f)), ref.random(rng, (f,))
     specs = [td.tensor(x.shape), td.tensor(w.shape)] + ([td.tensor(b.shape)] if bias else [])
+    steps = [getattr(td, act)()] if act else []
     fn = td.function(*specs)(lambda *a: td.conv2d(*a, stride=stride, padding=padding, dilation=dilation,
-                                                   layout="nhwc"))
+                                                   layout="nhwc", epilogue=steps))
     _, out = _run(fn, x, w, *([b] if bias else []))
     pads = (padding,) * 4 if isinstance(padding, int) else padding
     strides = (stride, stride) if isinstance(stride, int) else stride
     dilations = (dilation, dilation) if isinstance(dilation, int) else dilation
-    expected = ref.conv2d(x, w, b if bias else None, strides, pads, dilations, 1, "nhwc")
+    expected = ref.epilogue(ref.conv2d(x, w, b if bias else None, strides, pads, dilations, 1, "nhwc"),
+                            [(act, None)] if act else [])
     ref.assert_close(out, expected, "f32", c * kernel[0] * kernel[1])
 
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from ..dialects.ops import Conv2dDef, OpView, TensorSpec
+from ..dialects.ops import Conv2dDef, Epilogue, OpView, TensorSpec
 
 
 # Read strips from the image (direct_segment) only where most pixels are inside it: the other
@@ -78,3 +78,9 @@ def implicit_gemm(v: OpView) -> tuple[int, int, int, ConvGather]:
     gather = ConvGather(TensorSpec((n, h, wd, c), x.dtype), (kh, kw), (oh, ow), tuple(v.attrs["stride"]),
                         tuple(v.attrs["dilation"]), (top, left))
     return n * oh * ow, nf, kh * kw * c, gather
+
+
+def conv_epilogue(v: OpView) -> tuple[Epilogue, ...]:
+    """A conv2d's bias (if any), then its own epilogue steps: what is applied to each output value
+    before it is stored (the bias as a GEMM's bias_add when the filters are the GEMM's columns)."""
+    return ((Epilogue("bias_add"),) if "bias" in v.operands else ()) + tuple(v.attrs["epilogue"])

@@ -199,11 +199,16 @@ def _pair(value, name: str) -> tuple[int, ...]:
 
 
 def conv2d(x: ir.Value, w: ir.Value, bias: ir.Value | None = None, *, stride=1, padding=0, dilation=1,
-           groups: int = 1, layout: str = "nchw", out_dtype: str | None = None,
-           schedule: Schedule | None = None) -> ir.Value:
-    """2-D convolution; `layout` "nchw" (filter FCHW) or "nhwc" (filter HWCF)."""
+           groups: int = 1, layout: str = "nchw", epilogue: Sequence[EpilogueStep] = (),
+           out_dtype: str | None = None, schedule: Schedule | None = None) -> ir.Value:
+    """2-D convolution; `layout` "nchw" (filter FCHW) or "nhwc" (filter HWCF); `epilogue`: steps
+    without operands (relu(), hardswish(), ...) applied after the bias, before the store."""
+    steps = list(epilogue)
+    if not all(isinstance(s, EpilogueStep) for s in steps):
+        raise OpError(f"tracea.conv2d: epilogue steps are built with relu(), hardswish(), ...; got {steps!r}")
     attrs = {"layout": layout, "stride": _pair(stride, "stride"), "padding": _pair(padding, "padding"),
-             "dilation": _pair(dilation, "dilation"), "groups": groups, **_schedule(schedule)}
+             "dilation": _pair(dilation, "dilation"), "groups": groups,
+             "epilogue": tuple(s.epilogue for s in steps), **_schedule(schedule)}
     return _create("tracea.conv2d", {"input": x, "filter": w, "bias": bias}, attrs, out_dtype)
 
 

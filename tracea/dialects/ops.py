@@ -161,6 +161,7 @@ FLOAT = lambda default=None: AttrDef(decode_float, lambda v: ir.FloatAttr.get_f6
 STR = lambda default: AttrDef(decode_str, ir.StringAttr.get, default)  # noqa: E731
 SCHEDULE = AttrDef(lambda a, w: Schedule.from_attr(a), lambda s: s.to_attr(), None)
 EPILOGUE = AttrDef(_decode_epilogue, _encode_epilogue, (), required=True)
+ACTIVATION = AttrDef(_decode_epilogue, _encode_epilogue, ())  # epilogue steps without operands
 
 
 # --- op definitions ----------------------------------------------------------------------
@@ -330,10 +331,12 @@ class SoftmaxDef(OpDef):
 class Conv2dDef(OpDef):
     name = "tracea.conv2d"
     summary = ("2-D convolution: layout nchw (filter FCHW) or nhwc (filter HWCF); stride, padding "
-               "([h, w] or [top, bottom, left, right]), dilation, groups, optional bias [F]")
+               "([h, w] or [top, bottom, left, right]), dilation, groups, optional bias [F], then an "
+               "optional epilogue of steps without operands (scale, relu, gelu, sigmoid, silu, hardswish, "
+               "hardsigmoid) applied before the result is stored")
     operands = (("input", "single"), ("filter", "single"), ("bias", "optional"))
     attrs = {"layout": STR("nchw"), "stride": INTS((1, 1)), "padding": INTS((0, 0)),
-             "dilation": INTS((1, 1)), "groups": INT(1), "schedule": SCHEDULE}
+             "dilation": INTS((1, 1)), "groups": INT(1), "epilogue": ACTIVATION, "schedule": SCHEDULE}
 
     @staticmethod
     def pads(attrs) -> tuple[int, int, int, int]:
@@ -380,6 +383,10 @@ class Conv2dDef(OpDef):
         if oh < 1 or ow < 1:
             raise OpError(f"the {kh}x{kw} filter (dilation {dh}x{dw}) does not fit the padded "
                           f"{h + top + bottom}x{wd + left + right} input")
+        for i, step in enumerate(attrs["epilogue"]):
+            if step.takes_operand:
+                raise OpError(f"epilogue #{i} is {step.kind}: a conv2d's epilogue steps take no operands "
+                              "(its bias is the 'bias' operand, added first; add a residual after the conv)")
         if "bias" in operands:
             self.float_operand(operands["bias"], "operand 'bias'")
             if operands["bias"].shape != (f,):

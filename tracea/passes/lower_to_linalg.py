@@ -217,8 +217,9 @@ def conv2d_reference(w: KernelWriter, v: OpView) -> str:
         acc = w.reshape(acc, [[0], [1], [2], [3, 4]], (n, oh, ow, nf))
         channel = "d3"
     if "bias" in w.arg:
-        return finish(w, acc, v.result, (Epilogue("bias_add"),), {"bias_add": (w.arg["bias"], [channel])})
-    return finish(w, acc, v.result)
+        return finish(w, acc, v.result, (Epilogue("bias_add"), *v.attrs["epilogue"]),
+                      {"bias_add": (w.arg["bias"], [channel])})
+    return finish(w, acc, v.result, v.attrs["epilogue"])
 
 
 # --- the passes -----------------------------------------------------------------------------------

@@ -281,11 +281,14 @@ def _epilogue_steps(root: ir.Value, main: ir.Value, extra: ir.Value | None, leav
         other = op.operands[1] if op.operands[0] == extra else op.operands[0]
         inner = _epilogue_steps(other, main, None, leaves)
         return None if inner is None else inner + [_ADD_EXTRA]
-    for candidate in _subexpressions(root):  # the nearest value every path to an argument passes through
+    # the nearest value every path to an argument passes through whose function is a step (one
+    # body's sigmoid, 1 / (1 + exp(-x)), is no step of 1 + exp(-x) but one of x)
+    for candidate in _subexpressions(root):
         if not _dependencies(root, leaves, cut=candidate) and _dependencies(candidate, leaves):
             step = _identify(root, candidate)
             inner = _epilogue_steps(candidate, main, extra, leaves) if step is not None else None
-            return None if inner is None else inner + [step]
+            if inner is not None:
+                return inner + [step]
     return None
 
 
@@ -331,38 +334,43 @@ _REGION_OPS = 16
 def _elementwise_region(value: ir.Value) -> tuple[ir.Operation, Epilogue] | None:
     """(the last generic, the epilogue step) when the uses of `value` are elementwise generics
     that together compute one function of it and nothing else reads their results but the
-    last one's users: a GELU written out with x used three times (GPT-2's), which no chain of
-    single-use generics follows."""
+    last one's users: a GELU written out with x used three times (GPT-2's), a hardswish (x times
+    a clamp of x + 3), which no chain of single-use generics follows. The largest such region
+    among the elementwise generics downstream of `value` (which may go on past the function:
+    a hardswish's result multiplied by a squeeze-excitation gate)."""
     rank = len(value.type.shape)
     members: list[ir.Operation] = []
-    inside, queue = {value}, [value]
-    while queue:
+    queue = [value]
+    while queue and len(members) < _REGION_OPS:
         for use in list(queue.pop(0).uses):
             op = use.owner.operation
-            if op in members or op.name != "linalg.generic":
+            if op in members or op.name != "linalg.generic" or not _all_parallel(op) or len(op.results) != 1 \
+                    or op.results[0].type != value.type or any(str(m) != _identity(rank) for m in _maps(op)):
                 continue
-            if not _all_parallel(op) or len(op.results) != 1 or op.results[0].type != value.type \
-                    or any(str(m) != _identity(rank) for m in _maps(op)) or len(members) == _REGION_OPS:
-                return None
             members.append(op)
-            inside.add(op.results[0])
             queue.append(op.results[0])
-    if len(members) < 2 or any(v not in inside for op in members for v in _ins(op)):
-        return None
     members = sorted(members, key=lambda op: sum(1 for other in members if other.is_before_in_block(op)))
-    leaving = [op for op in members if any(u.owner.operation not in members for u in op.results[0].uses)]
-    if leaving != [members[-1]] or any(u.owner.operation not in members for u in value.uses):
-        return None
-    arrays = {value: _SAMPLES}
-    with np.errstate(all="ignore"):
-        try:
-            for op in members:
-                env = dict(zip(_body(op).arguments, [arrays[v] for v in _ins(op)]))
-                arrays[op.results[0]] = _evaluate(_yielded(op)[0], env)
-        except _NotScalar:
-            return None
-    step = _matching_epilogue(arrays[members[-1].results[0]])
-    return (members[-1], step) if step is not None else None
+    found = None
+    for end in range(2, len(members) + 1):
+        region = members[:end]
+        inside = {value} | {op.results[0] for op in region}
+        if any(v not in inside for op in region for v in _ins(op)):
+            continue
+        leaving = [op for op in region if any(u.owner.operation not in region for u in op.results[0].uses)]
+        if leaving != [region[-1]] or any(u.owner.operation not in region for u in value.uses):
+            continue
+        arrays = {value: _SAMPLES}
+        with np.errstate(all="ignore"):
+            try:
+                for op in region:
+                    env = dict(zip(_body(op).arguments, [arrays[v] for v in _ins(op)]))
+                    arrays[op.results[0]] = _evaluate(_yielded(op)[0], env)
+            except _NotScalar:
+                continue
+        step = _matching_epilogue(arrays[region[-1].results[0]])
+        if step is not None:
+            found = (region[-1], step)
+    return found
 
 
 def _epilogue_chain(result: ir.Value) -> _Chain | None:
@@ -481,13 +489,19 @@ def _raise_conv(op: ir.Operation) -> bool:
     if stride is None or dilation is None:
         return False
     groups = 1
-    with op.location, td.located(op.location), ir.InsertionPoint(op):
+    # the activation after the conv (a chain of steps without operands) is applied before its store
+    chain = _epilogue_chain(op.results[0])
+    if chain is None or chain.reshapes or any(s.epilogue.takes_operand for s in chain.steps):
+        chain = None
+    anchor = chain.last if chain else op
+    with op.location, td.located(op.location), ir.InsertionPoint(anchor):
         if op.name == "linalg.depthwise_conv_2d_nchw_chw":  # filter [C, KH, KW]: one per channel
             groups, kh, kw = w.type.shape
             w = tensor.expand_shape(ir.RankedTensorType.get([groups, 1, kh, kw], w.type.element_type), w,
                                     [[0, 1], [2], [3]], [], [groups, 1, kh, kw])
-        new = td.conv2d(x, w, bias, stride=stride, padding=padding, dilation=dilation, groups=groups)
-    op.results[0].replace_all_uses_with(new)
+        new = td.conv2d(x, w, bias, stride=stride, padding=padding, dilation=dilation, groups=groups,
+                        epilogue=chain.steps if chain else ())
+    anchor.results[0].replace_all_uses_with(new)
     return True
 
 

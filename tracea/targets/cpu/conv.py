@@ -24,6 +24,7 @@ from __future__ import annotations
 from ...dialects.ops import Conv2dDef, OpView
 from ...dialects.schedule import LaneMap, Schedule
 from ...errors import OpError
+from ...codegen.kernel_text import fused_epilogue
 from ...codegen.loop_text import LoopText, memref_text
 
 
@@ -67,6 +68,17 @@ def copy_run(t: LoopText, n: int, L: int, iv: str, source, dest) -> None:
         (src, src_t), (dst, dst_t) = source(t.c(full)), dest(t.c(full))
         x = t.op(f"vector.maskedload {src}, {mask}, {zv} : {src_t}, {mt}, {vt} into {vt}", "x")
         t.line(f"vector.maskedstore {dst}, {mask}, {x} : {dst_t}, {mt}, {vt}")
+
+
+def activate(t: LoopText, v: OpView, value: str, lanes: int) -> str:
+    """The conv's epilogue steps (none take operands) on an f32 vector before its store."""
+    steps = v.attrs["epilogue"]
+    if not steps:
+        return value
+    lines, value = fused_epilogue(value, steps, {}, "f32", lanes, t.fresh("ep") + "_")
+    for line in lines:
+        t.line(line)
+    return value
 
 
 # Elements of an image channel's phase planes below which they are zeroed whole rather than
@@ -362,6 +374,7 @@ def conv_nchw_kernel_text(name: str, v: OpView, location: str, schedule: Schedul
             acc = f"%acc#{r * NV + j}"
             if add:
                 acc = t.op(f"arith.addf {acc}, {add} : {vt}", "o")
+            acc = activate(t, v, acc, L)
             t.line(f"vector.store {acc}, {OP}[%n, {row}, {t.add(q0, t.c(j * L))}] : {OP_t}, {vt}")
     t.close()
     t.close_parallel()
@@ -463,7 +476,7 @@ def conv_depthwise_nchw_kernel_text(name: str, v: OpView, location: str, schedul
     start = zv
     if bias is not None:
         start = t.op(f"vector.broadcast {t.op(f'memref.load {B}[%ch] : {B_t}', 'b')} : f32 to {vt}", "b")
-    geometry = (NV, L, kh_n, kw_n, (sh, sw), (dh, dw), ws, ow_n, start, W, W_t, XS, XS_t, O, O_t)
+    geometry = (NV, L, kh_n, kw_n, (sh, sw), (dh, dw), ws, ow_n, start, W, W_t, XS, XS_t, O, O_t, v)
     whole = oh_n // R * R
     t.for_("%oh", t.c(0), t.c(whole), t.c(R))
     for tile in range(tiles):  # written out: each column's store known whole, partial or past the row
@@ -478,7 +491,7 @@ def conv_depthwise_nchw_kernel_text(name: str, v: OpView, location: str, schedul
 
 def _depthwise_tile(t: LoopText, row0: str, R: int, tile: int, NV: int, L: int, kh_n: int, kw_n: int, stride,
                     dilation, ws: int, ow_n: int, start: str, W: str, W_t: str, XS: str, XS_t: str, O: str,
-                    O_t: str) -> None:
+                    O_t: str, v: OpView) -> None:
     """Output rows row0 .. row0 + R - 1, columns tile * NV * L onwards: R x NV accumulators over
     every tap, each filter value broadcast once for all of them."""
     (sh, sw), (dh, dw) = stride, dilation
@@ -513,12 +526,14 @@ def _depthwise_tile(t: LoopText, row0: str, R: int, tile: int, NV: int, L: int, 
             # first columns (no further), which its own stores rewrite just after (a masked
             # store is slow: 12 % of a 5x5 conv on 7x7 images)
             spills = ow_n <= NV * L <= 2 * ow_n and r < R - 1
-            if col + L <= ow_n or (col < ow_n and spills):
-                t.line(f"vector.store {acc}#{r * NV + j}, {O}[%n, %ch, {row}, {t.c(col)}] : {O_t}, {vt}")
-            elif col < ow_n:
+            if col >= ow_n:
+                continue
+            value = activate(t, v, f"{acc}#{r * NV + j}", L)
+            if col + L <= ow_n or spills:
+                t.line(f"vector.store {value}, {O}[%n, %ch, {row}, {t.c(col)}] : {O_t}, {vt}")
+            else:
                 mask = t.op(f"vector.constant_mask [{ow_n - col}] : {mt}", "k")
-                t.line(f"vector.maskedstore {O}[%n, %ch, {row}, {t.c(col)}], {mask}, {acc}#{r * NV + j} "
-                       f": {O_t}, {mt}, {vt}")
+                t.line(f"vector.maskedstore {O}[%n, %ch, {row}, {t.c(col)}], {mask}, {value} : {O_t}, {mt}, {vt}")
 
 
 def conv_depthwise_nhwc_kernel_text(name: str, v: OpView, location: str, lanes: int, accumulators: int,
@@ -591,10 +606,11 @@ def conv_depthwise_nhwc_kernel_text(name: str, v: OpView, location: str, lanes: 
         t.line(f"scf.yield {', '.join(f'{inner}#{j}' for j in range(k))} : {accs_t}")
         t.close()
         for j, (col, m) in enumerate(zip(cols, masks)):
+            value = activate(t, v, f"{acc}#{j}", L)
             if m is None:
-                t.line(f"vector.store {acc}#{j}, {O}[%n, %oh, %ow, {col}] : {O_t}, {vt}")
+                t.line(f"vector.store {value}, {O}[%n, %oh, %ow, {col}] : {O_t}, {vt}")
             else:
-                t.line(f"vector.maskedstore {O}[%n, %oh, %ow, {col}], {m}, {acc}#{j} : {O_t}, {mt}, {vt}")
+                t.line(f"vector.maskedstore {O}[%n, %oh, %ow, {col}], {m}, {value} : {O_t}, {mt}, {vt}")
 
     if full_blocks:
         t.for_("%cb", t.c(0), t.c(full_blocks * CV * L), t.c(CV * L))

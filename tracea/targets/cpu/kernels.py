@@ -13,7 +13,7 @@ from dataclasses import dataclass, replace
 
 import mlir.ir as ir
 
-from ...dialects.ops import OP_DEFS, Conv2dDef, Epilogue, OpView, TensorSpec, describe, view
+from ...dialects.ops import OP_DEFS, Conv2dDef, OpView, TensorSpec, describe, view
 from ...dialects.schedule import LaneMap, Schedule
 from ...dialects.verify import tracea_ops
 from ...errors import OpError
@@ -25,10 +25,10 @@ from .attention import attention_kernel_text, qk_tile, tile_registers
 from .conv import (check_depthwise_nchw_schedule, check_direct_nchw_schedule, conv_depthwise_nchw_kernel_text,
                    conv_depthwise_nhwc_kernel_text, conv_nchw_kernel_text, depthwise_nchw_schedule,
                    direct_nchw_schedule, nchw_geometry)
-from ...codegen.conv_gather import implicit_gemm
+from ...codegen.conv_gather import conv_epilogue, implicit_gemm
 from .gemm import conv_k_block, gemm_dot_kernel_text, gemm_kernel_text
 from .softmax import softmax_kernel_text
-from ...codegen.kernel_text import KernelWriter
+from ...codegen.kernel_text import KernelWriter, apply_epilogue
 from ...passes.lower_to_linalg import inline_kernel, windowed_input
 from ...passes.registry import PassFailed, TraceaPass, option, register
 from ...passes.plan import count, record_step
@@ -187,7 +187,7 @@ def conv_as_gemm(w: KernelWriter, v: OpView, name: str, threads: int) -> tuple[s
         operands["bias"] = v.operands["bias"]
     gemm_view = OpView(v.op, OP_DEFS["tracea.fused_gemm"], operands, TensorSpec((m, nf), v.result.dtype),
                        {"transpose_a": False, "transpose_b": False, "schedule": schedule,
-                        "epilogue": (Epilogue("bias_add"),) if "bias" in w.arg else ()})
+                        "epilogue": conv_epilogue(v)})
     text = gemm_kernel_text(name, gemm_view, str(v.op.location), gather, threads)
     call_args = [image, filt] + ([w.arg["bias"]] if "bias" in w.arg else [])
     out = gemm_view.result
@@ -257,11 +257,25 @@ def conv_pointwise_nchw(w: KernelWriter, v: OpView, name: str, threads: int) -> 
     result = w.emit(gemm_view.result, f"func.call @{name}({a}, {b}) : ({w.types[a]}, {w.types[b]}) "
                                       f"-> {gemm_view.result}")
     result = w.reshape(result, [[0], [1, 2, 3]] if h * wd == 1 else [[0], [1], [2, 3]], out.shape)
-    if "bias" in w.arg:
-        result = w.generic([(result, ["d0", "d1", "d2", "d3"]), (w.arg["bias"], ["d1"])],
-                           (w.empty(out.shape, "f32"), ["d0", "d1", "d2", "d3"]), 4, (),
-                           lambda b: b.add(b.args[0], b.args[1]))
-    return text, result
+    return text, conv_tail(w, v, result, ["d0", "d1", "d2", "d3"])
+
+
+def conv_tail(w: KernelWriter, v: OpView, product: str, dims: list[str]) -> str:
+    """An NCHW conv's result from its GEMM's product (read through `dims`, over the result's
+    n, f, y, x): the bias per filter and the conv's epilogue in one elementwise op (an op that
+    linalg fuses with the elementwise ops after it); the product itself when there is neither."""
+    steps = conv_epilogue(v)
+    identity = ["d0", "d1", "d2", "d3"]
+    if not steps and dims == identity:
+        return product
+
+    def body(b):
+        x = b.args[0]
+        for step in steps:
+            x = apply_epilogue(b, x, step, b.args[1] if step.takes_operand else None)
+        return x
+    ins = [(product, dims)] + ([(w.arg["bias"], ["d1"])] if "bias" in w.arg else [])
+    return w.generic(ins, (w.empty(v.result.shape, "f32"), identity), 4, (), body)
 
 
 # Output images of at most 64 pixels (ResNet's last stages at 128x128 and 224x224): against
@@ -310,10 +324,7 @@ def conv_im2col_nchw(w: KernelWriter, v: OpView, name: str, threads: int) -> tup
     product = w.emit(gemm_view.result, f"func.call @{name}({filt}, {cols}) : ({w.types[filt]}, {w.types[cols]}) "
                                        f"-> {gemm_view.result}")
     product = w.reshape(product, [[0], [1, 2, 3]], (k, n, oh, ow))
-    ins = [(product, ["d1", "d0", "d2", "d3"])] + ([(w.arg["bias"], ["d1"])] if "bias" in w.arg else [])
-    result = w.generic(ins, (w.empty(out.shape, "f32"), ["d0", "d1", "d2", "d3"]), 4, (),
-                       lambda b: b.add(b.args[0], b.args[1]) if len(ins) == 2 else b.args[0])
-    return text, result
+    return text, conv_tail(w, v, product, ["d1", "d0", "d2", "d3"])
 
 
 # -- the CPU's kernel variants ---------------------------------------------------------------

@@ -24,14 +24,14 @@ from dataclasses import dataclass, replace
 
 import mlir.ir as ir
 
-from ...dialects.ops import Epilogue, OpView
+from ...dialects.ops import OpView
 from ...dialects.schedule import Schedule
 from ...doctor.capabilities import Capabilities, named
 from ...codegen.variants import (ArchIs, BackendIs, DtypeIn, Problem, Rule, SharedMemoryAtLeast, SmAtLeast, Variant,
                                WarpSizeIs, register_variant)
 from ...errors import OpError
 from ...tuner.space import SearchSpace
-from ...codegen.conv_gather import implicit_gemm
+from ...codegen.conv_gather import conv_epilogue, implicit_gemm
 from .attention import HEAD_DIMS, AttentionTiles, MmaAttention, attention_module_text
 from .attention import grid as attention_grid
 from .simt import SimtTiles, simt_gemm_module_text
@@ -188,10 +188,16 @@ def simt_gemm(v: OpView, name: str, spirv: bool = False, tiles: SimtTiles = Simt
 
 def simt_conv(v: OpView, name: str, spirv: bool = False, tiles: SimtTiles = SimtTiles()) -> tuple[str, Launch]:
     """An NHWC conv2d as an implicit GEMM on the SIMT kernel, its A tiles gathered from the image."""
+    return _simt(conv_gemm(v), name, spirv, tiles)
+
+
+def conv_gemm(v: OpView) -> MmaGemm:
+    """The implicit GEMM of an NHWC conv2d: A gathered from the image, the HWCF filter as B, the
+    bias and the conv's epilogue as the GEMM's."""
     m, n, k, gather = implicit_gemm(v)
     bias = v.operands.get("bias")
-    return _simt(MmaGemm(m, n, k, gather.image.dtype, v.result.dtype, False, (Epilogue("bias_add"),) if bias else (),
-                         bias.dtype if bias else None, None, gather), name, spirv, tiles)
+    return MmaGemm(m, n, k, gather.image.dtype, v.result.dtype, False, conv_epilogue(v),
+                   bias.dtype if bias else None, None, gather)
 
 
 def _simt(g: MmaGemm, name: str, spirv: bool, tiles: SimtTiles) -> tuple[str, Launch]:
@@ -207,10 +213,7 @@ def emit_simt_gemm(v: OpView, name: str, caps: Capabilities | None = None) -> tu
 def emit_conv(v: OpView, name: str, caps: Capabilities | None = None) -> tuple[str, Launch]:
     """An NHWC conv2d as an implicit GEMM on the mma.sync kernel (on sm_90a too: its A tiles are
     gathers, which TMA's tiled mode does not do)."""
-    m, n, k, gather = implicit_gemm(v)
-    bias = v.operands.get("bias")
-    g = MmaGemm(m, n, k, gather.image.dtype, v.result.dtype, False,
-                (Epilogue("bias_add"),) if bias else (), bias.dtype if bias else None, None, gather)
+    g = conv_gemm(v)
     tiles = mma_tiles(_schedule(v))
     return mma_gemm_module_text(g, tiles, name), Launch(mma_grid(g, tiles), (tiles.threads, 1, 1), tiles.shared_bytes())
 

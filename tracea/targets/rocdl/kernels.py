@@ -14,9 +14,7 @@ from ...codegen.gpu_kernels import functions_to_kernels
 from ...codegen.variants import BackendIs, DtypeIn, Rule, Variant, register_variant
 from ...doctor.capabilities import ROCM_PROFILES, Capabilities, named
 from ...passes.registry import TraceaPass, option, register
-from ...codegen.conv_gather import implicit_gemm
-from ...dialects.ops import Epilogue
-from ..nvvm.kernels import Launch, mma_gemm
+from ..nvvm.kernels import Launch, conv_gemm, mma_gemm
 from ..nvvm.mma import MmaGemm
 from ..spirv.kernels import register_simt_variants
 from .matrix import CHUNK, MatrixTiles, instruction_for, matrix_gemm_module_text, grid
@@ -32,11 +30,7 @@ def emit_matrix_gemm(v, name: str, caps: Capabilities) -> tuple[str, Launch]:
 
 
 def emit_matrix_conv(v, name: str, caps: Capabilities) -> tuple[str, Launch]:
-    m, n, k, gather = implicit_gemm(v)
-    bias = v.operands.get("bias")
-    return _matrix_launch(MmaGemm(m, n, k, gather.image.dtype, v.result.dtype, False,
-                                  (Epilogue("bias_add"),) if bias else (), bias.dtype if bias else None, None, gather),
-                          name, caps)
+    return _matrix_launch(conv_gemm(v), name, caps)
 
 
 def emit_matrix_attention(v, name: str, caps: Capabilities) -> tuple[str, Launch]:
