@@ -708,6 +708,8 @@ def test_stride_2_rows_split_into_column_planes(w, left, groups):
     ("cpu.conv2d.direct_nchw", (2, 5, 11, 13), (6, 5, 3, 3), 1, 1, "nchw"),
     ("cpu.conv2d.depthwise_nchw", (2, 6, 11, 13), (6, 1, 5, 5), 2, 6, "nchw"),
     ("cpu.conv2d.pointwise_nchw", (2, 5, 9, 9), (7, 5, 1, 1), 0, 1, "nchw"),
+    ("cpu.conv2d.pointwise_nchw", (3, 40, 1, 1), (9, 40, 1, 1), 0, 1, "nchw"),  # squeeze-excitation: 1 pixel
+    ("cpu.conv2d.pointwise_nchw", (2, 7, 40, 40), (21, 7, 1, 1), 0, 1, "nchw"),  # whole register tiles
     ("cpu.conv2d.im2col_nchw", (3, 5, 6, 6), (7, 5, 3, 3), 1, 1, "nchw"),
     ("cpu.conv2d.implicit_gemm", (2, 5, 9, 9), (7, 5, 3, 3), 1, 1, "nchw"),
     ("cpu.conv2d.implicit_gemm", (2, 9, 9, 5), (3, 3, 5, 7), 1, 1, "nhwc"),

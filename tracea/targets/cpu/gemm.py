@@ -76,6 +76,7 @@ class GemmPlan:
     lanes: int
     threads: int
     a_batched: bool = True  # else one A for every batch (a 1x1 NCHW conv's filter, kernels.py)
+    row_bias: bool = False  # the bias is per row of C (an NCHW conv's filters, kernels.py), not per column
 
     @staticmethod
     def from_view(v: OpView, threads: int = 1) -> "GemmPlan":
@@ -92,7 +93,8 @@ class GemmPlan:
                         a.dtype, b.dtype, v.result.dtype, tuple(v.attrs.get("epilogue", ())),
                         v.operands["bias"].dtype if "bias" in v.operands else None,
                         v.operands["residual"].dtype if "residual" in v.operands else None,
-                        mr, nr, mc, nc, kc, s.lane_map.shape[-1], threads, a.rank == v.result.rank)
+                        mr, nr, mc, nc, kc, s.lane_map.shape[-1], threads, a.rank == v.result.rank,
+                        v.attrs.get("row_bias", False))
 
     @property
     def n_chunk(self) -> int:
@@ -324,7 +326,12 @@ class _Output:
         vec = lambda dt: f"vector<{lanes}x{dt}>" if lanes else dt  # noqa: E731
         load = "vector.load" if lanes else "memref.load"
         operands = {}
-        if self.bias is not None:
+        if self.bias is not None and p.row_bias:  # one value for the row, broadcast along it
+            bias = t.op(f"memref.load {self.bias}[{row}] : {self.bias_t}", "e")
+            if lanes:
+                bias = t.op(f"vector.broadcast {bias} : {p.bias_dtype} to {vec(p.bias_dtype)}", "e")
+            operands["bias_add"] = (bias, p.bias_dtype)
+        elif self.bias is not None:
             operands["bias_add"] = (t.op(f"{load} {self.bias}[{col}] : {self.bias_t}"
                                          + (f", {vec(p.bias_dtype)}" if lanes else ""), "e"), p.bias_dtype)
         if self.residual is not None:

@@ -28,7 +28,7 @@ from .conv import (check_depthwise_nchw_schedule, check_direct_nchw_schedule, co
 from ...codegen.conv_gather import conv_epilogue, implicit_gemm
 from .gemm import conv_k_block, gemm_dot_kernel_text, gemm_kernel_text
 from .softmax import softmax_kernel_text
-from ...codegen.kernel_text import KernelWriter, apply_epilogue
+from ...codegen.kernel_text import KernelWriter
 from ...passes.lower_to_linalg import inline_kernel, windowed_input
 from ...passes.registry import PassFailed, TraceaPass, option, register
 from ...passes.plan import count, record_step
@@ -166,6 +166,23 @@ def conv_gemm_schedule(v: OpView, host: CPU, threads: int) -> Schedule:
     return replace(schedule, tile=(mc, nc, kc), warp_tile=(mr, nr, 1))
 
 
+def conv_gemm_view(v: OpView, a: TensorSpec, b: TensorSpec, product: tuple[int, ...], schedule: Schedule,
+                   transpose_b: bool = False, row_bias: bool = False) -> OpView:
+    """The GEMM computing a conv, its epilogue the conv's bias and activation (row_bias: the
+    filters are the GEMM's rows, as in NCHW, not its columns)."""
+    operands = {"a": a, "b": b, **({"bias": v.operands["bias"]} if "bias" in v.operands else {})}
+    return OpView(v.op, OP_DEFS["tracea.fused_gemm"], operands, TensorSpec(product, v.result.dtype),
+                  {"transpose_a": False, "transpose_b": transpose_b, "schedule": schedule,
+                   "epilogue": conv_epilogue(v), "row_bias": row_bias})
+
+
+def call_conv_gemm(w: KernelWriter, name: str, gemm_view: OpView, a: str, b: str) -> str:
+    """The call of a conv's GEMM kernel `name` on a and b (and the conv's bias)."""
+    args = [a, b] + ([w.arg["bias"]] if "bias" in gemm_view.operands else [])
+    return w.emit(gemm_view.result, f"func.call @{name}({', '.join(args)}) : "
+                                    f"({', '.join(str(w.types[x]) for x in args)}) -> {gemm_view.result}")
+
+
 def conv_as_gemm(w: KernelWriter, v: OpView, name: str, threads: int) -> tuple[str, str]:
     """conv2d = one GEMM over the im2col of the NHWC image, packed straight from the image
     (implicit GEMM), k ordered (kh, kw, c) so the HWCF filter is B as it lies; the bias is the
@@ -182,17 +199,9 @@ def conv_as_gemm(w: KernelWriter, v: OpView, name: str, threads: int) -> tuple[s
         image, filt = w.arg["input"], w.arg["filter"]
     filt = w.reshape(filt, [[0, 1, 2], [3]], (k, nf))
     schedule = v.attrs.get("schedule") or conv_gemm_schedule(v, host_cpu(), threads)
-    operands = {"a": TensorSpec((m, k), x.dtype), "b": TensorSpec((k, nf), f.dtype)}
-    if "bias" in w.arg:
-        operands["bias"] = v.operands["bias"]
-    gemm_view = OpView(v.op, OP_DEFS["tracea.fused_gemm"], operands, TensorSpec((m, nf), v.result.dtype),
-                       {"transpose_a": False, "transpose_b": False, "schedule": schedule,
-                        "epilogue": conv_epilogue(v)})
+    gemm_view = conv_gemm_view(v, TensorSpec((m, k), x.dtype), TensorSpec((k, nf), f.dtype), (m, nf), schedule)
     text = gemm_kernel_text(name, gemm_view, str(v.op.location), gather, threads)
-    call_args = [image, filt] + ([w.arg["bias"]] if "bias" in w.arg else [])
-    out = gemm_view.result
-    result = w.emit(out, f"func.call @{name}({', '.join(call_args)}) : "
-                         f"({', '.join(str(w.types[a]) for a in call_args)}) -> {out}")
+    result = call_conv_gemm(w, name, gemm_view, image, filt)
     result = w.reshape(result, [[0, 1, 2], [3]], (n, oh, ow, nf))
     if nchw:
         result = w.transpose(result, [0, 3, 1, 2])
@@ -223,8 +232,9 @@ def conv_pointwise_nchw(w: KernelWriter, v: OpView, name: str, threads: int) -> 
     (C x HW), the filter shared by every image (packed per image), x as it lies; the pixels a
     stride skips are left out first, and patches laid out as C KH KW rows of HW columns (16 x 16
     patches: 0.76x torch on the direct kernel's 256 phase planes). Images of one pixel make one
-    GEMM for the batch, out (N x K) = x (N x C) @ W^T (as nn.Linear). The bias is added after (an
-    elementwise op on the result, which linalg fuses with the ops that follow)."""
+    GEMM for the batch, out (N x K) = x (N x C) @ W^T (as nn.Linear). The bias and the
+    activation are the GEMM's epilogue (a pass of their own over the result was a quarter of a
+    16 -> 72 channel conv on 56x56 images)."""
     x, f, out = v.operands["input"], v.operands["filter"], v.result
     n, k, (kh, kw), (h, wd) = x.shape[0], f.shape[0], f.shape[2:], out.shape[2:]
     c = x.shape[1] * kh * kw  # the GEMM's K
@@ -242,40 +252,18 @@ def conv_pointwise_nchw(w: KernelWriter, v: OpView, name: str, threads: int) -> 
         kernel = gemm_dot_kernel_text if dot else gemm_kernel_text
         schedule = v.attrs.get("schedule") or (dot_gemm_schedule if dot else default_gemm_schedule)(
             n, k, c, host_cpu(), threads)
-        operands, product, transpose_b = ((image, (n, c)), (filt, (k, c))), (n, k), True
+        operands, product, transpose_b, rows = ((image, (n, c)), (filt, (k, c))), (n, k), True, False
     else:
         image = w.reshape(pixels, [[0], [1], [2, 3]], (n, c, h * wd))
         schedule = v.attrs.get("schedule") or default_gemm_schedule(k, h * wd, c, host_cpu(), threads)
         kernel = gemm_kernel_text
-        operands, product, transpose_b = ((filt, (k, c)), (image, (n, c, h * wd))), (n, k, h * wd), False
-    gemm_view = OpView(v.op, OP_DEFS["tracea.gemm"], {name_: TensorSpec(shape, "f32") for name_, (_, shape)
-                                                      in zip(("a", "b"), operands)},
-                       TensorSpec(product, "f32"),
-                       {"transpose_a": False, "transpose_b": transpose_b, "schedule": schedule, "epilogue": ()})
+        operands, product, transpose_b, rows = ((filt, (k, c)), (image, (n, c, h * wd))), (n, k, h * wd), False, True
+    (a, a_shape), (b, b_shape) = operands
+    gemm_view = conv_gemm_view(v, TensorSpec(a_shape, "f32"), TensorSpec(b_shape, "f32"), product, schedule,
+                               transpose_b, rows)
     text = kernel(name, gemm_view, str(v.op.location), threads=threads)
-    (a, _), (b, _) = operands
-    result = w.emit(gemm_view.result, f"func.call @{name}({a}, {b}) : ({w.types[a]}, {w.types[b]}) "
-                                      f"-> {gemm_view.result}")
-    result = w.reshape(result, [[0], [1, 2, 3]] if h * wd == 1 else [[0], [1], [2, 3]], out.shape)
-    return text, conv_tail(w, v, result, ["d0", "d1", "d2", "d3"])
-
-
-def conv_tail(w: KernelWriter, v: OpView, product: str, dims: list[str]) -> str:
-    """An NCHW conv's result from its GEMM's product (read through `dims`, over the result's
-    n, f, y, x): the bias per filter and the conv's epilogue in one elementwise op (an op that
-    linalg fuses with the elementwise ops after it); the product itself when there is neither."""
-    steps = conv_epilogue(v)
-    identity = ["d0", "d1", "d2", "d3"]
-    if not steps and dims == identity:
-        return product
-
-    def body(b):
-        x = b.args[0]
-        for step in steps:
-            x = apply_epilogue(b, x, step, b.args[1] if step.takes_operand else None)
-        return x
-    ins = [(product, dims)] + ([(w.arg["bias"], ["d1"])] if "bias" in w.arg else [])
-    return w.generic(ins, (w.empty(v.result.shape, "f32"), identity), 4, (), body)
+    result = call_conv_gemm(w, name, gemm_view, a, b)
+    return text, w.reshape(result, [[0], [1, 2, 3]] if h * wd == 1 else [[0], [1], [2, 3]], out.shape)
 
 
 # Output images of at most 64 pixels (ResNet's last stages at 128x128 and 224x224): against
@@ -316,15 +304,11 @@ def conv_im2col_nchw(w: KernelWriter, v: OpView, name: str, threads: int) -> tup
     cols = w.reshape(cols, [[0, 1, 2], [3, 4, 5]], (taps, positions))
     filt = w.reshape(w.arg["filter"], [[0], [1, 2, 3]], (k, taps))
     schedule = v.attrs.get("schedule") or default_gemm_schedule(k, positions, taps, host_cpu(), threads)
-    gemm_view = OpView(v.op, OP_DEFS["tracea.gemm"], {"a": TensorSpec((k, taps), "f32"),
-                                                      "b": TensorSpec((taps, positions), "f32")},
-                       TensorSpec((k, positions), "f32"),
-                       {"transpose_a": False, "transpose_b": False, "schedule": schedule, "epilogue": ()})
+    gemm_view = conv_gemm_view(v, TensorSpec((k, taps), "f32"), TensorSpec((taps, positions), "f32"),
+                               (k, positions), schedule, row_bias=True)
     text = gemm_kernel_text(name, gemm_view, str(v.op.location), threads=threads)
-    product = w.emit(gemm_view.result, f"func.call @{name}({filt}, {cols}) : ({w.types[filt]}, {w.types[cols]}) "
-                                       f"-> {gemm_view.result}")
-    product = w.reshape(product, [[0], [1, 2, 3]], (k, n, oh, ow))
-    return text, conv_tail(w, v, product, ["d1", "d0", "d2", "d3"])
+    product = w.reshape(call_conv_gemm(w, name, gemm_view, filt, cols), [[0], [1, 2, 3]], (k, n, oh, ow))
+    return text, w.transpose(product, [1, 0, 2, 3])
 
 
 # -- the CPU's kernel variants ---------------------------------------------------------------
