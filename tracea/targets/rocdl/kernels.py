@@ -63,8 +63,8 @@ _MATRIX_CONV = Variant("rocm.conv2d.matrix_cores", "rocm", ("conv2d",), (
          p.layout == "nhwc" and p.groups == 1),
     Rule(f"channels in and out multiples of {CHUNK}", lambda p, caps: None if p.view is None or p.layout != "nhwc"
          else p.view.operands["input"].shape[-1] % CHUNK == 0 and p.view.result.shape[-1] % CHUNK == 0)), 20,
-    "the matrix-core GEMM with its A chunks gathered from the NHWC image (16-byte runs of channels), bias in "
-    "the epilogue", frozenset({"matrix_units"}))
+    "the matrix-core GEMM with its A chunks gathered from the NHWC image (16-byte runs of channels), bias and "
+    "activation in the epilogue", frozenset({"matrix_units"}))
 _MATRIX_ATTENTION = Variant("rocm.attention.matrix_cores", "rocm", ("attention",), (
     BackendIs("rocm"), _MATRIX_CORES, DtypeIn(("f16", "bf16")),
     Rule("head dim a multiple of 8 (MFMA) or 16 (WMMA), value head dim a multiple of 32 (MFMA) or 16 (WMMA)",

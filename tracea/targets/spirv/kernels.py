@@ -111,7 +111,7 @@ def register_simt_variants(backend: str, dtypes, spirv: bool) -> dict:
             Rule("layout='nhwc' (filter HWCF; transpose an NCHW input to NHWC first)",
                  lambda p, caps: None if p.layout is None else p.layout == "nhwc"),
             Rule("groups=1", lambda p, caps: None if p.groups is None else p.groups == 1)), 10,
-            "the SIMT GEMM with its A tiles gathered from the NHWC image (implicit GEMM), bias in the epilogue",
+            "the SIMT GEMM with its A tiles gathered from the NHWC image (implicit GEMM), bias and activation in the epilogue",
             frozenset({"simd"}), **SIMT_SCHEDULE),
          lambda v, name, spirv: simt_conv(v, name, spirv, simt_tiles(v.attrs.get("schedule")))),
         (Variant(f"{backend}.attention.flash_simt", backend, ("attention",), (
