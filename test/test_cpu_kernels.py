@@ -535,6 +535,8 @@ def test_im2col_nchw_conv(n, c, k, kh, kw, hw, stride, dilation, pads, bias, thr
     ((1, 512, 7, 7), (512, 512, 3, 3), 1, 1, "cpu.conv2d.im2col_nchw"),  # ... at 224x224
     ((8, 1024, 14, 14), (2048, 1024, 1, 1), 2, 0, "cpu.conv2d.im2col_nchw"),  # a strided 1x1 to 7x7
     ((8, 512, 7, 7), (2048, 512, 1, 1), 1, 0, "cpu.conv2d.pointwise_nchw"),  # its im2col is the image itself
+    ((8, 2048, 4, 4), (512, 2048, 1, 1), 1, 0, "cpu.conv2d.im2col_nchw"),  # too few pixels for a GEMM per image
+    ((8, 576, 1, 1), (144, 576, 1, 1), 1, 0, "cpu.conv2d.pointwise_nchw"),  # 1-pixel images: already one GEMM
     ((8, 128, 16, 16), (128, 128, 3, 3), 1, 1, "cpu.conv2d.direct_nchw"),  # 256 pixels an image
     ((256, 512, 7, 7), (512, 512, 3, 3), 1, 1, "cpu.conv2d.direct_nchw"),  # an im2col of 231 MB
 ])
