@@ -613,8 +613,8 @@ def test_pointwise_nchw_conv_is_a_gemm(n, c, hw, k, bias, stride):
     """1x1 NCHW convs over at least 32 (output) pixels run as one GEMM per image on the packed
     kernel, the filter shared by the images, strided ones on the pixels they read; over one
     pixel as one GEMM for the batch (x @ W^T, on the inner-product kernel for few images and
-    long rows); strided ones to at most 64 pixels, as one GEMM over their im2col; the others in
-    between, on the direct kernel."""
+    long rows); strided ones to at most 64 pixels, and those to 2-31 pixels, as one GEMM for the
+    batch over their im2col."""
     rng = np.random.default_rng(c + k)
     x, f, b = ref.random(rng, (n, c) + hw), ref.random(rng, (k, c, 1, 1)), ref.random(rng, (k,))
     args = [td.tensor(x.shape), td.tensor(f.shape)] + ([td.tensor(b.shape)] if bias else [])
@@ -622,8 +622,8 @@ def test_pointwise_nchw_conv_is_a_gemm(n, c, hw, k, bias, stride):
                             keep_stages=True)
     sy, sx = stride if isinstance(stride, tuple) else (stride, stride)
     pixels = -(-hw[0] // sy) * -(-hw[1] // sx)
-    im2col = (sy, sx) != (1, 1) and hw != (1, 1) and pixels <= 64
-    expected = "im2col" if im2col else "pointwise" if pixels >= 32 or pixels == 1 else "direct"
+    im2col = hw != (1, 1) and pixels <= 64 and ((sy, sx) != (1, 1) or 1 < pixels < 32)
+    expected = "im2col" if im2col else "pointwise"
     assert re.search(rf"1 x conv2d on cpu.conv2d.{expected}_nchw$", str(kernel.plan), re.M)
     assert ("vector.reduction" in kernel.stages["linalg"]) == (pixels == 1 and n <= 32 and c >= 512)
     out = kernel(x, f, *([b] if bias else []))
