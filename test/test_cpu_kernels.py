@@ -534,8 +534,9 @@ def test_im2col_nchw_conv(n, c, k, kh, kw, hw, stride, dilation, pads, bias, thr
     ((8, 256, 8, 8), (512, 256, 3, 3), 2, 1, "cpu.conv2d.im2col_nchw"),
     ((1, 512, 7, 7), (512, 512, 3, 3), 1, 1, "cpu.conv2d.im2col_nchw"),  # ... at 224x224
     ((8, 1024, 14, 14), (2048, 1024, 1, 1), 2, 0, "cpu.conv2d.im2col_nchw"),  # a strided 1x1 to 7x7
-    ((8, 512, 7, 7), (2048, 512, 1, 1), 1, 0, "cpu.conv2d.pointwise_nchw"),  # its im2col is the image itself
+    ((8, 512, 7, 7), (2048, 512, 1, 1), 1, 0, "cpu.conv2d.im2col_nchw"),  # its im2col: the batch transposed
     ((8, 2048, 4, 4), (512, 2048, 1, 1), 1, 0, "cpu.conv2d.im2col_nchw"),  # too few pixels for a GEMM per image
+    ((8, 256, 16, 16), (64, 256, 1, 1), 1, 0, "cpu.conv2d.pointwise_nchw"),  # a GEMM per image of 256 columns
     ((8, 576, 1, 1), (144, 576, 1, 1), 1, 0, "cpu.conv2d.pointwise_nchw"),  # 1-pixel images: already one GEMM
     ((8, 128, 16, 16), (128, 128, 3, 3), 1, 1, "cpu.conv2d.direct_nchw"),  # 256 pixels an image
     ((256, 512, 7, 7), (512, 512, 3, 3), 1, 1, "cpu.conv2d.direct_nchw"),  # an im2col of 231 MB
@@ -613,8 +614,8 @@ def test_pointwise_nchw_conv_is_a_gemm(n, c, hw, k, bias, stride):
     """1x1 NCHW convs over at least 32 (output) pixels run as one GEMM per image on the packed
     kernel, the filter shared by the images, strided ones on the pixels they read; over one
     pixel as one GEMM for the batch (x @ W^T, on the inner-product kernel for few images and
-    long rows); strided ones to at most 64 pixels, and those to 2-31 pixels, as one GEMM for the
-    batch over their im2col."""
+    long rows); those to at most 64 pixels (of more than one), strided or not, as one GEMM for
+    the batch over their im2col."""
     rng = np.random.default_rng(c + k)
     x, f, b = ref.random(rng, (n, c) + hw), ref.random(rng, (k, c, 1, 1)), ref.random(rng, (k,))
     args = [td.tensor(x.shape), td.tensor(f.shape)] + ([td.tensor(b.shape)] if bias else [])
@@ -622,7 +623,7 @@ def test_pointwise_nchw_conv_is_a_gemm(n, c, hw, k, bias, stride):
                             keep_stages=True)
     sy, sx = stride if isinstance(stride, tuple) else (stride, stride)
     pixels = -(-hw[0] // sy) * -(-hw[1] // sx)
-    im2col = hw != (1, 1) and pixels <= 64 and ((sy, sx) != (1, 1) or 1 < pixels < 32)
+    im2col = hw != (1, 1) and pixels <= 64
     expected = "im2col" if im2col else "pointwise"
     assert re.search(rf"1 x conv2d on cpu.conv2d.{expected}_nchw$", str(kernel.plan), re.M)
     assert ("vector.reduction" in kernel.stages["linalg"]) == (pixels == 1 and n <= 32 and c >= 512)
