@@ -15,6 +15,7 @@ import mlir.ir as ir
 from ..dialects.ops import ACCUMULATOR_DTYPE, AttentionDef, Conv2dDef, Epilogue, OpView, TensorSpec, view
 from ..dialects.verify import tracea_ops
 from ..errors import OpError, TraceaError
+from ..codegen.conv_gather import conv_epilogue
 from ..codegen.kernel_text import Body, KernelWriter, apply_epilogue
 from .registry import PassFailed, TraceaPass, option, register
 
@@ -216,10 +217,8 @@ def conv2d_reference(w: KernelWriter, v: OpView) -> str:
                         multiply_accumulate)
         acc = w.reshape(acc, [[0], [1], [2], [3, 4]], (n, oh, ow, nf))
         channel = "d3"
-    if "bias" in w.arg:
-        return finish(w, acc, v.result, (Epilogue("bias_add"), *v.attrs["epilogue"]),
-                      {"bias_add": (w.arg["bias"], [channel])})
-    return finish(w, acc, v.result, v.attrs["epilogue"])
+    operands = {"bias_add": (w.arg["bias"], [channel])} if "bias" in w.arg else {}
+    return finish(w, acc, v.result, conv_epilogue(v), operands)
 
 
 # --- the passes -----------------------------------------------------------------------------------

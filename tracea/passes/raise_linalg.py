@@ -350,26 +350,25 @@ def _elementwise_region(value: ir.Value) -> tuple[ir.Operation, Epilogue] | None
             members.append(op)
             queue.append(op.results[0])
     members = sorted(members, key=lambda op: sum(1 for other in members if other.is_before_in_block(op)))
-    found = None
-    for end in range(2, len(members) + 1):
-        region = members[:end]
-        inside = {value} | {op.results[0] for op in region}
-        if any(v not in inside for op in region for v in _ins(op)):
-            continue
-        leaving = [op for op in region if any(u.owner.operation not in region for u in op.results[0].uses)]
-        if leaving != [region[-1]] or any(u.owner.operation not in region for u in value.uses):
-            continue
-        arrays = {value: _SAMPLES}
-        with np.errstate(all="ignore"):
+    # the regions are the prefixes of the members in program order, each evaluated once: a member
+    # reading a value from outside (or not evaluable) ends every larger region too
+    arrays, found = {value: _SAMPLES}, None
+    with np.errstate(all="ignore"):
+        for end, op in enumerate(members, 1):
+            if any(v not in arrays for v in _ins(op)):
+                break
             try:
-                for op in region:
-                    env = dict(zip(_body(op).arguments, [arrays[v] for v in _ins(op)]))
-                    arrays[op.results[0]] = _evaluate(_yielded(op)[0], env)
+                env = dict(zip(_body(op).arguments, [arrays[v] for v in _ins(op)]))
+                arrays[op.results[0]] = _evaluate(_yielded(op)[0], env)
             except _NotScalar:
+                break
+            region = members[:end]
+            leaving = [m for m in region if any(u.owner.operation not in region for u in m.results[0].uses)]
+            if end < 2 or leaving != [op] or any(u.owner.operation not in region for u in value.uses):
                 continue
-        step = _matching_epilogue(arrays[region[-1].results[0]])
-        if step is not None:
-            found = (region[-1], step)
+            step = _matching_epilogue(arrays[op.results[0]])
+            if step is not None:
+                found = (op, step)
     return found
 
 

@@ -253,15 +253,16 @@ def conv_pointwise_nchw(w: KernelWriter, v: OpView, name: str, threads: int) -> 
         kernel = gemm_dot_kernel_text if dot else gemm_kernel_text
         schedule = v.attrs.get("schedule") or (dot_gemm_schedule if dot else default_gemm_schedule)(
             n, k, c, host_cpu(), threads)
-        operands, product, transpose_b, rows = ((image, (n, c)), (filt, (k, c))), (n, k), True, False
+        operands, product, transpose_b = ((image, (n, c)), (filt, (k, c))), (n, k), True
     else:
         image = w.reshape(pixels, [[0], [1], [2, 3]], (n, c, h * wd))
         schedule = v.attrs.get("schedule") or default_gemm_schedule(k, h * wd, c, host_cpu(), threads)
         kernel = gemm_kernel_text
-        operands, product, transpose_b, rows = ((filt, (k, c)), (image, (n, c, h * wd))), (n, k, h * wd), False, True
+        operands, product, transpose_b = ((filt, (k, c)), (image, (n, c, h * wd))), (n, k, h * wd), False
     (a, a_shape), (b, b_shape) = operands
+    # the filters are the GEMM's columns for 1-pixel images (x @ W^T), its rows otherwise
     gemm_view = conv_gemm_view(v, TensorSpec(a_shape, "f32"), TensorSpec(b_shape, "f32"), product, schedule,
-                               transpose_b, rows)
+                               transpose_b, row_bias=not transpose_b)
     text = kernel(name, gemm_view, str(v.op.location), threads=threads)
     result = call_conv_gemm(w, name, gemm_view, a, b)
     return text, w.reshape(result, [[0], [1, 2, 3]] if h * wd == 1 else [[0], [1], [2, 3]], out.shape)
