@@ -529,6 +529,35 @@ def test_im2col_nchw_conv(n, c, k, kh, kw, hw, stride, dilation, pads, bias, thr
     check_nchw_conv("cpu.conv2d.im2col_nchw", n, c, k, kh, kw, hw, stride, dilation, pads, bias, threads)
 
 
+@pytest.mark.parametrize("profile", ["", "zen3-avx2"])
+@pytest.mark.parametrize("n,c,k,hw,filt,stride,dilation,pads", [
+    (8, 80, 20, (8, 8), (3, 3), (1, 1), (1, 1), (1, 1, 1, 1)),  # 720 taps: more than one K block
+    (3, 5, 7, (4, 4), (3, 3), (1, 1), (1, 1), (1, 1, 1, 1)),  # runs of 4; 48 positions: a partial last strip
+    (5, 6, 9, (2, 2), (3, 3), (1, 1), (1, 1), (1, 1, 1, 1)),  # runs of 2
+    (2, 3, 5, (3, 64), (3, 3), (1, 1), (1, 1), (1, 1, 1, 1)),  # output rows longer than a strip
+    (2, 6, 5, (11, 7), (3, 2), (2, 1), (2, 2), (1, 2, 0, 3)),  # a y stride, dilations, asymmetric padding
+    (8, 16, 12, (8, 8), (1, 1), (1, 1), (1, 1), (0, 0, 0, 0)),  # 1x1: its im2col is the batch transposed
+    (2, 4, 6, (7, 7), (3, 3), (1, 1), (1, 1), (1, 1, 1, 1)),  # rows of 7 pixels: im2col written out
+    (2, 4, 6, (8, 8), (3, 3), (1, 2), (1, 1), (1, 1, 1, 1)),  # an x stride: im2col written out
+])
+def test_im2col_nchw_packs_its_columns_from_the_image(monkeypatch, profile, n, c, k, hw, filt, stride, dilation,
+                                                      pads):
+    """im2col_nchw's GEMM packs B's strips straight from the padded image where each strip is
+    whole runs of output rows read with an x stride of 1 (ColumnGather); otherwise it writes the
+    im2col out. On this host's vectors and AVX2's (strips of 16 columns: other runs)."""
+    monkeypatch.setenv("TRACEA_CPU", profile)
+    rng = np.random.default_rng(c + k)
+    x, f, b = ref.random(rng, (n, c) + hw, scale=30.0), ref.random(rng, (k, c) + filt), ref.random(rng, (k,))
+    expected = ref.conv2d(x, f, b, stride, pads, dilation, 1, "nchw")
+    fn = td.function(td.tensor(x.shape), td.tensor(f.shape), td.tensor(b.shape))(
+        lambda a, w, bias: td.conv2d(a, w, bias, stride=stride, padding=pads, dilation=dilation))
+    kernel = tracea.compile(on_variant(fn, "cpu.conv2d.im2col_nchw"), threads=2, keep_stages=True)
+    oh, ow = expected.shape[2:]
+    cols = f"tensor<{c}x{filt[0]}x{filt[1]}x{n}x{oh}x{ow}xf32>"
+    assert (cols in kernel.stages["linalg"]) == (ow == 7 or stride[1] != 1)
+    ref.assert_close(kernel(x, f, b), expected, "f32", c * filt[0] * filt[1])
+
+
 @pytest.mark.parametrize("shape,filt,stride,padding,expected", [
     ((8, 512, 4, 4), (512, 512, 3, 3), 1, 1, "cpu.conv2d.im2col_nchw"),  # ResNet-50's last stage at 128x128
     ((8, 256, 8, 8), (512, 256, 3, 3), 2, 1, "cpu.conv2d.im2col_nchw"),

@@ -80,6 +80,30 @@ def implicit_gemm(v: OpView) -> tuple[int, int, int, ConvGather]:
     return n * oh * ow, nf, kh * kw * c, gather
 
 
+@dataclass(frozen=True)
+class ColumnGather:
+    """B is the im2col of a zero-padded NCHW image, never materialized: row (c, ky, kx), column
+    (n, oy, ox) reads image[n, c, oy*sy + ky*dy, ox + kx*dx] (x stride 1; the padding is in the
+    image). A strip of NR columns is copied run by run, a run being an output row's pixels in
+    the strip: contiguous in the image, so each is a vector load or a few."""
+
+    image: TensorSpec  # [N, C, Hp, Wp], padded
+    kernel: tuple[int, int]
+    out_hw: tuple[int, int]
+    stride_y: int
+    dilation: tuple[int, int]
+
+    MAX_RUNS = 16  # runs per strip, unrolled: output rows of 2 pixels on 32-column strips
+
+    def run(self, nr: int) -> int:
+        return min(self.out_hw[1], nr)
+
+    def fits(self, nr: int) -> bool:
+        """Every strip of `nr` columns is whole runs (strips start at output rows or inside one)."""
+        ow, run = self.out_hw[1], self.run(nr)
+        return (nr % ow == 0 if ow <= nr else ow % nr == 0) and nr // run <= self.MAX_RUNS
+
+
 def conv_epilogue(v: OpView) -> tuple[Epilogue, ...]:
     """A conv2d's bias (if any), then its own epilogue steps: what is applied to each output value
     before it is stored (the bias as a GEMM's bias_add when the filters are the GEMM's columns)."""

@@ -7,12 +7,15 @@ width):
     for each batch, for jc in N step NC, for pc in K step KC:
         pack B[pc:pc+KC, jc:jc+NC] into NR-wide strips (f32, zero-padded)    -- scf.parallel
         for ic in M step MC:                                                  -- scf.parallel
-            pack A[ic:ic+MC, pc:pc+KC] into MR-tall strips (f32, zero-padded)
+            pack A[ic:ic+MC, pc:pc+KC] into MR-tall strips (f32, zero-padded),
+                unless A is f32 and row-major: then its rows are read in place
             for each NR x MR tile: MR*NR/lanes vector accumulators, one vector.fma per
                 (row, vector) per k; on the last K block the epilogue runs on the registers
                 before the store. Tiles at the M/N edges go through a small buffer.
 
-Packing converts f16/bf16 inputs to f32 and absorbs transposes, so the micro-kernel is one.
+Packing converts f16/bf16 inputs to f32 and absorbs transposes, so the micro-kernel is one. The
+packing reads a conv's im2col without writing it out: A from an NHWC image (ConvGather), B from an
+NCHW one (ColumnGather).
 The buffers are freed by the bufferization's deallocation pipeline, which places the frees.
 """
 from __future__ import annotations
@@ -21,7 +24,7 @@ import math
 
 from dataclasses import dataclass
 
-from ...codegen.conv_gather import ConvGather
+from ...codegen.conv_gather import ColumnGather, ConvGather
 from ...codegen.kernel_text import fused_epilogue
 from ...codegen.loop_text import LoopText, memref_text
 from ...dialects.ops import ACCUMULATOR_DTYPE, Epilogue, OpView
@@ -268,6 +271,43 @@ def image_row_bases(t: LoopText, g: ConvGather, p: GemmPlan, row0: str, table: s
     return every
 
 
+def pack_b_from_image(t: LoopText, g: ColumnGather, p: GemmPlan, flat: str, flat_t: str, Bp: str, Bp_t: str,
+                      col0: str, boff: str, kc: str) -> None:
+    """The strip of NR columns at col0 of the (virtual) im2col matrix into Bp, rows %pc ..
+    %pc + kc: per row (c, ky, kx), one copy per run. Runs past the matrix's last column read
+    the image's start instead: finite values in columns the store leaves out."""
+    L, NR = p.lanes, p.nr
+    (oh, ow), (_, c, hp, wp), (kh, kw), (dy, dx) = g.out_hw, g.image.shape, g.kernel, g.dilation
+    run = g.run(NR)
+    pieces = [(o, min(L, run - o)) for o in range(0, run, L)]
+    bases = []
+    for r in range(NR // run):
+        pos = t.add(col0, t.c(r * run))
+        pos = t.op(f"arith.select {t.cmp('ult', pos, t.c(p.n))}, {pos}, {t.c(0)} : index", "i")
+        img = t.op(f"arith.divui {pos}, {t.c(oh * ow)} : index", "i")
+        pix = t.op(f"arith.remui {pos}, {t.c(oh * ow)} : index", "i")
+        y = t.op(f"arith.divui {pix}, {t.c(ow)} : index", "i")
+        x = t.op(f"arith.remui {pix}, {t.c(ow)} : index", "i")
+        bases.append(t.add(t.add(t.mul(img, t.c(c * hp * wp)), t.mul(y, t.c(g.stride_y * wp))), x))
+    t.for_("%k", t.c(0), kc, t.c(1))
+    kg = t.add("%pc", "%k")
+    ch = t.op(f"arith.divui {kg}, {t.c(kh * kw)} : index", "i")
+    tap = t.op(f"arith.remui {kg}, {t.c(kh * kw)} : index", "i")
+    ky = t.op(f"arith.divui {tap}, {t.c(kw)} : index", "i")
+    kx = t.op(f"arith.remui {tap}, {t.c(kw)} : index", "i")
+    tap_off = t.add(t.add(t.mul(ch, t.c(hp * wp)), t.mul(ky, t.c(dy * wp))), t.mul(kx, t.c(dx)))
+    dst = t.add(boff, t.mul("%k", t.c(NR)))
+    for r, base in enumerate(bases):
+        src = t.add(base, tap_off)
+        for offset, width in pieces:
+            vt_in, vt = f"vector<{width}x{p.b_dtype}>", f"vector<{width}xf32>"
+            x = t.op(f"vector.load {flat}[{t.add(src, t.c(offset))}] : {flat_t}, {vt_in}", "v")
+            if p.b_dtype != "f32":
+                x = t.op(f"arith.extf {x} : {vt_in} to {vt}", "v")
+            t.line(f"vector.store {x}, {Bp}[{t.add(dst, t.c(r * run + offset))}] : {Bp_t}, {vt}")
+    t.close()
+
+
 def transpose_in_registers(t: LoopText, rows: list[str], dtype: str = "f32") -> list[str]:
     """The transpose of an L x L block held as L row vectors (L a power of two): log2(L)
     rounds of 2-input shuffles, each swapping the off-diagonal s x s blocks of every 2s x 2s
@@ -444,9 +484,10 @@ def _direct_or_packed(t: LoopText, g: ConvGather, p: GemmPlan, segment: int, slo
 
 
 def gemm_kernel_text(name: str, v: OpView, location: str, gather: ConvGather | None = None,
-                     threads: int = 1) -> str:
+                     threads: int = 1, b_gather: ColumnGather | None = None) -> str:
     """A private function on tensors (the op's operands in order) computing the op, its work
-    shared among `threads`; with `gather`, its first argument is the image whose im2col is A."""
+    shared among `threads`; with `gather`, its first argument is the image whose im2col is A,
+    with `b_gather`, its second is the image whose im2col is B."""
     p = GemmPlan.from_view(v, threads)
     t = LoopText(serial=threads == 1)
     L, MR, NR = p.lanes, p.mr, p.nr
@@ -456,6 +497,8 @@ def gemm_kernel_text(name: str, v: OpView, location: str, gather: ConvGather | N
     args = list(v.operands.items())
     if gather is not None:
         args[0] = ("a", gather.image)
+    if b_gather is not None:
+        args[1] = ("b", b_gather.image)
     params = ", ".join(f"%arg{i}: {spec}" for i, (_, spec) in enumerate(args))
     arg = {n: f"%arg{i}" for i, (n, _) in enumerate(args)}
 
@@ -465,7 +508,13 @@ def gemm_kernel_text(name: str, v: OpView, location: str, gather: ConvGather | N
     else:
         A_t = memref_text(gather.image.shape, gather.image.dtype)
         A = t.op(f"bufferization.to_buffer {arg['a']} read_only : {gather.image} to {A_t}", "m")
-    B, B_t = t.batched_view(t.to_buffer(arg["b"], b), b, p.batch)
+    if b_gather is None:
+        B, B_t = t.batched_view(t.to_buffer(arg["b"], b), b, p.batch)
+    else:
+        assert b_gather.fits(NR) and p.batch == 1 and not p.transpose_b, "b_gather: see ColumnGather.fits"
+        B_t = memref_text((math.prod(b_gather.image.shape),), b_gather.image.dtype)
+        B = t.op(f"memref.collapse_shape {t.to_buffer(arg['b'], b_gather.image)} [[0, 1, 2, 3]] : "
+                 f"{memref_text(b_gather.image.shape, b_gather.image.dtype)} into {B_t}", "m")
     out = _Output(t, p, v, arg)
     kc_max, nc_max = min(p.kc, p.k), min(p.nc, p.n)
     mc_max = min(p.mc, p.m)
@@ -480,7 +529,11 @@ def gemm_kernel_text(name: str, v: OpView, location: str, gather: ConvGather | N
     # All packing space is allocated once per call: a fresh malloc per block would be a fresh
     # mmap (these are large), page-faulted anew by every block under the kernel's memory lock.
     Bp = t.op(f"memref.alloc() {{alignment = 64 : i64}} : {Bp_t}", "m")
-    Ap_all = t.op(f"memref.alloc() {{alignment = 64 : i64}} : {Ap_all_t}", "m")
+    # A f32 and row-major is read where it lies, its rows K apart: packing it was a pass of its
+    # own (3 % of a 3x3 C256 conv's GEMM, 256x512x2304); reading it in place measured 1-7 % faster
+    # on GEMMs of 256-4096 rows, K 500-8192 (K = 4096 too: rows whose L1 sets coincide), Zen 4.
+    a_in_place = gather is None and not p.transpose_a and p.a_dtype == "f32"
+    Ap_all = None if a_in_place else t.op(f"memref.alloc() {{alignment = 64 : i64}} : {Ap_all_t}", "m")
     # Strips of a conv whose pixels are inside the image are read from it directly (no copy):
     # per strip, MR row offsets into the flattened image and a flag (image_row_bases).
     segment = gather.direct_segment(kc_max, L) if gather is not None else None
@@ -518,7 +571,9 @@ def gemm_kernel_text(name: str, v: OpView, location: str, gather: ConvGather | N
         """Pack the strip of NR columns at %jr."""
         boff = t.mul("%jr", kc)
         col0 = t.add("%jc", "%jr")
-        if p.transpose_b:  # B is [N, K]
+        if b_gather is not None:
+            pack_b_from_image(t, b_gather, p, B, B_t, Bp, Bp_t, col0, boff, kc)
+        elif p.transpose_b:  # B is [N, K]
             # Whole strips: L x L blocks (L columns' runs of L k's) loaded as vectors and transposed
             # in registers; the k remainder, and strips at the edge, element by element.
             full = t.cmp("sle", t.add(col0, t.c(NR)), t.c(p.n))
@@ -651,6 +706,10 @@ def gemm_kernel_text(name: str, v: OpView, location: str, gather: ConvGather | N
         return block, t.op(f"memref.subview {Ap_all}[{t.mul(block, t.c(a_block))}] [{a_block}] [1] : "
                            f"{Ap_all_t} to {Ap_t}", "m")
 
+    if a_in_place:
+        split = False
+        a_flat_t = memref_text((math.prod(a.shape),), "f32")
+        a_flat = t.op(f"memref.collapse_shape {A} [[0, 1, 2]] : {A_t} into {a_flat_t}", "m")
     if split:  # one strip per work item: a single M block (few rows) is packed by all threads
         strips = mcp // MR
         t.parallel("%strip", t.c(0), t.c(n_mblocks * strips), t.c(1))
@@ -663,13 +722,13 @@ def gemm_kernel_text(name: str, v: OpView, location: str, gather: ConvGather | N
         t.close_parallel()
     t.parallel_nd(["%ic", "%jb"], [t.c(0), t.c(0)], [t.c(p.m), nc], [t.c(p.mc), t.c(NB)])
     mc = t.min_(t.op(f"arith.subi {t.c(p.m)}, %ic : index", "i"), t.c(p.mc))
-    block, Ap = a_block_view()
+    block, Ap = (t.op(f"arith.divui %ic, {t.c(p.mc)} : index", "i"), None) if a_in_place else a_block_view()
     if segment:
         Ap_dyn = t.op(f"memref.cast {Ap} : {Ap_t} to {dyn_t}", "m")
     item = t.add(t.mul(block, t.c(chunks)), t.op(f"arith.divui %jb, {t.c(NB)} : index", "i"))
     T_t = f"memref<{MR}x{NR}xf32, strided<[{NR}, 1], offset: ?>>"
     T = t.op(f"memref.subview {T_all}[{item}, 0, 0] [1, {MR}, {NR}] [1, 1, 1] : {T_all_t} to {T_t}", "m")
-    if not split:
+    if not split and not a_in_place:
         pack_a(mc, Ap)
 
     # --- register tiles -------------------------------------------------------------------------
@@ -679,9 +738,16 @@ def gemm_kernel_text(name: str, v: OpView, location: str, gather: ConvGather | N
     boff = t.mul("%jr", kc)
     t.for_("%ir", t.c(0), mc, t.c(MR))
     aoff = t.mul("%ir", kc)
-    a_rows = [] if p.transpose_a else [t.mul(t.add("%ir", t.c(r)), t.add(kc, t.c(A_PAD))) for r in range(MR)]
     out.prefetch(t.add("%ic", "%ir"), t.add("%jc", "%jr"), MR, NR)
-    a_src = {"mem": Ap, "type": Ap_t, "rows": a_rows}  # where the strip's rows are read: packed, or the image
+    # where the strip's rows are read (fma_step): A itself, the packed strip, or the image
+    if a_in_place:  # rows past M read the last one: their results are not stored
+        first = t.mul(a_batch, t.c(p.m))
+        a_src = {"mem": a_flat, "type": a_flat_t, "rows": [
+            t.add(t.mul(t.add(first, t.min_(t.add(t.add("%ic", "%ir"), t.c(r)), t.c(p.m - 1))), t.c(p.k)), "%pc")
+            for r in range(MR)]}
+    else:
+        a_src = {"mem": Ap, "type": Ap_t, "rows": [] if p.transpose_a else
+                 [t.mul(t.add("%ir", t.c(r)), t.add(kc, t.c(A_PAD))) for r in range(MR)]}
 
     def fma_step(k: str, accs: list[str]) -> list[str]:
         """One k of the register tile: NR/L vectors of B, MR broadcasts of A, MR*NR/L FMAs."""

@@ -25,7 +25,7 @@ from .attention import attention_kernel_text, qk_tile, tile_registers
 from .conv import (check_depthwise_nchw_schedule, check_direct_nchw_schedule, conv_depthwise_nchw_kernel_text,
                    conv_depthwise_nhwc_kernel_text, conv_nchw_kernel_text, depthwise_nchw_schedule,
                    direct_nchw_schedule, nchw_geometry)
-from ...codegen.conv_gather import conv_epilogue, implicit_gemm
+from ...codegen.conv_gather import ColumnGather, conv_epilogue, implicit_gemm
 from .gemm import conv_k_block, gemm_dot_kernel_text, gemm_kernel_text
 from .softmax import softmax_kernel_text
 from ...codegen.kernel_text import KernelWriter
@@ -302,16 +302,21 @@ def conv_im2col_nchw(w: KernelWriter, v: OpView, name: str, threads: int) -> tup
     k, positions, taps = _im2col_gemm(v)
     padded = windowed_input(w, w.arg["input"], (2, 3), (top, bottom, left, right),
                             ((oh - 1) * sy + (kh - 1) * dy + 1, (ow - 1) * sx + (kw - 1) * dx + 1))
-    # cols[ch, ky, kx, image, y, x] = padded[image, ch, y sy + ky dy, x sx + kx dx]
-    cols = w.generic([(padded, ["d3", "d0", f"d4 * {sy} + d1 * {dy}", f"d5 * {sx} + d2 * {dx}"])],
-                     (w.empty((c, kh, kw, n, oh, ow), "f32"), [f"d{i}" for i in range(6)]), 6, (),
-                     lambda b: b.args[0])
-    cols = w.reshape(cols, [[0, 1, 2], [3, 4, 5]], (taps, positions))
-    filt = w.reshape(w.arg["filter"], [[0], [1, 2, 3]], (k, taps))
     schedule = v.attrs.get("schedule") or default_gemm_schedule(k, positions, taps, host_cpu(), threads)
+    gather = ColumnGather(w.types[padded], (kh, kw), (oh, ow), sy, (dy, dx))
+    if sx == 1 and gather.fits(schedule.warp_tile[1]):
+        cols = padded  # the GEMM packs B's strips straight from the padded image
+    else:
+        gather = None
+        # cols[ch, ky, kx, image, y, x] = padded[image, ch, y sy + ky dy, x sx + kx dx]
+        cols = w.generic([(padded, ["d3", "d0", f"d4 * {sy} + d1 * {dy}", f"d5 * {sx} + d2 * {dx}"])],
+                         (w.empty((c, kh, kw, n, oh, ow), "f32"), [f"d{i}" for i in range(6)]), 6, (),
+                         lambda b: b.args[0])
+        cols = w.reshape(cols, [[0, 1, 2], [3, 4, 5]], (taps, positions))
+    filt = w.reshape(w.arg["filter"], [[0], [1, 2, 3]], (k, taps))
     gemm_view = conv_gemm_view(v, TensorSpec((k, taps), "f32"), TensorSpec((taps, positions), "f32"),
                                (k, positions), schedule, row_bias=True)
-    text = gemm_kernel_text(name, gemm_view, str(v.op.location), threads=threads)
+    text = gemm_kernel_text(name, gemm_view, str(v.op.location), threads=threads, b_gather=gather)
     product = w.reshape(call_conv_gemm(w, name, gemm_view, filt, cols), [[0], [1, 2, 3]], (k, n, oh, ow))
     return text, w.transpose(product, [1, 0, 2, 3])
 
