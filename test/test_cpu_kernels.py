@@ -537,14 +537,17 @@ def test_im2col_nchw_conv(n, c, k, kh, kw, hw, stride, dilation, pads, bias, thr
     (2, 3, 5, (3, 64), (3, 3), (1, 1), (1, 1), (1, 1, 1, 1)),  # output rows longer than a strip
     (2, 6, 5, (11, 7), (3, 2), (2, 1), (2, 2), (1, 2, 0, 3)),  # a y stride, dilations, asymmetric padding
     (8, 16, 12, (8, 8), (1, 1), (1, 1), (1, 1), (0, 0, 0, 0)),  # 1x1: its im2col is the batch transposed
+    (2, 4, 6, (8, 16), (3, 3), (1, 2), (1, 1), (1, 1, 1, 1)),  # an x stride: phase planes
+    (3, 5, 4, (9, 26), (3, 4), (2, 3), (1, 2), (1, 0, 2, 1)),  # ... of 3, taps on all planes, 8-wide rows
+    (4, 8, 8, (16, 16), (1, 1), (2, 2), (1, 1), (0, 0, 0, 0)),  # a strided 1x1 (ResNet's downsampling)
     (2, 4, 6, (7, 7), (3, 3), (1, 1), (1, 1), (1, 1, 1, 1)),  # rows of 7 pixels: im2col written out
-    (2, 4, 6, (8, 8), (3, 3), (1, 2), (1, 1), (1, 1, 1, 1)),  # an x stride: im2col written out
 ])
 def test_im2col_nchw_packs_its_columns_from_the_image(monkeypatch, profile, n, c, k, hw, filt, stride, dilation,
                                                       pads):
-    """im2col_nchw's GEMM packs B's strips straight from the padded image where each strip is
-    whole runs of output rows read with an x stride of 1 (ColumnGather); otherwise it writes the
-    im2col out. On this host's vectors and AVX2's (strips of 16 columns: other runs)."""
+    """im2col_nchw's GEMM packs B's strips straight from the padded image (its rows as phase
+    planes for an x stride) where each strip is whole runs of output rows (ColumnGather);
+    otherwise it writes the im2col out. On this host's vectors and AVX2's (strips of 16 columns:
+    other runs)."""
     monkeypatch.setenv("TRACEA_CPU", profile)
     rng = np.random.default_rng(c + k)
     x, f, b = ref.random(rng, (n, c) + hw, scale=30.0), ref.random(rng, (k, c) + filt), ref.random(rng, (k,))
@@ -554,7 +557,7 @@ def test_im2col_nchw_packs_its_columns_from_the_image(monkeypatch, profile, n, c
     kernel = tracea.compile(on_variant(fn, "cpu.conv2d.im2col_nchw"), threads=2, keep_stages=True)
     oh, ow = expected.shape[2:]
     cols = f"tensor<{c}x{filt[0]}x{filt[1]}x{n}x{oh}x{ow}xf32>"
-    assert (cols in kernel.stages["linalg"]) == (ow == 7 or stride[1] != 1)
+    assert (cols in kernel.stages["linalg"]) == (ow == 7)
     ref.assert_close(kernel(x, f, b), expected, "f32", c * filt[0] * filt[1])
 
 

@@ -83,14 +83,16 @@ def implicit_gemm(v: OpView) -> tuple[int, int, int, ConvGather]:
 @dataclass(frozen=True)
 class ColumnGather:
     """B is the im2col of a zero-padded NCHW image, never materialized: row (c, ky, kx), column
-    (n, oy, ox) reads image[n, c, oy*sy + ky*dy, ox + kx*dx] (x stride 1; the padding is in the
-    image). A strip of NR columns is copied run by run, a run being an output row's pixels in
-    the strip: contiguous in the image, so each is a vector load or a few."""
+    (n, oy, ox) reads padded[n, c, oy*sy + ky*dy, ox*sx + kx*dx]. The image holds each padded row
+    as its sx phase planes side by side, plane p = columns p, p + sx, ... (Wq of them; one
+    plane for sx = 1), so a tap reads plane (kx*dx) % sx from column ox + (kx*dx) // sx: with
+    any x stride, an output row's pixels are contiguous. A strip of NR columns is copied run by
+    run, a run being an output row's pixels in the strip: a vector load or a few each."""
 
-    image: TensorSpec  # [N, C, Hp, Wp], padded
+    image: TensorSpec  # [N, C, Hp, sx * Wq]: the padded image's rows as phase planes
     kernel: tuple[int, int]
     out_hw: tuple[int, int]
-    stride_y: int
+    stride: tuple[int, int]
     dilation: tuple[int, int]
 
     MAX_RUNS = 16  # runs per strip, unrolled: output rows of 2 pixels on 32-column strips

@@ -277,7 +277,7 @@ def pack_b_from_image(t: LoopText, g: ColumnGather, p: GemmPlan, flat: str, flat
     %pc + kc: per row (c, ky, kx), one copy per run. Runs past the matrix's last column read
     the image's start instead: finite values in columns the store leaves out."""
     L, NR = p.lanes, p.nr
-    (oh, ow), (_, c, hp, wp), (kh, kw), (dy, dx) = g.out_hw, g.image.shape, g.kernel, g.dilation
+    (oh, ow), (_, c, hp, wp), (kh, kw), (sy, sx), (dy, dx) = g.out_hw, g.image.shape, g.kernel, g.stride, g.dilation
     run = g.run(NR)
     pieces = [(o, min(L, run - o)) for o in range(0, run, L)]
     bases = []
@@ -288,14 +288,17 @@ def pack_b_from_image(t: LoopText, g: ColumnGather, p: GemmPlan, flat: str, flat
         pix = t.op(f"arith.remui {pos}, {t.c(oh * ow)} : index", "i")
         y = t.op(f"arith.divui {pix}, {t.c(ow)} : index", "i")
         x = t.op(f"arith.remui {pix}, {t.c(ow)} : index", "i")
-        bases.append(t.add(t.add(t.mul(img, t.c(c * hp * wp)), t.mul(y, t.c(g.stride_y * wp))), x))
+        bases.append(t.add(t.add(t.mul(img, t.c(c * hp * wp)), t.mul(y, t.c(sy * wp))), x))
     t.for_("%k", t.c(0), kc, t.c(1))
     kg = t.add("%pc", "%k")
     ch = t.op(f"arith.divui {kg}, {t.c(kh * kw)} : index", "i")
     tap = t.op(f"arith.remui {kg}, {t.c(kh * kw)} : index", "i")
     ky = t.op(f"arith.divui {tap}, {t.c(kw)} : index", "i")
     kx = t.op(f"arith.remui {tap}, {t.c(kw)} : index", "i")
-    tap_off = t.add(t.add(t.mul(ch, t.c(hp * wp)), t.mul(ky, t.c(dy * wp))), t.mul(kx, t.c(dx)))
+    kx_shift = t.mul(kx, t.c(dx))  # in phase plane kx_shift % sx, at column kx_shift // sx
+    plane = t.add(t.mul(t.op(f"arith.remui {kx_shift}, {t.c(sx)} : index", "i"), t.c(wp // sx)),
+                  t.op(f"arith.divui {kx_shift}, {t.c(sx)} : index", "i"))
+    tap_off = t.add(t.add(t.mul(ch, t.c(hp * wp)), t.mul(ky, t.c(dy * wp))), plane)
     dst = t.add(boff, t.mul("%k", t.c(NR)))
     for r, base in enumerate(bases):
         src = t.add(base, tap_off)

@@ -300,14 +300,20 @@ def conv_im2col_nchw(w: KernelWriter, v: OpView, name: str, threads: int) -> tup
     (n, c, _, _), (_, _, kh, kw), (oh, ow) = x.shape, f.shape, out.shape[2:]
     (sy, sx), (dy, dx), (top, bottom, left, right) = v.attrs["stride"], v.attrs["dilation"], Conv2dDef.pads(v.attrs)
     k, positions, taps = _im2col_gemm(v)
-    padded = windowed_input(w, w.arg["input"], (2, 3), (top, bottom, left, right),
-                            ((oh - 1) * sy + (kh - 1) * dy + 1, (ow - 1) * sx + (kw - 1) * dx + 1))
-    schedule = v.attrs.get("schedule") or default_gemm_schedule(k, positions, taps, host_cpu(), threads)
-    gather = ColumnGather(w.types[padded], (kh, kw), (oh, ow), sy, (dy, dx))
-    if sx == 1 and gather.fits(schedule.warp_tile[1]):
-        cols = padded  # the GEMM packs B's strips straight from the padded image
+    hp, wp = (oh - 1) * sy + (kh - 1) * dy + 1, (ow - 1) * sx + (kw - 1) * dx + 1
+    schedule = v.attrs.get("schedule") or im2col_schedule(v, host_cpu(), threads)
+    wq = -(-wp // sx)  # columns of a phase plane
+    gather = ColumnGather(TensorSpec((n, c, hp, sx * wq), "f32"), (kh, kw), (oh, ow), (sy, sx), (dy, dx))
+    if gather.fits(schedule.warp_tile[1]):  # the GEMM packs B's strips straight from the image
+        cols = windowed_input(w, w.arg["input"], (2, 3), (top, bottom, left, right), (hp, sx * wq))
+        if sx > 1:  # planes[image, ch, y, phase, q] = padded[image, ch, y, q sx + phase]
+            cols = w.generic([(cols, ["d0", "d1", "d2", f"d4 * {sx} + d3"])],
+                             (w.empty((n, c, hp, sx, wq), "f32"), [f"d{i}" for i in range(5)]), 5, (),
+                             lambda b: b.args[0])
+            cols = w.reshape(cols, [[0], [1], [2], [3, 4]], gather.image.shape)
     else:
         gather = None
+        padded = windowed_input(w, w.arg["input"], (2, 3), (top, bottom, left, right), (hp, wp))
         # cols[ch, ky, kx, image, y, x] = padded[image, ch, y sy + ky dy, x sx + kx dx]
         cols = w.generic([(padded, ["d3", "d0", f"d4 * {sy} + d1 * {dy}", f"d5 * {sx} + d2 * {dx}"])],
                          (w.empty((c, kh, kw, n, oh, ow), "f32"), [f"d{i}" for i in range(6)]), 6, (),
@@ -425,10 +431,28 @@ def _im2col_gemm(v: OpView) -> tuple[int, int, int]:
     return k, n * oh * ow, c * kh * kw
 
 
+# im2col_nchw's GEMMs keep the filters (A, read in place) in one M block up to this many: each
+# work item then packs the B strips it reads itself, from the image, instead of a packing pass
+# of its own before the items (a fork / join more per K block, strips packed by one core and
+# read by another). Zen 4, 8 images, against the default's blocks of 128-512 filters: 2 threads
+# 4-8 % faster on ResNet-50's 3x3 convs on 4x4-8x8 images and 1x1 convs to 256-2048 filters,
+# 1 thread 0-2 %. With fewer strips than 2 per thread, the split rows keep the threads busy.
+IM2COL_ONE_BLOCK_ROWS = 2048
+
+
+def im2col_schedule(v: OpView, host: CPU, threads: int) -> Schedule:
+    m, n, k = _im2col_gemm(v)
+    s = default_gemm_schedule(m, n, k, host, threads)
+    (_, nc, kc), (mr, nr, _) = s.tile, s.warp_tile
+    if m <= IM2COL_ONE_BLOCK_ROWS and -(-n // nr) >= 2 * threads:
+        s = replace(s, tile=(_round_up(m, mr), nc, kc))
+    return s
+
+
 def _im2col_default(p: Problem, caps: Capabilities, threads: int | None) -> Schedule | None:
     if p.schedule is not None or p.view is None:
         return p.schedule
-    return default_gemm_schedule(*_im2col_gemm(p.view), caps.cpu, threads or caps.cpu.cores)
+    return im2col_schedule(p.view, caps.cpu, threads or caps.cpu.cores)
 
 
 def _im2col_space(p: Problem, caps: Capabilities) -> SearchSpace:
