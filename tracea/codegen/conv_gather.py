@@ -97,13 +97,19 @@ class ColumnGather:
 
     MAX_RUNS = 16  # runs per strip, unrolled: output rows of 2 pixels on 32-column strips
 
-    def run(self, nr: int) -> int:
-        return min(self.out_hw[1], nr)
+    def aligned(self, nr: int) -> bool:
+        """Every strip of `nr` columns starts at an output row (or inside one, at a multiple of
+        `nr`): its runs lie at the same places in every strip, whole."""
+        ow = self.out_hw[1]
+        return nr % ow == 0 if ow <= nr else ow % nr == 0
+
+    def runs(self, nr: int) -> int:
+        """The most runs a strip of `nr` columns holds."""
+        ow = self.out_hw[1]
+        return nr // min(ow, nr) if self.aligned(nr) else -(-(ow - 1 + nr) // ow)
 
     def fits(self, nr: int) -> bool:
-        """Every strip of `nr` columns is whole runs (strips start at output rows or inside one)."""
-        ow, run = self.out_hw[1], self.run(nr)
-        return (nr % ow == 0 if ow <= nr else ow % nr == 0) and nr // run <= self.MAX_RUNS
+        return self.runs(nr) <= self.MAX_RUNS
 
 
 def conv_epilogue(v: OpView) -> tuple[Epilogue, ...]:

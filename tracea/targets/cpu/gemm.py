@@ -274,21 +274,37 @@ def image_row_bases(t: LoopText, g: ConvGather, p: GemmPlan, row0: str, table: s
 def pack_b_from_image(t: LoopText, g: ColumnGather, p: GemmPlan, flat: str, flat_t: str, Bp: str, Bp_t: str,
                       col0: str, boff: str, kc: str) -> None:
     """The strip of NR columns at col0 of the (virtual) im2col matrix into Bp, rows %pc ..
-    %pc + kc: per row (c, ky, kx), one copy per run. Runs past the matrix's last column read
-    the image's start instead: finite values in columns the store leaves out."""
+    %pc + kc: per row (c, ky, kx), one copy per run. Where strips start at output rows (or
+    inside one) the runs lie still and are whole vectors; otherwise each strip's runs are found
+    from its first pixel and copied under masks. Runs past the matrix's last column read the
+    image's start instead: finite values in columns the store leaves out."""
     L, NR = p.lanes, p.nr
     (oh, ow), (_, c, hp, wp), (kh, kw), (sy, sx), (dy, dx) = g.out_hw, g.image.shape, g.kernel, g.stride, g.dilation
-    run = g.run(NR)
-    pieces = [(o, min(L, run - o)) for o in range(0, run, L)]
-    bases = []
-    for r in range(NR // run):
-        pos = t.add(col0, t.c(r * run))
+    width = min(ow, NR)  # the longest run
+    pieces = [(o, min(L, width - o)) for o in range(0, width, L)]
+    def sub(x: str, y: str) -> str:
+        return t.op(f"arith.subi {x}, {y} : index", "i")
+
+    def at_least_0(x: str) -> str:
+        return t.op(f"arith.maxsi {x}, {t.c(0)} : index", "i")
+
+    if g.aligned(NR):
+        runs = [(t.c(r * width), None) for r in range(NR // width)]  # (first column in the strip, length)
+    else:
+        first = t.min_(sub(t.c(ow), t.op(f"arith.remui {col0}, {t.c(ow)} : index", "i")), t.c(NR))
+        runs = [(t.c(0), first)] + [(t.add(first, t.c((r - 1) * ow)), None) for r in range(1, g.runs(NR))]
+        runs = [(at, length or at_least_0(t.min_(sub(t.c(NR), at), t.c(ow)))) for at, length in runs]
+    bases, masks = [], []
+    for at, length in runs:
+        pos = t.add(col0, at)
         pos = t.op(f"arith.select {t.cmp('ult', pos, t.c(p.n))}, {pos}, {t.c(0)} : index", "i")
         img = t.op(f"arith.divui {pos}, {t.c(oh * ow)} : index", "i")
         pix = t.op(f"arith.remui {pos}, {t.c(oh * ow)} : index", "i")
         y = t.op(f"arith.divui {pix}, {t.c(ow)} : index", "i")
         x = t.op(f"arith.remui {pix}, {t.c(ow)} : index", "i")
         bases.append(t.add(t.add(t.mul(img, t.c(c * hp * wp)), t.mul(y, t.c(sy * wp))), x))
+        masks.append(None if length is None else [
+            t.op(f"vector.create_mask {at_least_0(sub(length, t.c(o)))} : vector<{n}xi1>", "k") for o, n in pieces])
     t.for_("%k", t.c(0), kc, t.c(1))
     kg = t.add("%pc", "%k")
     ch = t.op(f"arith.divui {kg}, {t.c(kh * kw)} : index", "i")
@@ -300,14 +316,19 @@ def pack_b_from_image(t: LoopText, g: ColumnGather, p: GemmPlan, flat: str, flat
                   t.op(f"arith.divui {kx_shift}, {t.c(sx)} : index", "i"))
     tap_off = t.add(t.add(t.mul(ch, t.c(hp * wp)), t.mul(ky, t.c(dy * wp))), plane)
     dst = t.add(boff, t.mul("%k", t.c(NR)))
-    for r, base in enumerate(bases):
+    for (at, _), base, mask in zip(runs, bases, masks):
         src = t.add(base, tap_off)
-        for offset, width in pieces:
-            vt_in, vt = f"vector<{width}x{p.b_dtype}>", f"vector<{width}xf32>"
-            x = t.op(f"vector.load {flat}[{t.add(src, t.c(offset))}] : {flat_t}, {vt_in}", "v")
-            if p.b_dtype != "f32":
-                x = t.op(f"arith.extf {x} : {vt_in} to {vt}", "v")
-            t.line(f"vector.store {x}, {Bp}[{t.add(dst, t.c(r * run + offset))}] : {Bp_t}, {vt}")
+        for i, (offset, n) in enumerate(pieces):
+            vt = f"vector<{n}xf32>"
+            at_src, at_dst = t.add(src, t.c(offset)), t.add(t.add(dst, at), t.c(offset))
+            if mask is None:
+                x = t.op(f"vector.load {flat}[{at_src}] : {flat_t}, {vt}", "v")
+                t.line(f"vector.store {x}, {Bp}[{at_dst}] : {Bp_t}, {vt}")
+            else:
+                zeros = t.op(f"arith.constant dense<0.0> : {vt}", "z")
+                x = t.op(f"vector.maskedload {flat}[{at_src}], {mask[i]}, {zeros} : {flat_t}, vector<{n}xi1>, {vt} "
+                         f"into {vt}", "v")
+                t.line(f"vector.maskedstore {Bp}[{at_dst}], {mask[i]}, {x} : {Bp_t}, vector<{n}xi1>, {vt}")
     t.close()
 
 
@@ -514,7 +535,7 @@ def gemm_kernel_text(name: str, v: OpView, location: str, gather: ConvGather | N
     if b_gather is None:
         B, B_t = t.batched_view(t.to_buffer(arg["b"], b), b, p.batch)
     else:
-        assert b_gather.fits(NR) and p.batch == 1 and not p.transpose_b, "b_gather: see ColumnGather.fits"
+        assert b_gather.fits(NR) and p.batch == 1 and not p.transpose_b and p.b_dtype == "f32", "see ColumnGather"
         B_t = memref_text((math.prod(b_gather.image.shape),), b_gather.image.dtype)
         B = t.op(f"memref.collapse_shape {t.to_buffer(arg['b'], b_gather.image)} [[0, 1, 2, 3]] : "
                  f"{memref_text(b_gather.image.shape, b_gather.image.dtype)} into {B_t}", "m")

@@ -431,20 +431,22 @@ def _im2col_gemm(v: OpView) -> tuple[int, int, int]:
     return k, n * oh * ow, c * kh * kw
 
 
-# im2col_nchw's GEMMs keep the filters (A, read in place) in one M block up to this many: each
-# work item then packs the B strips it reads itself, from the image, instead of a packing pass
-# of its own before the items (a fork / join more per K block, strips packed by one core and
-# read by another). Zen 4, 8 images, against the default's blocks of 128-512 filters: 2 threads
-# 4-8 % faster on ResNet-50's 3x3 convs on 4x4-8x8 images and 1x1 convs to 256-2048 filters,
-# 1 thread 0-2 %. With fewer strips than 2 per thread, the split rows keep the threads busy.
-IM2COL_ONE_BLOCK_ROWS = 2048
-
-
 def im2col_schedule(v: OpView, host: CPU, threads: int) -> Schedule:
+    """The default GEMM blocking, but the filters (A, read in place) in one M block where each
+    strip of B is worth it: each work item then packs the B strips it reads itself, from the
+    image, instead of a packing pass before the items (a fork / join more per K block, strips
+    packed by one core and read by another). That block is read again for every strip, so it
+    takes few strips: 2-4 a thread, or up to 8 of an A block that stays in L2 (3/4 of it).
+    Zen 4, 8 images, 2 threads, against blocks of 128-256 filters: ResNet-50's 3x3 convs on
+    4x4-8x8 images and 1x1 convs to 256-2048 filters 4-8 % faster (1 thread 0-2 %); but 3x3
+    convs C512 on 7x7 images (13 strips of a 1 MiB A block) 20 % slower, C256 on 14x14 (49
+    strips of 0.6 MiB) 8 % slower."""
     m, n, k = _im2col_gemm(v)
     s = default_gemm_schedule(m, n, k, host, threads)
     (_, nc, kc), (mr, nr, _) = s.tile, s.warp_tile
-    if m <= IM2COL_ONE_BLOCK_ROWS and -(-n // nr) >= 2 * threads:
+    strips = -(-n // nr)
+    if 2 * threads <= strips and (strips <= 4 * threads
+                                  or strips <= 8 * threads and 4 * m * kc <= host.l2_bytes * 3 // 4):
         s = replace(s, tile=(_round_up(m, mr), nc, kc))
     return s
 
