@@ -273,7 +273,9 @@ def conv_pointwise_nchw(w: KernelWriter, v: OpView, name: str, threads: int) -> 
 # 8x8 stride 2 to 4x4 1.9x, 7x7 1.16x / 1.14x, 8x8 1.02x / 0.8-1.04x (noisy), 16x16 stride 2
 # to 8x8 1.1x; 1x1 stride 2 to 7x7 1.5x against pointwise_nchw; 16x16 outputs 0.85x.
 IM2COL_MAX_PIXELS = 64
-IM2COL_MAX_BYTES = 64 << 20  # the im2col copy stays a fraction of memory, about an L3's worth or two
+# the im2col (packed from the image, or written out where ColumnGather does not fit) a fraction
+# of memory, about an L3's worth or two: past that (256 images of 7x7 C512) the direct kernel
+IM2COL_MAX_BYTES = 64 << 20
 
 
 def im2col_pays(v: OpView) -> bool:
@@ -292,7 +294,8 @@ def im2col_pays(v: OpView) -> bool:
 def conv_im2col_nchw(w: KernelWriter, v: OpView, name: str, threads: int) -> tuple[str, str]:
     """An NCHW conv over small images as one GEMM for the whole batch: out (K x N OH OW) =
     W (K x C KH KW, the FCHW filter as it lies) @ cols (C KH KW x N OH OW), cols the im2col
-    of the zero-padded batch written out channel-major (a copy of the image per tap). The
+    of the zero-padded batch, channel-major: packed by the GEMM straight from the image
+    (ColumnGather), or, for strips of too many runs, written out (a copy of the image per tap). The
     direct kernel computes the padding columns of its phase planes and rounds each image's
     positions up to its register tile: on 4x4 images that is half its work wasted, on 8x8 a
     third; here the batch makes one long row of positions and the filter is read in place."""
