@@ -3,6 +3,7 @@
     .venv/bin/python bench/torch_models.py                       # the zoo, batch 1 and 8, 1 and 2 threads
     .venv/bin/python bench/torch_models.py --only bert,resnet50 --batch 1 --threads 2 --markdown
     .venv/bin/python bench/torch_models.py --blocks              # each implementation alone (flattering)
+    .venv/bin/python bench/torch_models.py --only resnet50 --image-size 224   # ImageNet-sized images
 
 The models are Hugging Face transformers and torchvision models built from configs with random
 weights (nothing is downloaded), at sizes a CPU serves: BERT-mini-like (4 layers, d256), a GPT-2
@@ -40,8 +41,9 @@ def _images(batch: int, size: int):
     return (torch.randn(batch, 3, size, size, generator=torch.Generator().manual_seed(1)),)
 
 
-def zoo() -> dict:
-    """name -> (description, build(batch) -> (model, inputs))."""
+def zoo(image_size: int | None = None) -> dict:
+    """name -> (description, build(batch) -> (model, inputs)); `image_size` replaces the
+    torchvision models' own (128 for ResNet-50 and ConvNeXt-tiny, 224 for MobileNetV3-small)."""
     import transformers as T
     from model_zoo import import_torchvision
 
@@ -50,10 +52,12 @@ def zoo() -> dict:
             return model_cls(config).eval(), inputs(batch)
         return build
 
-    def tv(name, size, **kwargs):
+    def tv(name, label, size, **kwargs):
+        size = image_size or size
+
         def build(batch):
             return getattr(import_torchvision().models, name)(**kwargs).eval(), _images(batch, size)
-        return build
+        return f"torchvision {label}, {size}x{size}", build
 
     small = dict(hidden_size=256, num_hidden_layers=4, num_attention_heads=4, intermediate_size=1024,
                  vocab_size=8000)
@@ -70,9 +74,9 @@ def zoo() -> dict:
         "llama": ("HF Llama (4 layers, d256, GQA 4/2), seq 128",
                   hf(T.LlamaForCausalLM, T.LlamaConfig(**small, num_key_value_heads=2, max_position_embeddings=512,
                                                        use_cache=False), _tokens)),
-        "resnet50": ("torchvision ResNet-50, 128x128", tv("resnet50", 128)),
-        "mobilenet_v3": ("torchvision MobileNetV3-small, 224x224", tv("mobilenet_v3_small", 224)),
-        "convnext": ("torchvision ConvNeXt-tiny, 128x128", tv("convnext_tiny", 128)),
+        "resnet50": tv("resnet50", "ResNet-50", 128),
+        "mobilenet_v3": tv("mobilenet_v3_small", "MobileNetV3-small", 224),
+        "convnext": tv("convnext_tiny", "ConvNeXt-tiny", 128),
     }
 
 
@@ -91,12 +95,13 @@ def _error(got, expected) -> float:
                for g, e in zip(_outputs(got), _outputs(expected)))
 
 
-def worker(threads: int, names: list[str], batches: list[int], rounds: int, blocks: bool) -> list[dict]:
+def worker(threads: int, names: list[str], batches: list[int], rounds: int, blocks: bool,
+           image_size: int | None = None) -> list[dict]:
     import tracea  # first: see tracea/runtime/blas_threads.py
     import torch
     from tracea.tools.timing import interleaved_samples, paired_speedups
     torch.set_num_threads(threads)
-    models = zoo()
+    models = zoo(image_size)
     rows = []
     for name in names:
         description, build = models[name]
@@ -169,6 +174,8 @@ def main() -> int:
     parser.add_argument("--batch", default="1,8", help="comma-separated batch sizes (default 1,8)")
     parser.add_argument("--threads", default="1,2", help="comma-separated thread counts (default 1,2)")
     parser.add_argument("--rounds", type=int, default=11, help="timed rounds at least (median reported)")
+    parser.add_argument("--image-size", type=int, help="the torchvision models' image size (default: 128 for "
+                                                       "ResNet-50 and ConvNeXt-tiny, 224 for MobileNetV3-small)")
     parser.add_argument("--blocks", action="store_true", help="time each implementation alone in blocks after "
                                                                 "a pause (the flattering mode)")
     parser.add_argument("--markdown", action="store_true", help="print a Markdown table at the end")
@@ -177,14 +184,15 @@ def main() -> int:
     names = args.only.split(",") if args.only else list(zoo())
     batches = [int(b) for b in args.batch.split(",")]
     if args.worker:
-        print(json.dumps(worker(args.worker, names, batches, args.rounds, args.blocks)))
+        print(json.dumps(worker(args.worker, names, batches, args.rounds, args.blocks, args.image_size)))
         return 0
     rows = []
     for threads in [int(t) for t in args.threads.split(",")]:
         env = {**os.environ, "OMP_NUM_THREADS": str(threads), "OPENBLAS_NUM_THREADS": str(threads),
                "TRACEA_NUM_THREADS": str(threads), "TRACEA_DISK_CACHE": "0"}
         cmd = [sys.executable, os.path.abspath(__file__), "--worker", str(threads), "--only", ",".join(names),
-               "--batch", args.batch, "--rounds", str(args.rounds)] + (["--blocks"] if args.blocks else [])
+               "--batch", args.batch, "--rounds", str(args.rounds)] + (["--blocks"] if args.blocks else []) \
+            + (["--image-size", str(args.image_size)] if args.image_size else [])
         done = subprocess.run(cmd, env=env, stdout=subprocess.PIPE, text=True)
         if done.returncode:
             return done.returncode
