@@ -124,9 +124,6 @@ def test_bad_input_gets_errors_that_name_it():
     two = td.function(td.tensor((4, 8)), td.tensor((8, 3)))(lambda a, b: td.softmax(td.gemm(a, b)))
     with pytest.raises(CompileError, match="one gemm / fused_gemm / conv2d / attention / softmax; @lambda has tracea.gemm, tracea.softmax"):
         tracea.compile(two, target="vulkan")
-    bf16 = td.function(td.tensor((4, 8), "bf16"), td.tensor((8, 3), "bf16"))(td.gemm)
-    with pytest.raises(CompileError, match="f32, or f16 on a device with 16-bit storage"):
-        tracea.compile(bf16, target="vulkan")
     with pytest.raises(ValueError, match="there is no vulkan:7"):
         tracea.compile(fn, target="vulkan", chip="vulkan:7")
     with pytest.raises(tracea.TraceaError, match="a profile, not a device"):
@@ -235,45 +232,76 @@ def test_cooperative_matrix_gemm_for_a_device_that_has_them(tmp_path, transpose_
             VulkanKernel(artifact, VulkanDevice.get(0))
 
 
-@needs_device
-@pytest.mark.parametrize("out_dtype", ["f32", "f16"])
-def test_f16_gemm_on_sixteen_bit_storage(out_dtype):
-    """f16 operands (and an f16 result) in 16-bit storage buffers, products accumulated in f32,
-    on a device with the features (lavapipe has them; ./dev's Vulkan device enables them)."""
+def _needs_16_bit_storage():
     if not FOUND[0].gpu.f16_storage:
         pytest.skip(f"{FOUND[0].gpu.name} has no 16-bit storage buffers")
+
+
+def _f64(x: np.ndarray) -> torch.Tensor:
+    return torch.from_numpy(x.astype(np.float64))
+
+
+@needs_device
+@pytest.mark.parametrize("dtype,out_dtype", [("f16", "f32"), ("f16", "f16"), ("bf16", "f32"), ("bf16", "bf16")])
+def test_16_bit_gemm_on_sixteen_bit_storage(dtype, out_dtype):
+    """f16 and bf16 operands (and results) in 16-bit storage buffers, products accumulated in
+    f32, on a device with the features (lavapipe has them; ./dev's Vulkan device enables them).
+    bf16 buffers hold their bits as i16 (no bf16 type on the device: spirv/bf16.py)."""
+    _needs_16_bit_storage()
     rng = np.random.default_rng(5)
-    a, w, b = ref.random(rng, (70, 33), "f16"), ref.random(rng, (130, 33), "f16"), ref.random(rng, (130,), "f16")
-    fn = td.function(td.tensor(a.shape, "f16"), td.tensor(w.shape, "f16"), td.tensor(b.shape, "f16"))(
+    a, w, b = ref.random(rng, (70, 33), dtype), ref.random(rng, (130, 33), dtype), ref.random(rng, (130,), dtype)
+    fn = td.function(td.tensor(a.shape, dtype), td.tensor(w.shape, dtype), td.tensor(b.shape, dtype))(
         lambda x, y, z: td.fused_gemm(x, y, [td.bias_add(z), td.relu()], transpose_b=True, out_dtype=out_dtype))
     kernel, out = _run(fn, a, w, b)
-    assert out.dtype == to_numpy(out_dtype) and "Float16" in kernel.artifact.capabilities
-    ref.assert_close(out, np.maximum(ref.gemm(a, w, transpose_b=True) + b.astype(np.float64), 0), out_dtype, 33)
+    assert out.dtype == to_numpy(out_dtype)
+    assert ("Float16" if dtype == "f16" else "Int16") in kernel.artifact.capabilities
+    expected = np.maximum(_f64(a).numpy() @ _f64(w).numpy().T + b.astype(np.float64), 0)
+    ref.assert_close(out, expected, out_dtype, 33)
 
 
 @needs_device
+def test_bf16_results_round_to_nearest_even():
+    """A bf16 result is the f32 sum rounded to the nearest bf16, ties to even, as ml_dtypes rounds
+    it: sums of two bf16 values land between bf16 values, on ties, past the largest (inf) and on
+    inf - inf (NaN)."""
+    _needs_16_bit_storage()
+    bf16 = to_numpy("bf16")
+    big = (2 - 2.0 ** -7) * 2.0 ** 127  # the largest bf16
+    pairs = np.array([[1.0, 2.0 ** -8], [1.0, 3 * 2.0 ** -9], [1.0, 2.0 ** -9], [1.0078125, 2.0 ** -8],
+                      [-3.0, -2.0 ** -7 - 2.0 ** -12], [big, big], [np.inf, -np.inf], [0.1, 0.2]])
+    b = pairs.T.astype(bf16)  # [2, 8]: column j sums pair j
+    fn = td.function(td.tensor((1, 2), "bf16"), td.tensor(b.shape, "bf16"))(lambda x, y: td.gemm(x, y, out_dtype="bf16"))
+    _, out = _run(fn, np.ones((1, 2), bf16), b)
+    expected = b.astype(np.float32).sum(axis=0).astype(bf16)
+    nan = np.isnan(expected.astype(np.float32))
+    assert nan.tolist() == [False] * 6 + [True, False]
+    assert np.isnan(out[0].astype(np.float32)[nan]).all()
+    np.testing.assert_array_equal(out[0].view(np.uint16)[~nan], expected.view(np.uint16)[~nan])
+
+
+@needs_device
+@pytest.mark.parametrize("dtype", ["f16", "bf16"])
 @pytest.mark.parametrize("op", ["softmax", "attention", "conv"])
-def test_f16_softmax_attention_and_conv(op):
-    """The other SIMT kernels read and write f16 the same way (f32 inside)."""
-    if not FOUND[0].gpu.f16_storage:
-        pytest.skip(f"{FOUND[0].gpu.name} has no 16-bit storage buffers")
+def test_16_bit_softmax_attention_and_conv(op, dtype):
+    """The other SIMT kernels read and write f16 and bf16 the same way (f32 inside)."""
+    _needs_16_bit_storage()
     rng = np.random.default_rng(6)
     f = torch.nn.functional
     if op == "softmax":
-        x = ref.random(rng, (4, 300), "f16", scale=10.0)
-        args, fn, terms = [x], td.function(td.tensor(x.shape, "f16"))(td.softmax), 1
-        expected = torch.softmax(torch.from_numpy(x).double(), -1).numpy()
+        x = ref.random(rng, (4, 300), dtype, scale=10.0)
+        args, fn, terms = [x], td.function(td.tensor(x.shape, dtype))(td.softmax), 1
+        expected = torch.softmax(_f64(x), -1).numpy()
     elif op == "attention":
-        q, k, v = (ref.random(rng, (1, 2, 40, 16), "f16") for _ in range(3))
+        q, k, v = (ref.random(rng, (1, 2, 40, 16), dtype) for _ in range(3))
         args, terms = [q, k, v], 16
-        fn = td.function(*[td.tensor(q.shape, "f16")] * 3)(lambda a, b, c: td.attention(a, b, c, causal=True))
-        expected = f.scaled_dot_product_attention(*[torch.from_numpy(t).double() for t in args], is_causal=True).numpy()
+        fn = td.function(*[td.tensor(q.shape, dtype)] * 3)(lambda a, b, c: td.attention(a, b, c, causal=True))
+        expected = f.scaled_dot_product_attention(*[_f64(t) for t in args], is_causal=True).numpy()
     else:
-        x, w = ref.random(rng, (1, 8, 8, 3), "f16"), ref.random(rng, (3, 3, 3, 5), "f16")
+        x, w = ref.random(rng, (1, 8, 8, 3), dtype), ref.random(rng, (3, 3, 3, 5), dtype)
         args, terms = [x, w], 27
-        fn = td.function(td.tensor(x.shape, "f16"), td.tensor(w.shape, "f16"))(
+        fn = td.function(td.tensor(x.shape, dtype), td.tensor(w.shape, dtype))(
             lambda a, b: td.conv2d(a, b, padding=1, layout="nhwc"))
-        expected = ref.conv2d(x, w, None, (1, 1), (1,) * 4, (1, 1), 1, "nhwc")
+        expected = f.conv2d(_f64(x).permute(0, 3, 1, 2), _f64(w).permute(3, 2, 0, 1), padding=1).permute(0, 2, 3, 1)
     _, out = _run(fn, *args)
-    assert out.dtype == np.float16
-    ref.assert_close(out, expected, "f16", terms)
+    assert out.dtype == to_numpy(dtype)
+    ref.assert_close(out, np.asarray(expected), dtype, terms)

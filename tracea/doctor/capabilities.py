@@ -56,7 +56,7 @@ class GPU:
     memory_bytes: int  # device memory
     driver_version: str | None = None  # None: a named profile, not a device here
     toolkit_version: str | None = None
-    f16_storage: bool = False  # Vulkan: f16 arithmetic and 16-bit storage buffers (shaderFloat16 + storageBuffer16BitAccess)
+    f16_storage: bool = False  # Vulkan: 16-bit storage buffers, f16 arithmetic, 16-bit integers (storageBuffer16BitAccess + shaderFloat16 + shaderInt16)
 
     def describe(self) -> str:
         where = f", driver {self.driver_version}" if self.driver_version else " (named profile)"

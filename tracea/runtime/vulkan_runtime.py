@@ -82,8 +82,10 @@ class VulkanDevice:
         self.extensions = frozenset(e.extensionName for e in vk.vkEnumerateDeviceExtensionProperties(physical, None))
         v11 = vk.VkPhysicalDeviceVulkan11Features()
         v12 = vk.VkPhysicalDeviceVulkan12Features(pNext=v11)
-        vk.vkGetPhysicalDeviceFeatures2(physical, vk.VkPhysicalDeviceFeatures2(pNext=v12))
-        self.f16_storage = bool(v11.storageBuffer16BitAccess and v12.shaderFloat16)
+        features = vk.VkPhysicalDeviceFeatures2(pNext=v12)
+        vk.vkGetPhysicalDeviceFeatures2(physical, features)
+        # 16-bit kernels: f16 ones need f16 arithmetic, bf16 ones (stored as i16) 16-bit integers
+        self.f16_storage = bool(v11.storageBuffer16BitAccess and v12.shaderFloat16 and features.features.shaderInt16)
         memory = vk.vkGetPhysicalDeviceMemoryProperties(physical)
         self.memory_bytes = max(memory.memoryHeaps[i].size for i in range(memory.memoryHeapCount))
         self._memory_types = [(memory.memoryTypes[i].propertyFlags) for i in range(memory.memoryTypeCount)]
@@ -136,10 +138,12 @@ class VulkanDevice:
                 raise VulkanError(f"{self.name} has no compute queue")
             self.family = compute[0]
             queue = vk.VkDeviceQueueCreateInfo(queueFamilyIndex=self.family, queueCount=1, pQueuePriorities=[1.0])
-            # f16 kernels need the features on: 16-bit storage buffers and f16 arithmetic
+            # 16-bit kernels need the features on: 16-bit storage buffers, f16 arithmetic, 16-bit integers
             v11 = vk.VkPhysicalDeviceVulkan11Features(storageBuffer16BitAccess=self.f16_storage)
             v12 = vk.VkPhysicalDeviceVulkan12Features(pNext=v11, shaderFloat16=self.f16_storage)
-            info = vk.VkDeviceCreateInfo(pNext=v12, pQueueCreateInfos=[queue])
+            features = vk.VkPhysicalDeviceFeatures2(pNext=v12, features=vk.VkPhysicalDeviceFeatures(
+                shaderInt16=self.f16_storage))
+            info = vk.VkDeviceCreateInfo(pNext=features, pQueueCreateInfos=[queue])
             self._device = _check(lambda: vk.vkCreateDevice(self.physical, info, None), f"open {self.name}")
             self.queue = vk.vkGetDeviceQueue(self._device, self.family, 0)
             self.command_pool = vk.vkCreateCommandPool(self._device, vk.VkCommandPoolCreateInfo(

@@ -22,6 +22,7 @@ from ...passes.registry import PassFailed, TraceaPass, option, register
 from ..nvvm.kernels import Launch, simt_conv, simt_gemm
 from ..nvvm.simt import SimtTiles
 from .attention import QUERIES, SHARED_BYTES, attention_module_text
+from .bf16 import bf16_as_i16
 from .cooperative import TILE, cooperative_gemm_module_text
 from .softmax import MAX_WORKGROUP, softmax_module_text
 from ...tuner.space import SearchSpace
@@ -38,10 +39,11 @@ GEMM_SHARED_BYTES = 4 * _TILES.block_k * (_TILES.block_m + _TILES.block_n)
 EMITTERS = {}
 
 
-# f16 operands (read as f32, accumulated in f32) where the device has 16-bit storage buffers
-F16_STORAGE = Rule("f32, or f16 on a device with 16-bit storage buffers and f16 arithmetic",
-                   lambda p, caps: p.dtype == "f32" or p.dtype == "f16" and caps.gpu is not None
-                   and caps.gpu.f16_storage and all(d in ("f16", "f32") for d in (p.dtypes or ())))
+# f16 and bf16 operands (read as f32, accumulated in f32) where the device has 16-bit storage
+# buffers; bf16 ones stored as their bits (bf16.py), f16 ones as f16, not both in one kernel
+F16_STORAGE = Rule("f32, or f16 or bf16 on a device with 16-bit storage buffers, f16 arithmetic and 16-bit integers",
+                   lambda p, caps: p.dtype == "f32" or p.dtype in ("f16", "bf16") and caps.gpu is not None
+                   and caps.gpu.f16_storage and all(d in (p.dtype, "f32") for d in (p.dtypes or ())))
 
 
 # -- the SIMT kernels' schedule: tile = [BM, BN, BK] (a workgroup's tile of C and the K step
@@ -130,7 +132,17 @@ def register_simt_variants(backend: str, dtypes, spirv: bool) -> dict:
     return emitters
 
 
-EMITTERS.update(register_simt_variants("vulkan", F16_STORAGE, spirv=True))
+def _bf16_buffers(emit):
+    """The emitter, its kernel's bf16 buffers made i16 ones (bf16.py) when the op has any."""
+    def emitter(v, name, caps=None):
+        text, launch = emit(v, name, caps)
+        specs = [*v.operands.values(), v.result]
+        return (bf16_as_i16(text) if any(s.dtype == "bf16" for s in specs) else text), launch
+    return emitter
+
+
+EMITTERS.update({id_: _bf16_buffers(emit) for id_, emit in register_simt_variants("vulkan", F16_STORAGE,
+                                                                                  spirv=True).items()})
 EMITTERS.update(register_simt_variants("metal", DtypeIn(("f32",)), spirv=True))
 _COOPERATIVE = Variant("vulkan.gemm.cooperative_matrix", "vulkan", ("gemm",), (
     BackendIs("vulkan"), Rule("a device with VK_KHR_cooperative_matrix",

@@ -39,10 +39,11 @@ class VulkanOptions:
 
 def spirv_lowering(arch: str, cooperative_matrix: bool = False, f16_storage: bool = False) -> str:
     """gpu-dialect kernels to a spirv.module for Vulkan `arch` (1.1 and later take SPIR-V 1.3;
-    cooperative matrices, SPIR-V 1.6 and the Vulkan memory model; 16-bit storage: f16 buffers)."""
+    cooperative matrices, SPIR-V 1.6 and the Vulkan memory model; 16-bit storage: f16 buffers, and
+    bf16 ones as i16; spirv-update-vce keeps the capabilities a module uses)."""
     version, caps, exts = "v1.0" if arch == "vulkan1.0" else "v1.3", ["Shader"], ["SPV_KHR_storage_buffer_storage_class"]
     if f16_storage or cooperative_matrix:
-        caps += ["Float16", "StorageBuffer16BitAccess"]
+        caps += ["Float16", "Int16", "StorageBuffer16BitAccess"]
         exts += ["SPV_KHR_16bit_storage"]
     if cooperative_matrix:
         version = "v1.6"
