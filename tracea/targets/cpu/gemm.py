@@ -282,6 +282,7 @@ def pack_b_from_image(t: LoopText, g: ColumnGather, p: GemmPlan, flat: str, flat
     (oh, ow), (_, c, hp, wp), (kh, kw), (sy, sx), (dy, dx) = g.out_hw, g.image.shape, g.kernel, g.stride, g.dilation
     width = min(ow, NR)  # the longest run
     pieces = [(o, min(L, width - o)) for o in range(0, width, L)]
+
     def sub(x: str, y: str) -> str:
         return t.op(f"arith.subi {x}, {y} : index", "i")
 
