@@ -392,6 +392,24 @@ def test_convs_read_in_place_take_register_tiles_of_few_rows(profile):
         assert s.tile[0] % mr == 0
 
 
+@pytest.mark.parametrize("shape,filters,kernel,one_block", [
+    ((8, 512, 4, 4), 512, 3, True),  # 4 strips of 32 positions: 2 a thread
+    ((8, 256, 8, 8), 256, 3, True),  # 16 strips, the 256 x 576 A block in L2
+    ((8, 2048, 4, 4), 512, 1, True),
+    ((8, 512, 7, 7), 512, 3, False),  # 13 strips of a 1 MiB A block
+    ((8, 256, 14, 14), 256, 3, False),  # 49 strips
+    ((1, 512, 4, 4), 512, 3, False),  # 1 strip: the threads split the rows
+])
+def test_im2col_keeps_the_filters_in_one_block_for_few_strips(shape, filters, kernel, one_block):
+    """im2col_nchw's GEMM takes every filter in one M block (each work item packs its own B
+    strips) only where A is read again for few strips (im2col_schedule, 2 threads, Zen 4)."""
+    from tracea.targets.cpu.kernels import im2col_schedule
+    fn = td.function(td.tensor(shape), td.tensor((filters, shape[1], kernel, kernel)))(
+        lambda a, f: td.conv2d(a, f, padding=kernel // 2))
+    s = im2col_schedule(_conv_view(fn), CPU_PROFILES["skylake-avx512"], 2)
+    assert (s.tile[0] >= filters) == one_block, s
+
+
 def test_small_images_keep_packing():
     """Where few pixels have all their taps inside (7x7, padding 1: half), every strip is packed."""
     fn = td.function(td.tensor((1, 7, 7, 64)), td.tensor((3, 3, 64, 64)))(
