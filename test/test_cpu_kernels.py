@@ -128,6 +128,23 @@ def test_default_schedule_follows_the_host(m, n, k):
         assert -(-m // mr) * mr - m < -(-m // mr)
 
 
+@pytest.mark.parametrize("m, n, mc, nc", [(256, 784, 256, 800), (128, 784, 128, 800), (64, 3136, 64, 3136),
+                                         (512, 392, 256, 416), (100, 1000, 104, 1024), (64, 2048, 64, 2048)])
+@pytest.mark.parametrize("threads", [2, 3, 4])
+def test_column_chunks_balance_the_threads(m, n, mc, nc, threads):
+    """The work items (M blocks x column chunks) go to the threads in contiguous runs (OpenMP's
+    static schedule): the busiest thread runs at most one strip more than an even share where
+    the M blocks allow (25 strips of one block in chunks of 4 had given 16 and 9)."""
+    nr = 32
+    chunk = column_chunk(m, n, mc, nc, nr, threads) // nr
+    strips = -(-min(n, nc) // nr)
+    items = [min(chunk, strips - j) for j in range(0, strips, chunk)] * -(-m // mc)
+    share, extra = divmod(len(items), threads)
+    sizes = [share + (t < extra) for t in range(threads)]
+    loads = [sum(items[sum(sizes[:t]):sum(sizes[:t + 1])]) for t in range(threads)]
+    assert max(loads) <= -(-strips * -(-m // mc) // threads) + 1, loads
+
+
 def test_schedule_is_visible_in_the_ir():
     fn = td.function(td.tensor((64, 64)), td.tensor((64, 64)))(td.gemm)
     text = tracea.compile(fn, keep_stages=True).stages["linalg"]

@@ -44,16 +44,23 @@ def conv_k_block(c: int, k: int, kc: int) -> int:
 
 def column_chunk(m: int, n: int, mc: int, nc: int, nr: int, threads: int) -> int:
     """Columns of an NC panel in one parallel work item (a multiple of NR). Few M blocks (few
-    rows) cannot keep the threads busy, so the panel is split too: about 4 equal items per
-    thread in all, their number a multiple of the threads."""
-    panel = -(-min(nc, n) // nr) * nr
+    rows) cannot keep the threads busy, so the panel is split too: about 4 items per thread in
+    all, sized so that the busiest thread runs as few strips as the panel allows. OpenMP's static
+    schedule gives each thread a contiguous run of the items (M block by M block), so a last
+    short chunk unbalances them: 25 strips in chunks of 4 gave one thread 16, the other 9."""
+    strips = -(-min(nc, n) // nr)
     m_blocks = -(-m // mc)
     if threads <= 1 or m_blocks >= 4 * threads:
-        return panel
-    chunks = -(-4 * threads // m_blocks)
-    while (chunks * m_blocks) % threads:
-        chunks += 1
-    return -(-(panel // nr) // chunks) * nr
+        return strips * nr
+
+    def busiest(chunk: int) -> int:
+        items = [min(chunk, strips - j) for j in range(0, strips, chunk)] * m_blocks
+        share, extra = divmod(len(items), threads)  # the first `extra` threads run one item more
+        runs = [share + (i < extra) for i in range(threads)]
+        return max(sum(items[sum(runs[:i]):sum(runs[:i + 1])]) for i in range(threads))
+
+    wanted = -(-4 * threads // m_blocks)  # chunks per M block
+    return nr * min(range(1, strips + 1), key=lambda c: (busiest(c), abs(-(-strips // c) - wanted)))
 
 
 @dataclass(frozen=True)
