@@ -323,6 +323,7 @@ def pack_b_from_image(t: LoopText, g: ColumnGather, p: GemmPlan, flat: str, flat
     plane = t.add(t.mul(t.op(f"arith.remui {kx_shift}, {t.c(sx)} : index", "i"), t.c(wp // sx)),
                   t.op(f"arith.divui {kx_shift}, {t.c(sx)} : index", "i"))
     tap_off = t.add(t.add(t.mul(ch, t.c(hp * wp)), t.mul(ky, t.c(dy * wp))), plane)
+    zeros = {n: t.op(f"arith.constant dense<0.0> : vector<{n}xf32>", "z") for _, n in pieces} if any(masks) else {}
     dst = t.add(boff, t.mul("%k", t.c(NR)))
     for (at, _), base, mask in zip(runs, bases, masks):
         src = t.add(base, tap_off)
@@ -333,8 +334,7 @@ def pack_b_from_image(t: LoopText, g: ColumnGather, p: GemmPlan, flat: str, flat
                 x = t.op(f"vector.load {flat}[{at_src}] : {flat_t}, {vt}", "v")
                 t.line(f"vector.store {x}, {Bp}[{at_dst}] : {Bp_t}, {vt}")
             else:
-                zeros = t.op(f"arith.constant dense<0.0> : {vt}", "z")
-                x = t.op(f"vector.maskedload {flat}[{at_src}], {mask[i]}, {zeros} : {flat_t}, vector<{n}xi1>, {vt} "
+                x = t.op(f"vector.maskedload {flat}[{at_src}], {mask[i]}, {zeros[n]} : {flat_t}, vector<{n}xi1>, {vt} "
                          f"into {vt}", "v")
                 t.line(f"vector.maskedstore {Bp}[{at_dst}], {mask[i]}, {x} : {Bp_t}, vector<{n}xi1>, {vt}")
     t.close()
@@ -679,7 +679,7 @@ def gemm_kernel_text(name: str, v: OpView, location: str, gather: ConvGather | N
 
     # --- work items: (M block, column chunk) pairs in parallel ----------------------------------
     NB = p.n_chunk
-    split = NB < ncp  # several items share an M block: its A strips are packed beforehand
+    split = NB < ncp and not a_in_place  # several items share an M block: its A strips are packed beforehand
 
     def pack_a(mc: str, Ap: str, one_strip: bool = False) -> None:
         """Pack the `mc` rows of A at %ic into MR-tall strips at Ap (one_strip: only the strip at
@@ -732,14 +732,15 @@ def gemm_kernel_text(name: str, v: OpView, location: str, gather: ConvGather | N
         if not one_strip:
             t.close()
 
-    def a_block_view() -> tuple[str, str]:
-        """The index of the M block at %ic and its packed strips."""
+    def a_block_view() -> tuple[str, str | None]:
+        """The index of the M block at %ic and its packed strips (None: A is read in place)."""
         block = t.op(f"arith.divui %ic, {t.c(p.mc)} : index", "i")
+        if a_in_place:
+            return block, None
         return block, t.op(f"memref.subview {Ap_all}[{t.mul(block, t.c(a_block))}] [{a_block}] [1] : "
                            f"{Ap_all_t} to {Ap_t}", "m")
 
     if a_in_place:
-        split = False
         a_flat_t = memref_text((math.prod(a.shape),), "f32")
         a_flat = t.op(f"memref.collapse_shape {A} [[0, 1, 2]] : {A_t} into {a_flat_t}", "m")
     if split:  # one strip per work item: a single M block (few rows) is packed by all threads
@@ -754,7 +755,7 @@ def gemm_kernel_text(name: str, v: OpView, location: str, gather: ConvGather | N
         t.close_parallel()
     t.parallel_nd(["%ic", "%jb"], [t.c(0), t.c(0)], [t.c(p.m), nc], [t.c(p.mc), t.c(NB)])
     mc = t.min_(t.op(f"arith.subi {t.c(p.m)}, %ic : index", "i"), t.c(p.mc))
-    block, Ap = (t.op(f"arith.divui %ic, {t.c(p.mc)} : index", "i"), None) if a_in_place else a_block_view()
+    block, Ap = a_block_view()
     if segment:
         Ap_dyn = t.op(f"memref.cast {Ap} : {Ap_t} to {dyn_t}", "m")
     item = t.add(t.mul(block, t.c(chunks)), t.op(f"arith.divui %jb, {t.c(NB)} : index", "i"))

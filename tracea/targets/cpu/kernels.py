@@ -307,16 +307,17 @@ def conv_im2col_nchw(w: KernelWriter, v: OpView, name: str, threads: int) -> tup
     schedule = v.attrs.get("schedule") or im2col_schedule(v, host_cpu(), threads)
     wq = -(-wp // sx)  # columns of a phase plane
     gather = ColumnGather(TensorSpec((n, c, hp, sx * wq), "f32"), (kh, kw), (oh, ow), (sy, sx), (dy, dx))
-    if gather.fits(schedule.warp_tile[1]):  # the GEMM packs B's strips straight from the image
-        cols = windowed_input(w, w.arg["input"], (2, 3), (top, bottom, left, right), (hp, sx * wq))
+    if not gather.fits(schedule.warp_tile[1]):
+        gather = None
+    padded = windowed_input(w, w.arg["input"], (2, 3), (top, bottom, left, right), (hp, sx * wq if gather else wp))
+    if gather:  # the GEMM packs B's strips straight from the image
+        cols = padded
         if sx > 1:  # planes[image, ch, y, phase, q] = padded[image, ch, y, q sx + phase]
-            cols = w.generic([(cols, ["d0", "d1", "d2", f"d4 * {sx} + d3"])],
+            cols = w.generic([(padded, ["d0", "d1", "d2", f"d4 * {sx} + d3"])],
                              (w.empty((n, c, hp, sx, wq), "f32"), [f"d{i}" for i in range(5)]), 5, (),
                              lambda b: b.args[0])
             cols = w.reshape(cols, [[0], [1], [2], [3, 4]], gather.image.shape)
     else:
-        gather = None
-        padded = windowed_input(w, w.arg["input"], (2, 3), (top, bottom, left, right), (hp, wp))
         # cols[ch, ky, kx, image, y, x] = padded[image, ch, y sy + ky dy, x sx + kx dx]
         cols = w.generic([(padded, ["d3", "d0", f"d4 * {sy} + d1 * {dy}", f"d5 * {sx} + d2 * {dx}"])],
                          (w.empty((c, kh, kw, n, oh, ow), "f32"), [f"d{i}" for i in range(6)]), 6, (),

@@ -17,19 +17,23 @@ _EXTF = re.compile(r"^(\s*)(%[\w#]+) = arith\.extf (%[\w#]+) : bf16 to f32$")
 _TRUNCF = re.compile(r"^(\s*)(%[\w#]+) = arith\.truncf (%[\w#]+) : f32 to bf16$")
 
 
+def _temporaries(result: str) -> str:
+    """The prefix of the values that make `result` (%12 -> %bf12_, %res#3 -> %bfres_3_)."""
+    return "%bf" + result.lstrip("%").replace("#", "_") + "_"
+
+
 def _widen(indent: str, result: str, bits: str) -> list[str]:
     """bf16 bits (i16) to the f32 they are the top half of."""
-    r = "bf" + result.lstrip("%").replace("#", "_")
-    return [f"{indent}%{r}_bits32 = arith.extui {bits} : i16 to i32",
-            f"{indent}%{r}_c16 = arith.constant 16 : i32",
-            f"{indent}%{r}_top = arith.shli %{r}_bits32, %{r}_c16 : i32",
-            f"{indent}{result} = arith.bitcast %{r}_top : i32 to f32"]
+    r = _temporaries(result)
+    return [f"{indent}{r}bits32 = arith.extui {bits} : i16 to i32",
+            f"{indent}{r}c16 = arith.constant 16 : i32",
+            f"{indent}{r}top = arith.shli {r}bits32, {r}c16 : i32",
+            f"{indent}{result} = arith.bitcast {r}top : i32 to f32"]
 
 
 def _narrow(indent: str, result: str, x: str) -> list[str]:
     """An f32 to the bits of the nearest bf16 (ties to even; NaN kept quiet)."""
-    r = "bf" + result.lstrip("%").replace("#", "_")
-    v = f"%{r}_"
+    v = _temporaries(result)
     return [f"{indent}{v}bits = arith.bitcast {x} : f32 to i32",
             f"{indent}{v}c16 = arith.constant 16 : i32",
             f"{indent}{v}c1 = arith.constant 1 : i32",
