@@ -48,6 +48,12 @@ def cpu_profile() -> str | None:
     return os.environ.get("TRACEA_CPU", "").strip() or None
 
 
+def channels_last() -> bool:
+    """TRACEA_CHANNELS_LAST=0 keeps a PyTorch model's NCHW convolutions NCHW. By default, a model
+    whose convolutions can all be is computed channels-last (passes/channels_last.py)."""
+    return _flag("TRACEA_CHANNELS_LAST", True)
+
+
 def tune_malloc() -> bool:
     """TRACEA_TUNE_MALLOC=0 leaves glibc's malloc settings alone. By default the first kernel
     loaded raises its mmap and trim thresholds (32 MiB, 128 MiB) and its top pad (1 GiB, at most

@@ -16,6 +16,7 @@ from . import layers
 from .bridge import TensorBridge
 from .dynamic import DynamicModel, program_shapes, traceable_example
 from .partition import Placement, op_kind, partition
+from .weight_layouts import WeightLayouts, channels_last
 from .torch_import import (IMPORT_REVISION, SCALAR_INPUTS, decomposed_program, export_model, tensor_bytes, to_linalg,
                            warn_once)
 
@@ -26,8 +27,10 @@ class CompiledModel:
     then the inputs), else None; `placement` and `explain()` say what ran where."""
 
     def __init__(self, exported, example_inputs, *, kernel=None, runner=None,
-                 placement: Placement, import_seconds: float, compile_seconds: float):
+                 placement: Placement, import_seconds: float, compile_seconds: float,
+                 weight_layouts: WeightLayouts | None = None):
         self.exported = exported
+        self.weight_layouts = weight_layouts or WeightLayouts()
         self.kernel = kernel
         self.placement = placement
         self.import_seconds = import_seconds
@@ -92,7 +95,8 @@ class CompiledModel:
 
     def __call__(self, *inputs):
         tensors = self._check(inputs)
-        weights = [w.detach() for w in self.exported.weights]  # read now: in-place updates are seen
+        # read now: in-place updates are seen (also by the weights laid out anew, on a change)
+        weights = self.weight_layouts([w.detach() for w in self.exported.weights])
         return self.exported.outputs.rebuild(self._run(weights + tensors))
 
 
@@ -210,12 +214,13 @@ def _compile(model, example_inputs, options, export_fallback, dynamic_dims):
     placement = Placement()
     try:
         if dynamic_dims:  # symbolic sizes: torch-mlir's own path (it keeps them '?')
-            kernel = compile_text(to_linalg(exported.program))
+            kernel, weight_layouts = compile_text(to_linalg(exported.program)), None
         else:
             text = disk_cache.lookup_text(key := _import_key(exported))
             if text is None:
                 text = _import(exported.program, start)
                 disk_cache.store_text(key, text)
+            text, weight_layouts = channels_last(text, len(exported.weights), key)
             kernel = compile_text(text)
     except (CompileError, InternalCompilerError) as whole_error:
         if dynamic_dims:  # a symbolic graph is not split: regions would pass sizes between them
@@ -234,4 +239,5 @@ def _compile(model, example_inputs, options, export_fallback, dynamic_dims):
                               if n.op == "call_function")
     seconds = time.perf_counter() - start
     return CompiledModel(exported, example_inputs, kernel=kernel, placement=placement,
-                         import_seconds=seconds - kernel.compile_seconds, compile_seconds=kernel.compile_seconds)
+                         import_seconds=seconds - kernel.compile_seconds, compile_seconds=kernel.compile_seconds,
+                         weight_layouts=weight_layouts)

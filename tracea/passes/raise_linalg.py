@@ -5,7 +5,8 @@ Patterns raised (anything else stays linalg and takes the generic lowering):
   of the last two dims of either operand and a broadcast of a 2-D right operand over the batch;
   then the chain of single-use elementwise `linalg.generic`s that follows it, as far as each one
   is an epilogue step (bias add, residual add, scale, relu, gelu, sigmoid, silu) -> `tracea.fused_gemm`.
-- `linalg.conv_2d_nchw_fchw` on a zero `tensor.pad` into a zero fill or a broadcast bias -> `tracea.conv2d`.
+- `linalg.conv_2d_nchw_fchw` / `conv_2d_nhwc_hwcf` (tracea-channels-last's) on a zero `tensor.pad`
+  into a zero fill or a broadcast bias -> `tracea.conv2d`.
 - max-subtract / exp / sum / divide along one axis -> `tracea.softmax`.
 - then, on the raised ops: gemm(Q, K^T) -> softmax over the keys (torch's "safe" softmax too,
   which gives 0 for rows of -inf) -> gemm with V -> `tracea.attention`, taking a constant scale
@@ -412,12 +413,18 @@ def _epilogue_chain(result: ir.Value) -> _Chain | None:
                 kind = "bias_add"
             else:
                 break
-            if kind in kinds or (kind == "residual_add" and (reshapes or pending)):
+            if kind in kinds or (kind == "residual_add"
+                                 and any(r.name != "tensor.expand_shape" for r in reshapes + pending)):
                 break
         leaves = {main} | ({extra_arg} if extra_arg is not None else set())
         found = _epilogue_steps(_yielded(op)[0], main, extra_arg, leaves)
         if found is None or (kind is not None and _ADD_EXTRA not in found):
             break
+        if kind == "residual_add":  # of the GEMM's shape: the expansions after it undone
+            for expand in reversed(reshapes + pending):
+                with expand.location, ir.InsertionPoint(op):
+                    extra_value = tensor.collapse_shape(expand.operands[0].type, extra_value,
+                                                        expand.attributes["reassociation"])
         for e in found:
             steps.append(td.EpilogueStep(Epilogue(kind), extra_value) if e == _ADD_EXTRA else td.EpilogueStep(e))
         if kind:
@@ -470,18 +477,23 @@ def _raise_conv(op: ir.Operation) -> bool:
     x, w, init = op.operands
     if any(str(v.type.element_type) != "f32" for v in (x, w)):
         return False
+    layout = "nhwc" if op.name == "linalg.conv_2d_nhwc_hwcf" else "nchw"
+    spatial, unpadded = ((1, 2), (0, 3)) if layout == "nhwc" else ((2, 3), (0, 1))
     padding = (0, 0, 0, 0)
     pad = _producer(x)
     if pad is not None and pad.name == "tensor.pad":
         low, high = list(pad.attributes["static_low"]), list(pad.attributes["static_high"])
         yielded = _yielded(pad)
-        if len(pad.operands) == 1 and low[:2] == [0, 0] and high[:2] == [0, 0] and min(low + high) >= 0 \
+        if len(pad.operands) == 1 and all(low[d] == high[d] == 0 for d in unpadded) and min(low + high) >= 0 \
                 and len(yielded) == 1 and _float_constant(yielded[0]) == 0.0:
-            x, padding = pad.operands[0], (low[2], high[2], low[3], high[3])
+            x = pad.operands[0]
+            padding = (low[spatial[0]], high[spatial[0]], low[spatial[1]], high[spatial[1]])
     bias = None
     if not _zero_fill(init):
         fill = _producer(init)
-        if fill is None or fill.name != "linalg.broadcast" or list(fill.attributes["dimensions"]) != [0, 2, 3]:
+        batch_and_space = [0, *spatial]
+        if fill is None or fill.name != "linalg.broadcast" \
+                or list(fill.attributes["dimensions"]) != batch_and_space:
             return False
         bias = fill.operands[0]
     stride, dilation = (_int_pair(op.attributes[n] if n in op.attributes else None) for n in ("strides", "dilations"))
@@ -499,7 +511,7 @@ def _raise_conv(op: ir.Operation) -> bool:
             w = tensor.expand_shape(ir.RankedTensorType.get([groups, 1, kh, kw], w.type.element_type), w,
                                     [[0, 1], [2], [3]], [], [groups, 1, kh, kw])
         new = td.conv2d(x, w, bias, stride=stride, padding=padding, dilation=dilation, groups=groups,
-                        epilogue=chain.steps if chain else ())
+                        layout=layout, epilogue=chain.steps if chain else ())
     anchor.results[0].replace_all_uses_with(new)
     return True
 
@@ -787,7 +799,8 @@ class RaiseLinalgPass(TraceaPass):
                     continue  # tracea ops take static shapes: dynamic ones keep the generic lowering
                 if op.name in _DEFAULT_MAPS:
                     _raise_gemm(op)
-                elif op.name in ("linalg.conv_2d_nchw_fchw", "linalg.depthwise_conv_2d_nchw_chw"):
+                elif op.name in ("linalg.conv_2d_nchw_fchw", "linalg.conv_2d_nhwc_hwcf",
+                                 "linalg.depthwise_conv_2d_nchw_chw"):
                     _raise_conv(op)
                 elif op.name == "linalg.generic":
                     _raise_softmax(op)

@@ -1,0 +1,303 @@
+"""`tracea-channels-last`: a model's NCHW convolutions computed channels-last (NHWC), the way
+inductor lays out a CNN (its layout optimization) and oneDNN prefers it.
+
+PyTorch models arrive NCHW. Tracea's NHWC convolutions are faster on the CPU (ResNet-50's convs,
+batch 8 at 224x224 on 2 threads: 342 ms NHWC against 370 ms NCHW, the 1x1 convs as plain GEMMs
+over contiguous channels), but only if the activations stay NHWC between them. So:
+1. every `linalg.conv_2d_nchw_fchw` becomes transpose -> `linalg.conv_2d_nhwc_hwcf` -> transpose
+   back, its filter (an argument of the entry function that the caller lays out once, HWCF:
+   `weights` names how many leading arguments are such weights) taken in the new layout;
+2. each transpose back to NCHW is sunk through what follows it where the op does not care about
+   the layout (elementwise generics such as ReLU and the residual add, zero/-inf padding, max and
+   sum pooling), and a transpose meeting its inverse vanishes.
+What is left: the input image's transpose and one before the first op that reads NCHW (ResNet's
+global average pool's flatten), each the size of one activation.
+
+All or nothing: a function with any other convolution (grouped, depthwise: their NCHW kernels
+are tuned for it) or a filter that is not such a weight stays as it is. The module then carries
+`tracea.weight_layouts`: {argument number: the permutation its array takes, as numpy's
+`transpose` axes}, for the caller.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import mlir.ir as ir
+from mlir.dialects import arith, linalg, tensor
+
+from .registry import TraceaPass, option, register
+
+TO_NHWC = (0, 2, 3, 1)  # linalg.transpose permutations: result dim i is input dim perm[i]
+TO_NCHW = (0, 3, 1, 2)
+FCHW_TO_HWCF = (2, 3, 1, 0)
+WEIGHT_LAYOUTS = "tracea.weight_layouts"
+_CONVS = ("linalg.conv_2d_nchw_fchw", "linalg.conv_2d_nchw_fchw_q", "linalg.conv_2d_ngchw_fgchw",
+          "linalg.conv_2d_ngchw_gfchw", "linalg.depthwise_conv_2d_nchw_chw", "linalg.conv_2d_nhwc_hwcf",
+          "linalg.conv_2d_nhwc_fhwc", "linalg.depthwise_conv_2d_nhwc_hwc")
+_POOLS = {"linalg.pooling_nchw_max": linalg.pooling_nhwc_max, "linalg.pooling_nchw_sum": linalg.pooling_nhwc_sum}
+
+
+def _producer(value: ir.Value) -> ir.Operation | None:
+    return value.owner.operation if isinstance(value.owner, (ir.Operation, ir.OpView)) else None
+
+
+def _permutation(op: ir.Operation | None) -> tuple[int, ...] | None:
+    if op is None or op.name != "linalg.transpose":
+        return None
+    return tuple(int(i) for i in op.attributes["permutation"])
+
+
+def _permuted(shape, perm) -> list[int]:
+    return [shape[i] for i in perm]
+
+
+def _transpose(value: ir.Value, perm) -> ir.Value:
+    empty = tensor.empty(_permuted(value.type.shape, perm), value.type.element_type)
+    return linalg.transpose(value, outs=[empty], permutation=list(perm)).results[0]
+
+
+def _ints(op: ir.Operation, name: str) -> list[int]:
+    return [int(v) for v in ir.DenseIntElementsAttr(op.attributes[name])] if name in op.attributes else [1, 1]
+
+
+def _entry_weight(value: ir.Value, block: ir.Block, weights: int) -> bool:
+    return isinstance(value, ir.BlockArgument) and value.owner == block and value.arg_number < weights
+
+
+@register
+@dataclass(frozen=True)
+class ChannelsLastPass(TraceaPass):
+    NAME = "tracea-channels-last"
+    SUMMARY = ("compute a model's NCHW convolutions in NHWC, the activations kept NHWC between them and "
+               "the filters taken as HWCF weights (the module's tracea.weight_layouts tells the caller)")
+    weights: int = option(0, "leading arguments of the entry function that are weights the caller lays "
+                             "out as tracea.weight_layouts says (0: none, and the pass changes nothing)")
+    entry: str = option("main", "the entry function")
+
+    def run(self, module: ir.Operation) -> None:
+        with ir.Location.unknown():  # for the types made here; ops take their convolution's
+            self._run(module)
+
+    def _run(self, module: ir.Operation) -> None:
+        block = self._entry_block(module)
+        if block is None or not self.weights:
+            return
+        convs = [op.operation for op in block.operations if op.operation.name == "linalg.conv_2d_nchw_fchw"]
+        filters = {op.operands[1] for op in convs}
+        if not convs or not self._all_convertible(module, convs, filters, block):
+            return
+        for w in filters:
+            w.set_type(ir.RankedTensorType.get(_permuted(w.type.shape, FCHW_TO_HWCF), w.type.element_type))
+        self._retype_entry(block)
+        for op in convs:
+            self._to_nhwc(op)
+        while self._sink_transposes(block):
+            pass
+        for op in reversed(list(block.operations)):  # users before producers
+            op = op.operation
+            if op.name.startswith(("linalg.", "tensor.")) and len(op.results) \
+                    and all(not list(r.uses) for r in op.results):
+                op.erase()
+        layouts = {str(w.arg_number): ir.DenseI64ArrayAttr.get(list(FCHW_TO_HWCF))
+                   for w in sorted(filters, key=lambda w: w.arg_number)}
+        module.attributes[WEIGHT_LAYOUTS] = ir.DictAttr.get(layouts)
+
+    def _entry_block(self, module: ir.Operation) -> ir.Block | None:
+        for op in module.regions[0].blocks[0].operations:
+            op = op.operation
+            if op.name == "func.func" and ir.StringAttr(op.attributes["sym_name"]).value == self.entry \
+                    and op.regions[0].blocks:
+                return op.regions[0].blocks[0]
+        return None
+
+    def _all_convertible(self, module: ir.Operation, convs, filters, block: ir.Block) -> bool:
+        """Every convolution of the module is an f32 NCHW one with static shapes in the entry
+        function, and every filter an entry weight read by such convolutions only."""
+        found = []
+
+        def visit(op):
+            if op.operation.name in _CONVS:
+                found.append(op.operation)
+            return ir.WalkResult.ADVANCE
+
+        module.walk(visit)
+        if len(found) != len(convs):
+            return False
+        for op in convs:
+            if any(not ir.ShapedType(v.type).has_static_shape or str(v.type.element_type) != "f32"
+                   for v in list(op.operands) + list(op.results)):
+                return False
+        return all(_entry_weight(w, block, self.weights)
+                   and all(u.owner.operation.name == "linalg.conv_2d_nchw_fchw" and u.operand_number == 1
+                           for u in w.uses) for w in filters)
+
+    def _retype_entry(self, block: ir.Block) -> None:
+        func_op = block.owner.operation
+        ftype = ir.FunctionType(ir.TypeAttr(func_op.attributes["function_type"]).value)
+        inputs = [a.type for a in block.arguments]
+        func_op.attributes["function_type"] = ir.TypeAttr.get(ir.FunctionType.get(inputs, ftype.results))
+
+    @staticmethod
+    def _to_nhwc(op: ir.Operation) -> None:
+        x, w, init = op.operands
+        with ir.InsertionPoint(op), op.location:
+            x = _transpose(x, TO_NHWC)
+            if tuple(w.type.shape[:2]) == (1, 1) and _ints(op, "strides") == [1, 1] and _bias(init) is not False:
+                conv = _pointwise_as_matmul(x, w, _bias(init))
+            else:
+                conv = linalg.conv_2d_nhwc_hwcf(x, w, outs=[_init_like(init, TO_NHWC)],
+                                                strides=_ints(op, "strides"), dilations=_ints(op, "dilations"))
+            op.results[0].replace_all_uses_with(_transpose(conv, TO_NCHW))
+
+    @staticmethod
+    def _sink_transposes(block: ir.Block) -> bool:
+        changed = False
+        for op in list(block.operations):
+            op = op.operation
+            if not any(list(r.uses) for r in op.results):
+                continue  # dead (a rewritten op): erased at the end
+            if op.name == "linalg.transpose":
+                changed |= _cancel(op)
+            elif op.name == "linalg.generic":
+                changed |= _sink_through_elementwise(op)
+            elif op.name == "tensor.pad":
+                changed |= _sink_through_pad(op)
+            elif op.name in _POOLS:
+                changed |= _sink_through_pool(op)
+        return changed
+
+
+def _init_like(init: ir.Value, perm) -> ir.Value:
+    """`init` (a fill or a broadcast of a per-channel vector into an empty tensor) made anew in
+    the permuted layout; any other init transposed."""
+    fill = _producer(init)
+    shape, element = _permuted(init.type.shape, perm), init.type.element_type
+    if fill is not None and fill.name == "linalg.fill":
+        return linalg.fill(fill.operands[0], outs=[tensor.empty(shape, element)])
+    if fill is not None and fill.name == "linalg.broadcast" and list(fill.attributes["dimensions"]) == [0, 2, 3]:
+        channel = perm.index(1)  # where the channel dim went
+        dims = [d for d in range(4) if d != channel]
+        return linalg.broadcast(fill.operands[0], outs=[tensor.empty(shape, element)], dimensions=dims)
+    return _transpose(init, perm)
+
+
+def _bias(init: ir.Value) -> ir.Value | None | bool:
+    """A conv's per-channel bias when `init` broadcasts one, None for a zero fill, else False."""
+    fill = _producer(init)
+    if fill is not None and fill.name == "linalg.broadcast" and list(fill.attributes["dimensions"]) == [0, 2, 3]:
+        return fill.operands[0]
+    if fill is not None and fill.name == "linalg.fill" and _is_zero(fill.operands[0]):
+        return None
+    return False
+
+
+def _is_zero(value: ir.Value) -> bool:
+    constant = _producer(value)
+    return constant is not None and constant.name == "arith.constant" \
+        and isinstance(constant.attributes["value"], ir.FloatAttr) and ir.FloatAttr(constant.attributes["value"]).value == 0.0
+
+
+def _pointwise_as_matmul(x: ir.Value, w: ir.Value, bias: ir.Value | None) -> ir.Value:
+    """A 1x1 stride-1 NHWC conv as the GEMM it is, [N H W, C] x [C, F] (+ the bias as a generic
+    over its rows), so that what follows it (a residual add and ReLU) becomes the GEMM's epilogue
+    (tracea-raise-linalg), which a conv's epilogue cannot take."""
+    (n, h, wd, c), f, element = x.type.shape, w.type.shape[3], x.type.element_type
+    rows = ir.RankedTensorType.get([n * h * wd, c], element)
+    a = tensor.collapse_shape(rows, x, [[0, 1, 2], [3]])
+    b = tensor.collapse_shape(ir.RankedTensorType.get([c, f], element), w, [[0, 1, 2], [3]])
+    product = ir.RankedTensorType.get([n * h * wd, f], element)
+    zero = arith.constant(element, 0.0)
+    acc = linalg.fill(zero, outs=[tensor.empty(product.shape, element)])
+    result = linalg.matmul(a, b, outs=[acc])
+    if bias is not None:
+        maps = [ir.AffineMap.get_identity(2), ir.AffineMap.get(2, 0, [ir.AffineDimExpr.get(1)]),
+                ir.AffineMap.get_identity(2)]
+        parallel = ir.Attribute.parse("#linalg.iterator_type<parallel>")
+        add = linalg.GenericOp([product], [result, bias], [tensor.empty(product.shape, element)],
+                               ir.ArrayAttr.get([ir.AffineMapAttr.get(m) for m in maps]),
+                               ir.ArrayAttr.get([parallel, parallel]))
+        body = add.regions[0].blocks.append(element, element, element)
+        with ir.InsertionPoint(body):
+            linalg.YieldOp([arith.addf(body.arguments[0], body.arguments[1])])
+        result = add.results[0]
+    return tensor.expand_shape(ir.RankedTensorType.get([n, h, wd, f], element), result, [[0, 1, 2], [3]], [],
+                               [n, h, wd, f])
+
+
+def _inverse(perm) -> tuple[int, ...]:
+    return tuple(perm.index(i) for i in range(len(perm)))
+
+
+def _cancel(op: ir.Operation) -> bool:
+    """transpose(transpose(y, P), inverse of P) -> y."""
+    inner = _producer(op.operands[0])
+    perm = _permutation(inner)
+    if perm is None or _inverse(perm) != _permutation(op):
+        return False
+    op.results[0].replace_all_uses_with(inner.operands[0])
+    return True
+
+
+def _sink_through_elementwise(op: ir.Operation) -> bool:
+    """An elementwise generic of identity maps whose every input is transpose(y_i, P) computes
+    transpose(generic(y_i), P): the generic runs on the y_i."""
+    ins = list(op.operands)[:-1]
+    if len(op.results) != 1 or not ins or len(op.regions[0].blocks[0].arguments) != len(ins) + 1:
+        return False
+    rank = len(op.results[0].type.shape)
+    identity = str(ir.AffineMap.get_identity(rank))
+    if any(str(m.value) != identity for m in ir.ArrayAttr(op.attributes["indexing_maps"])) \
+            or any("parallel" not in str(t) for t in ir.ArrayAttr(op.attributes["iterator_types"])):
+        return False
+    perms = {_permutation(_producer(v)) for v in ins}
+    if len(perms) != 1 or None in perms:
+        return False
+    perm = perms.pop()
+    if list(op.regions[0].blocks[0].arguments[-1].uses):
+        return False  # the body reads its init
+    out_type = op.results[0].type
+    source_shape = _permuted(out_type.shape, _inverse(perm))
+    with ir.InsertionPoint(op), op.location:
+        empty = tensor.empty(source_shape, out_type.element_type)
+    for i, v in enumerate(ins):
+        op.operands[i] = _producer(v).operands[0]
+    op.operands[len(ins)] = empty
+    _reroute(op, ir.RankedTensorType.get(source_shape, out_type.element_type), perm)
+    return True
+
+
+def _reroute(op: ir.Operation, source_type: ir.Type, perm) -> None:
+    """`op` (its operands already replaced) now yields `source_type`; its users get its result
+    transposed by `perm`, as they did before."""
+    result = op.results[0]
+    result.set_type(source_type)
+    with ir.InsertionPoint.after(op), op.location:
+        moved = _transpose(result, perm)
+    result.replace_all_uses_except(moved, _producer(moved))
+
+
+def _sink_through_pad(op: ir.Operation) -> bool:
+    """pad(transpose(y, P)) -> transpose(pad'(y), P), pad' padding y's dims as pad did P's."""
+    perm = _permutation(_producer(op.operands[0]))
+    if perm is None or len(op.operands) != 1 or len(perm) != len(op.results[0].type.shape):
+        return False
+    inverse = _inverse(perm)
+    for name in ("static_low", "static_high"):
+        amounts = list(ir.DenseI64ArrayAttr(op.attributes[name]))
+        op.attributes[name] = ir.DenseI64ArrayAttr.get(_permuted(amounts, inverse))
+    op.operands[0] = _producer(op.operands[0]).operands[0]
+    out_type = op.results[0].type
+    _reroute(op, ir.RankedTensorType.get(_permuted(out_type.shape, inverse), out_type.element_type), perm)
+    return True
+
+
+def _sink_through_pool(op: ir.Operation) -> bool:
+    """pool_nchw(transpose(y, NHWC -> NCHW)) -> transpose(pool_nhwc(y), NHWC -> NCHW)."""
+    x, window, init = op.operands
+    if _permutation(_producer(x)) != TO_NCHW:
+        return False
+    with ir.InsertionPoint(op), op.location:
+        pooled = _POOLS[op.name](_producer(x).operands[0], window, outs=[_init_like(init, TO_NHWC)],
+                                 strides=_ints(op, "strides"), dilations=_ints(op, "dilations"))
+        op.results[0].replace_all_uses_with(_transpose(pooled, TO_NCHW))
+    return True
