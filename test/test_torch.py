@@ -727,3 +727,75 @@ def test_a_whole_model_compile_is_a_disk_cache_hit_in_a_new_process(tmp_path):
     for entry in tmp_path.glob("*.text"):
         entry.write_text(entry.read_text().replace("linalg", "linalx", 1))  # damaged, checksum stale
     assert run()[1] == "1"  # imported again, and still correct
+
+
+class Bottleneck(nn.Module):
+    """ResNet's bottleneck (1x1 reduce, 3x3 (here dilated), 1x1 expand, residual add, ReLU) with a
+    strided 1x1 downsample on the skip path."""
+
+    def __init__(self, c, mid, out, stride):
+        super().__init__()
+        self.reduce = nn.Conv2d(c, mid, 1)
+        self.spatial = nn.Conv2d(mid, mid, 3, stride=stride, padding=2, dilation=2, bias=False)
+        self.expand = nn.Conv2d(mid, out, 1)
+        self.down = nn.Conv2d(c, out, 1, stride=stride)
+
+    def forward(self, x):
+        y = torch.relu(self.spatial(torch.relu(self.reduce(x))))
+        return torch.relu(self.expand(y) + self.down(x))
+
+
+def resnet_like():
+    return nn.Sequential(nn.Conv2d(3, 16, 5, stride=2, padding=2), nn.ReLU(), nn.MaxPool2d(3, 2, padding=1),
+                         Bottleneck(16, 8, 32, 1), Bottleneck(32, 16, 48, 2), nn.AdaptiveAvgPool2d(1),
+                         nn.Flatten(), nn.Linear(48, 10))
+
+
+def test_cnn_runs_channels_last_and_sees_weight_updates(monkeypatch):
+    """A ResNet-style model runs NHWC (tracea-channels-last): every conv is NHWC or a GEMM, the
+    residual adds are GEMM epilogues, only the image and the pooled features are transposed. The
+    HWCF filters are laid out once and again after an in-place update of the module's weight."""
+    from tracea.passes import parse_pipeline, run_pipeline
+    torch.manual_seed(0)
+    model = resnet_like().eval()
+    x = torch.randn(2, 3, 37, 45) * 4  # odd sizes: padded, strided and pooled rows of every length
+    compiled = tracea.compile(model, (x,))
+    with torch.no_grad():
+        torch.testing.assert_close(compiled(x), model(x), rtol=1e-4, atol=1e-4)
+    plan = compiled.explain()
+    assert "layout nhwc" in plan and "on cpu.conv2d.direct_nchw" not in plan and "nchw" not in plan, plan
+    assert plan.count("residual_add") == 2, plan
+    assert set(compiled.weight_layouts.permutations.values()) == {(2, 3, 1, 0)}
+    filters = dict(compiled.weight_layouts._laid_out)
+    with torch.no_grad():
+        compiled(x)
+        assert all(compiled.weight_layouts._laid_out[i][1] is filters[i][1] for i in filters)  # not laid out again
+        model[3].spatial.weight.mul_(-0.5)
+        model[0].weight.add_(0.25)
+        torch.testing.assert_close(compiled(x), model(x), rtol=1e-4, atol=1e-4)
+
+    graph = import_module(model, (x,))
+    weights = len(graph.exported.weights)
+    result = run_pipeline(graph.text, parse_pipeline(f"tracea-channels-last{{weights={weights}}}"))
+    assert result.ok and result.text.count("linalg.transpose ") == 3  # the image, the features, the linear's weight
+    assert result.text.count("linalg.conv_2d_nhwc_hwcf") == 4 and "nchw" not in result.text
+    unchanged = run_pipeline(graph.text, parse_pipeline("tracea-channels-last")).text  # weights=0
+    assert unchanged.count("linalg.conv_2d_nchw_fchw") == 9 and "nhwc" not in unchanged
+
+    monkeypatch.setenv("TRACEA_CHANNELS_LAST", "0")
+    nchw = tracea.compile(model, (x,))
+    assert "layout nhwc" not in nchw.explain() and not nchw.weight_layouts.permutations
+    with torch.no_grad():
+        torch.testing.assert_close(nchw(x), model(x), rtol=1e-4, atol=1e-4)
+
+
+def test_cnn_with_a_depthwise_conv_stays_nchw():
+    """All or nothing: the depthwise NCHW kernels are tuned for NCHW, so a model that has one keeps
+    every conv NCHW rather than transposing around it."""
+    torch.manual_seed(0)
+    model = nn.Sequential(mobile(), nn.ReLU(), nn.Conv2d(24, 8, 3, padding=1)).eval()
+    x = torch.randn(2, 16, 20, 20)
+    compiled = tracea.compile(model, (x,))
+    assert "layout nhwc" not in compiled.explain() and not compiled.weight_layouts.permutations
+    with torch.no_grad():
+        torch.testing.assert_close(compiled(x), model(x), rtol=1e-4, atol=1e-4)
