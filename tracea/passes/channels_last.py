@@ -292,12 +292,45 @@ def _sink_through_pad(op: ir.Operation) -> bool:
 
 
 def _sink_through_pool(op: ir.Operation) -> bool:
-    """pool_nchw(transpose(y, NHWC -> NCHW)) -> transpose(pool_nhwc(y), NHWC -> NCHW)."""
+    """pool_nchw(transpose(y, NHWC -> NCHW)) -> transpose(pool_nhwc(y), NHWC -> NCHW); a max pool
+    as the elementwise max of its window's taps (strided slices of y), whose loops run along the
+    contiguous channels, vectorized (the pooling op's innermost loop is the window's: scalar)."""
     x, window, init = op.operands
     if _permutation(_producer(x)) != TO_NCHW:
         return False
+    y = _producer(x).operands[0]
     with ir.InsertionPoint(op), op.location:
-        pooled = _POOLS[op.name](_producer(x).operands[0], window, outs=[_init_like(init, TO_NHWC)],
-                                 strides=_ints(op, "strides"), dilations=_ints(op, "dilations"))
+        strides, dilations = _ints(op, "strides"), _ints(op, "dilations")
+        if op.name == "linalg.pooling_nchw_max":
+            pooled = _max_of_taps(y, window.type.shape, strides, dilations, _init_like(init, TO_NHWC))
+        else:
+            pooled = _POOLS[op.name](y, window, outs=[_init_like(init, TO_NHWC)], strides=strides, dilations=dilations)
         op.results[0].replace_all_uses_with(_transpose(pooled, TO_NCHW))
     return True
+
+
+def _max_of_taps(y: ir.Value, window, strides, dilations, init: ir.Value) -> ir.Value:
+    """max(init, y[:, dh kh :: sh, dw kw :: sw, :] for each tap (kh, kw)), each tap the output's
+    shape."""
+    shape, element = init.type.shape, init.type.element_type
+    out_type = ir.RankedTensorType.get(shape, element)
+    acc = init
+    for kh in range(window[0]):
+        for kw in range(window[1]):
+            tap = tensor.extract_slice(out_type, y, [], [], [], [0, kh * dilations[0], kw * dilations[1], 0],
+                                       list(shape), [1, strides[0], strides[1], 1])
+            acc = _elementwise(lambda a, b: arith.maximumf(a, b), [acc, tap], out_type)
+    return acc
+
+
+def _elementwise(body, ins: list[ir.Value], out_type: ir.Type) -> ir.Value:
+    """A linalg.generic of identity maps computing body(*elements) over `ins`."""
+    rank, element = len(out_type.shape), out_type.element_type
+    identity = ir.AffineMapAttr.get(ir.AffineMap.get_identity(rank))
+    parallel = ir.Attribute.parse("#linalg.iterator_type<parallel>")
+    op = linalg.GenericOp([out_type], ins, [tensor.empty(out_type.shape, element)],
+                          ir.ArrayAttr.get([identity] * (len(ins) + 1)), ir.ArrayAttr.get([parallel] * rank))
+    block = op.regions[0].blocks.append(*[element] * (len(ins) + 1))
+    with ir.InsertionPoint(block):
+        linalg.YieldOp([body(*block.arguments[:len(ins)])])
+    return op.results[0]
