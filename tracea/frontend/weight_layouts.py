@@ -37,7 +37,7 @@ class WeightLayouts:
 
 def read_layouts(text: str) -> WeightLayouts:
     """The tracea.weight_layouts attribute of a module's text (none: no weight changes layout)."""
-    found = re.search(re.escape(WEIGHT_LAYOUTS) + r" = \{([^}]*)\}", text[:text.find("\n", text.find("module"))])
+    found = re.search(re.escape(WEIGHT_LAYOUTS) + r" = \{([^}]*)\}", text)
     if found is None:
         return WeightLayouts()
     return WeightLayouts({int(i): tuple(int(d) for d in dims.split(","))

@@ -279,8 +279,9 @@ def _reroute(op: ir.Operation, source_type: ir.Type, perm) -> None:
 def _sink_through_pad(op: ir.Operation) -> bool:
     """pad(transpose(y, P)) -> transpose(pad'(y), P), pad' padding y's dims as pad did P's."""
     perm = _permutation(_producer(op.operands[0]))
-    if perm is None or len(op.operands) != 1 or len(perm) != len(op.results[0].type.shape):
-        return False
+    if perm is None or len(op.operands) != 1 or len(perm) != len(op.results[0].type.shape) \
+            or any(list(a.uses) for a in op.regions[0].blocks[0].arguments):
+        return False  # (a padding value that depends on the position would need its indices permuted)
     inverse = _inverse(perm)
     for name in ("static_low", "static_high"):
         amounts = list(ir.DenseI64ArrayAttr(op.attributes[name]))
@@ -301,12 +302,18 @@ def _sink_through_pool(op: ir.Operation) -> bool:
     y = _producer(x).operands[0]
     with ir.InsertionPoint(op), op.location:
         strides, dilations = _ints(op, "strides"), _ints(op, "dilations")
-        if op.name == "linalg.pooling_nchw_max":
+        if op.name == "linalg.pooling_nchw_max" and _combiner(op) == "arith.maximumf":
             pooled = _max_of_taps(y, window.type.shape, strides, dilations, _init_like(init, TO_NHWC))
         else:
             pooled = _POOLS[op.name](y, window, outs=[_init_like(init, TO_NHWC)], strides=strides, dilations=dilations)
         op.results[0].replace_all_uses_with(_transpose(pooled, TO_NCHW))
     return True
+
+
+def _combiner(op: ir.Operation) -> str | None:
+    """The op a pooling's body combines the window's values with."""
+    body = list(op.regions[0].blocks[0].operations)
+    return body[0].operation.name if len(body) == 2 else None
 
 
 def _max_of_taps(y: ir.Value, window, strides, dilations, init: ir.Value) -> ir.Value:
