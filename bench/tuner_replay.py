@@ -10,12 +10,15 @@ neither given the variant's default to start from: the search alone. Reported: e
 a configuration within 5 % of the table's best was tried (median and 90th percentile over the
 seeds), random's exact expectation ((N + 1) / (W + 1) with W of N configurations within 5 %),
 random's median over the GP's, and the tuner as it runs (`AutoTuner`: the default first, then the
-GP with it among its data). Nothing is timed here, so the result is exact for the recorded data.
+GP with it among its data), from the default of the day the table was recorded and from the one
+today's Tracea plans for the recorded machine (its CPU as the table describes it). Nothing is
+timed here, so the result is exact for the recorded data.
 """
 from __future__ import annotations
 
 import argparse
 import glob
+import re
 import json
 import os
 import statistics
@@ -23,6 +26,7 @@ import sys
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.join(HERE, ".."))
+sys.path.insert(0, os.path.join(HERE, "..", "scripts"))
 
 
 def replay_space(configs: list[dict]):
@@ -47,7 +51,7 @@ def replay_space(configs: list[dict]):
 
 
 def evaluations_to_reach(table: dict, strategy: str, seed: int, cap: int, within: float = 0.05,
-                         from_default: bool = False) -> int | None:
+                         default: str | None = None) -> int | None:
     from tracea.tuner.search import Evaluation, search
     from tracea.tuner.space import config_key
     configs = [row["config"] for row in table["configs"].values()]
@@ -58,10 +62,42 @@ def evaluations_to_reach(table: dict, strategy: str, seed: int, cap: int, within
     def evaluate(batch):
         return [Evaluation(c, times[config_key(c)], errors[config_key(c)]) for c in batch]
 
-    first = table["configs"][table["default"]]["config"] if from_default else None
+    first = table["configs"][default]["config"] if default else None
     result = search(replay_space(configs), evaluate, budget=cap, seed=seed, strategy=strategy, first=first,
                     stop_below=best * (1 + within))
     return result.evaluations_to_reach(best * (1 + within))
+
+
+def recorded_caps(table: dict):
+    """The Capabilities of the machine a table was recorded on, from its CPU's description."""
+    from tracea.doctor.capabilities import CPU, Capabilities
+    found = re.search(r"(\w+) (\w+) \((\d+) f32 lanes, (\d+) vector registers\), L1d (\d+) KiB, L2 (\d+) KiB, "
+                      r"L3 (\d+) KiB, (\d+) core", table["machine"]["cpu"])
+    arch, isa, lanes, registers, l1, l2, l3, cores = found.groups()
+    cpu = CPU(arch, isa, int(lanes), int(registers), int(l1) << 10, int(l2) << 10, int(l3) << 10, int(cores))
+    return Capabilities("cpu", "recorded", cpu=cpu)
+
+
+def todays_default(table: dict) -> str | None:
+    """The key of the configuration today's Tracea plans by default for the table's problem on
+    the machine it was recorded on (the first the tuner tries there now), or None when the
+    recorded space does not hold it."""
+    from tracea.doctor import plan
+    from tracea.codegen.variants import variant
+    from tracea.tuner.autotuner import AutoTuner
+    from tracea.tuner.measure import TuningProblem
+    from tracea.tuner.space import config_key
+    from record_tuning_space import problems
+    tuner = AutoTuner("cpu", threads=table["threads"], workers=0, progress=False)
+    tuner.caps = recorded_caps(table)
+    tp = TuningProblem.of(problems()[table["problem"]]())
+    decision = plan(tp.problem, tuner.caps, tuner.threads, tuned=False)
+    if decision.variant_id != table["variant"]:
+        return None
+    space = tuner._space(variant(decision.variant_id), tp)
+    complete = tuner._completer(variant(decision.variant_id), tp)
+    return next((config_key(row["config"]) for row in table["configs"].values()
+                 if complete(space.schedule(row["config"])) == decision.schedule), None)
 
 
 def random_expectation(table: dict, within: float = 0.05) -> float:
@@ -93,8 +129,14 @@ def main() -> int:
                   "threads": table["threads"], "configs": len(table["configs"]), "failed": len(table["configs"]) - len(ran),
                   "best_ms": min(ran) * 1e3, "default_ms": default * 1e3 if default else None,
                   "random_expected": random_expectation(table)}
-        for column, strategy, from_default in (("gp", "gp", False), ("random", "random", False), ("tuner", "gp", True)):
-            counts = [evaluations_to_reach(table, strategy, seed, args.cap, from_default=from_default)
+        today = todays_default(table)
+        result["today_default_ms"] = table["configs"][today]["seconds"] * 1e3 if today else None
+        for column, strategy, default in (("gp", "gp", None), ("random", "random", None),
+                                          ("tuner", "gp", table["default"]), ("tuner_today", "gp", today)):
+            if column == "tuner_today" and today is None:
+                result[column] = None
+                continue
+            counts = [evaluations_to_reach(table, strategy, seed, args.cap, default=default)
                       for seed in range(args.seeds)]
             reached = sorted(c if c is not None else args.cap + 1 for c in counts)
             result[column] = {"median": statistics.median(reached), "p90": reached[int(0.9 * (len(reached) - 1))],
@@ -104,14 +146,17 @@ def main() -> int:
         rows.append(result)
     if args.markdown:
         print("| space (recorded table) | configurations (failed) | default / best | GP median (p90) | random median (p90) "
-              "| random expected | random / GP | tuner, default first: median (p90) |")
-        print("| --- | --- | --- | --- | --- | --- | --- | --- |")
+              "| random expected | random / GP | tuner, default first: median (p90) | today's default / best "
+              "| tuner from today's default: median (p90) |")
+        print("| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |")
         for r in rows:
             ratio = r["random"]["median"] / r["gp"]["median"]
             default = f"{r['default_ms'] / r['best_ms']:.2f}x" if r["default_ms"] else "-"
             print(f"| {r['label']} ({r['variant']}, {r['threads']}T) | {r['configs']} ({r['failed']}) | {default} | "
                   f"{r['gp']['median']:g} ({r['gp']['p90']}) | {r['random']['median']:g} ({r['random']['p90']}) | "
-                  f"{r['random_expected']:.1f} | {ratio:.1f}x | {r['tuner']['median']:g} ({r['tuner']['p90']}) |")
+                  f"{r['random_expected']:.1f} | {ratio:.1f}x | {r['tuner']['median']:g} ({r['tuner']['p90']}) | "
+                  + (f"{r['today_default_ms'] / r['best_ms']:.2f}x | {r['tuner_today']['median']:g} "
+                     f"({r['tuner_today']['p90']}) |" if r["tuner_today"] else "not in the recorded space | - |"))
     else:
         print(json.dumps(rows, indent=1))
     return 0

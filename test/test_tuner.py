@@ -259,7 +259,7 @@ def test_replay_of_a_recorded_space_meets_the_sample_efficiency_goal():
     for table in map(lambda t: json.loads(t.read_text()), tables):
         times = [c["seconds"] for c in table["configs"].values() if c["seconds"] is not None]
         near = table["configs"][table["default"]]["seconds"] <= 1.05 * min(times)
-        reached = evaluations_to_reach(table, "gp", 0, 60, from_default=True)
+        reached = evaluations_to_reach(table, "gp", 0, 60, default=table["default"])
         assert (reached == 1) == near, (table["label"], reached)
 
 
