@@ -126,7 +126,7 @@ def main() -> int:
         ran = [r["seconds"] for r in table["configs"].values() if r["seconds"] is not None]
         default = table["configs"].get(table.get("default") or "", {}).get("seconds")
         result = {"table": os.path.basename(path), "label": table["label"], "variant": table["variant"],
-                  "threads": table["threads"], "configs": len(table["configs"]), "failed": len(table["configs"]) - len(ran),
+                  "threads": table["threads"], "isa": recorded_caps(table).cpu.isa, "configs": len(table["configs"]), "failed": len(table["configs"]) - len(ran),
                   "best_ms": min(ran) * 1e3, "default_ms": default * 1e3 if default else None,
                   "random_expected": random_expectation(table)}
         today = todays_default(table)
@@ -152,7 +152,7 @@ def main() -> int:
         for r in rows:
             ratio = r["random"]["median"] / r["gp"]["median"]
             default = f"{r['default_ms'] / r['best_ms']:.2f}x" if r["default_ms"] else "-"
-            print(f"| {r['label']} ({r['variant']}, {r['threads']}T) | {r['configs']} ({r['failed']}) | {default} | "
+            print(f"| {r['label']} ({r['variant']}, {r['threads']}T, {r['isa']}) | {r['configs']} ({r['failed']}) | {default} | "
                   f"{r['gp']['median']:g} ({r['gp']['p90']}) | {r['random']['median']:g} ({r['random']['p90']}) | "
                   f"{r['random_expected']:.1f} | {ratio:.1f}x | {r['tuner']['median']:g} ({r['tuner']['p90']}) | "
                   + (f"{r['today_default_ms'] / r['best_ms']:.2f}x | {r['tuner_today']['median']:g} "
