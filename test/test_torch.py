@@ -800,3 +800,56 @@ def test_cnn_with_a_depthwise_conv_stays_nchw():
     assert "layout nhwc" not in compiled.explain() and not compiled.weight_layouts.permutations
     with torch.no_grad():
         torch.testing.assert_close(compiled(x), model(x), rtol=1e-4, atol=1e-4)
+
+
+class _ConvCat(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.a, self.b, self.c = nn.Conv2d(4, 6, 3, padding=1), nn.Conv2d(4, 5, 1), nn.Conv2d(11, 3, 3, stride=2)
+
+    def forward(self, x):  # a channel concat: the NHWC results meet NCHW ops
+        return self.c(torch.cat([torch.relu(self.a(x)), self.b(x)], 1))
+
+
+class _ConvTwoOutputs(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.a, self.b = nn.Conv2d(3, 8, 3), nn.Conv2d(8, 8, 1)
+
+    def forward(self, x):  # a conv's result read by a gate, a reduction and returned NCHW
+        y = self.a(x)
+        return self.b(y) * torch.sigmoid(y), y.mean((2, 3))
+
+
+class _ConvShared(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.a = nn.Conv2d(6, 6, 3, padding=1)
+
+    def forward(self, x):  # one filter read by two convs; the input subtracted from the result
+        return self.a(torch.relu(self.a(x))) - x
+
+
+class _ConvUpsamplePermute(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.a, self.b, self.head = nn.Conv2d(3, 8, 3, padding=1), nn.Conv2d(8, 8, 2, stride=2), nn.Linear(8, 5)
+
+    def forward(self, x):  # nearest upsampling and a constant between convs, then permutes of the result
+        y = self.b(nn.functional.interpolate(torch.relu(self.a(x)), scale_factor=2) + 1.5)
+        return self.head(y.permute(0, 2, 3, 1)), y.transpose(2, 3)
+
+
+@pytest.mark.parametrize("make, shape", [(_ConvCat, (2, 4, 9, 11)), (_ConvTwoOutputs, (1, 3, 10, 7)),
+                                         (_ConvShared, (1, 6, 8, 8)), (_ConvUpsamplePermute, (2, 3, 5, 6))])
+def test_channels_last_keeps_what_surrounds_the_convs_exact(make, shape):
+    """Ops the transposes are not sunk through (concat, reductions, resampling, permutes, a
+    shared filter, several outputs) see NCHW values exactly as eager computes them."""
+    torch.manual_seed(0)
+    model, x = make().eval(), torch.randn(shape) * 3
+    compiled = tracea.compile(model, (x,))
+    assert compiled.weight_layouts.permutations  # the model did run channels-last
+    with torch.no_grad():
+        got, want = compiled(x), model(x)
+    for g, w in zip(got if isinstance(got, tuple) else (got,), want if isinstance(want, tuple) else (want,)):
+        torch.testing.assert_close(g, w, rtol=1e-5, atol=1e-5)
