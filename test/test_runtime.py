@@ -192,3 +192,34 @@ def test_softmax_of_a_gemm_of_a_softmax_from_the_api(rng):
     a, b, c = (ref.random(rng, (16, 16)) for _ in range(3))
     fn = td.function(*[td.tensor((16, 16))] * 3)(lambda x, y, z: td.softmax(td.gemm(td.softmax(td.gemm(x, y)), z)))
     ref.assert_close(tracea.compile(fn)(a, b, c), ref.softmax(ref.softmax(ref.gemm(a, b)) @ ref.f64(c)), "f32", 16)
+
+
+def test_a_second_copy_of_libomp_is_not_loaded(tmp_path):
+    """A kernel from the disk cache names the libomp of the environment that compiled it (another
+    checkout's venv shares ~/.cache/tracea); a second copy initialized in one process aborts it
+    ("OMP: Error #15"). The copy loaded first serves every kernel; a threaded kernel still runs."""
+    import shutil
+    import subprocess
+    import sys
+    from tracea.targets.cpu.target import openmp_library
+    libomp = openmp_library()
+    if libomp is None:
+        pytest.skip("no LLVM OpenMP runtime (cmeel-libomp) installed")
+    other = tmp_path / "libomp.so"
+    shutil.copy(libomp, other)
+    script = f"""
+import numpy as np, tracea
+from tracea import dialects as td
+from tracea.runtime.libraries import load_runtime_library, loaded_library
+load_runtime_library({str(libomp)!r})
+first = loaded_library({str(libomp)!r})
+load_runtime_library({str(other)!r})
+assert loaded_library({str(other)!r}) is first
+fn = td.function(td.tensor((256, 256)), td.tensor((256, 256)), name="g")(td.gemm)
+a = np.random.rand(256, 256).astype(np.float32)
+assert np.allclose(tracea.compile(fn, threads=2)(a, a), a @ a, rtol=1e-4)
+print("ok")
+"""
+    env = {**__import__("os").environ, "TRACEA_OPENMP": "llvm", "TRACEA_DISK_CACHE": "0"}
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, env=env, timeout=300)
+    assert done.returncode == 0 and "ok" in done.stdout, done.stderr[-2000:]
