@@ -18,9 +18,9 @@ from __future__ import annotations
 
 import argparse
 import glob
-import re
 import json
 import os
+import re
 import statistics
 import sys
 

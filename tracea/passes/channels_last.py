@@ -25,6 +25,7 @@ from dataclasses import dataclass
 import mlir.ir as ir
 from mlir.dialects import arith, linalg, tensor
 
+from .raise_linalg import _all_parallel, _body, _identity, _maps, _producer, _zero_fill
 from .registry import TraceaPass, option, register
 
 TO_NHWC = (0, 2, 3, 1)  # linalg.transpose permutations: result dim i is input dim perm[i]
@@ -35,10 +36,6 @@ _CONVS = ("linalg.conv_2d_nchw_fchw", "linalg.conv_2d_nchw_fchw_q", "linalg.conv
           "linalg.conv_2d_ngchw_gfchw", "linalg.depthwise_conv_2d_nchw_chw", "linalg.conv_2d_nhwc_hwcf",
           "linalg.conv_2d_nhwc_fhwc", "linalg.depthwise_conv_2d_nhwc_hwc")
 _POOLS = {"linalg.pooling_nchw_max": linalg.pooling_nhwc_max, "linalg.pooling_nchw_sum": linalg.pooling_nhwc_sum}
-
-
-def _producer(value: ir.Value) -> ir.Operation | None:
-    return value.owner.operation if isinstance(value.owner, (ir.Operation, ir.OpView)) else None
 
 
 def _permutation(op: ir.Operation | None) -> tuple[int, ...] | None:
@@ -141,9 +138,9 @@ class ChannelsLastPass(TraceaPass):
     def _to_nhwc(op: ir.Operation) -> None:
         x, w, init = op.operands
         with ir.InsertionPoint(op), op.location:
-            x = _transpose(x, TO_NHWC)
-            if tuple(w.type.shape[:2]) == (1, 1) and _ints(op, "strides") == [1, 1] and _bias(init) is not False:
-                conv = _pointwise_as_matmul(x, w, _bias(init))
+            x, bias = _transpose(x, TO_NHWC), _bias(init)
+            if tuple(w.type.shape[:2]) == (1, 1) and _ints(op, "strides") == [1, 1] and bias is not False:
+                conv = _pointwise_as_matmul(x, w, bias)
             else:
                 conv = linalg.conv_2d_nhwc_hwcf(x, w, outs=[_init_like(init, TO_NHWC)],
                                                 strides=_ints(op, "strides"), dilations=_ints(op, "dilations"))
@@ -170,14 +167,14 @@ class ChannelsLastPass(TraceaPass):
 def _init_like(init: ir.Value, perm) -> ir.Value:
     """`init` (a fill or a broadcast of a per-channel vector into an empty tensor) made anew in
     the permuted layout; any other init transposed."""
-    fill = _producer(init)
+    fill, bias = _producer(init), _bias(init)
     shape, element = _permuted(init.type.shape, perm), init.type.element_type
     if fill is not None and fill.name == "linalg.fill":
         return linalg.fill(fill.operands[0], outs=[tensor.empty(shape, element)])
-    if fill is not None and fill.name == "linalg.broadcast" and list(fill.attributes["dimensions"]) == [0, 2, 3]:
+    if isinstance(bias, ir.Value):
         channel = perm.index(1)  # where the channel dim went
         dims = [d for d in range(4) if d != channel]
-        return linalg.broadcast(fill.operands[0], outs=[tensor.empty(shape, element)], dimensions=dims)
+        return linalg.broadcast(bias, outs=[tensor.empty(shape, element)], dimensions=dims)
     return _transpose(init, perm)
 
 
@@ -186,15 +183,7 @@ def _bias(init: ir.Value) -> ir.Value | None | bool:
     fill = _producer(init)
     if fill is not None and fill.name == "linalg.broadcast" and list(fill.attributes["dimensions"]) == [0, 2, 3]:
         return fill.operands[0]
-    if fill is not None and fill.name == "linalg.fill" and _is_zero(fill.operands[0]):
-        return None
-    return False
-
-
-def _is_zero(value: ir.Value) -> bool:
-    constant = _producer(value)
-    return constant is not None and constant.name == "arith.constant" \
-        and isinstance(constant.attributes["value"], ir.FloatAttr) and ir.FloatAttr(constant.attributes["value"]).value == 0.0
+    return None if _zero_fill(init) else False
 
 
 def _pointwise_as_matmul(x: ir.Value, w: ir.Value, bias: ir.Value | None) -> ir.Value:
@@ -210,16 +199,8 @@ def _pointwise_as_matmul(x: ir.Value, w: ir.Value, bias: ir.Value | None) -> ir.
     acc = linalg.fill(zero, outs=[tensor.empty(product.shape, element)])
     result = linalg.matmul(a, b, outs=[acc])
     if bias is not None:
-        maps = [ir.AffineMap.get_identity(2), ir.AffineMap.get(2, 0, [ir.AffineDimExpr.get(1)]),
-                ir.AffineMap.get_identity(2)]
-        parallel = ir.Attribute.parse("#linalg.iterator_type<parallel>")
-        add = linalg.GenericOp([product], [result, bias], [tensor.empty(product.shape, element)],
-                               ir.ArrayAttr.get([ir.AffineMapAttr.get(m) for m in maps]),
-                               ir.ArrayAttr.get([parallel, parallel]))
-        body = add.regions[0].blocks.append(element, element, element)
-        with ir.InsertionPoint(body):
-            linalg.YieldOp([arith.addf(body.arguments[0], body.arguments[1])])
-        result = add.results[0]
+        per_column = ir.AffineMap.get(2, 0, [ir.AffineDimExpr.get(1)])
+        result = _elementwise(lambda x, b: arith.addf(x, b), [result, bias], product, [None, per_column])
     return tensor.expand_shape(ir.RankedTensorType.get([n, h, wd, f], element), result, [[0, 1, 2], [3]], [],
                                [n, h, wd, f])
 
@@ -242,18 +223,16 @@ def _sink_through_elementwise(op: ir.Operation) -> bool:
     """An elementwise generic of identity maps whose every input is transpose(y_i, P) computes
     transpose(generic(y_i), P): the generic runs on the y_i."""
     ins = list(op.operands)[:-1]
-    if len(op.results) != 1 or not ins or len(op.regions[0].blocks[0].arguments) != len(ins) + 1:
+    if len(op.results) != 1 or not ins or len(_body(op).arguments) != len(ins) + 1:
         return False
-    rank = len(op.results[0].type.shape)
-    identity = str(ir.AffineMap.get_identity(rank))
-    if any(str(m.value) != identity for m in ir.ArrayAttr(op.attributes["indexing_maps"])) \
-            or any("parallel" not in str(t) for t in ir.ArrayAttr(op.attributes["iterator_types"])):
+    identity = _identity(len(op.results[0].type.shape))
+    if any(str(m) != identity for m in _maps(op)) or not _all_parallel(op):
         return False
     perms = {_permutation(_producer(v)) for v in ins}
     if len(perms) != 1 or None in perms:
         return False
     perm = perms.pop()
-    if list(op.regions[0].blocks[0].arguments[-1].uses):
+    if list(_body(op).arguments[-1].uses):
         return False  # the body reads its init
     out_type = op.results[0].type
     source_shape = _permuted(out_type.shape, _inverse(perm))
@@ -280,7 +259,7 @@ def _sink_through_pad(op: ir.Operation) -> bool:
     """pad(transpose(y, P)) -> transpose(pad'(y), P), pad' padding y's dims as pad did P's."""
     perm = _permutation(_producer(op.operands[0]))
     if perm is None or len(op.operands) != 1 or len(perm) != len(op.results[0].type.shape) \
-            or any(list(a.uses) for a in op.regions[0].blocks[0].arguments):
+            or any(list(a.uses) for a in _body(op).arguments):
         return False  # (a padding value that depends on the position would need its indices permuted)
     inverse = _inverse(perm)
     for name in ("static_low", "static_high"):
@@ -312,7 +291,7 @@ def _sink_through_pool(op: ir.Operation) -> bool:
 
 def _combiner(op: ir.Operation) -> str | None:
     """The op a pooling's body combines the window's values with."""
-    body = list(op.regions[0].blocks[0].operations)
+    body = list(_body(op).operations)
     return body[0].operation.name if len(body) == 2 else None
 
 
@@ -330,13 +309,16 @@ def _max_of_taps(y: ir.Value, window, strides, dilations, init: ir.Value) -> ir.
     return acc
 
 
-def _elementwise(body, ins: list[ir.Value], out_type: ir.Type) -> ir.Value:
-    """A linalg.generic of identity maps computing body(*elements) over `ins`."""
+def _elementwise(body, ins: list[ir.Value], out_type: ir.Type, maps: list | None = None) -> ir.Value:
+    """A linalg.generic computing body(*elements) over `ins` into a new `out_type`, each input
+    read through its map in `maps` (None, or no `maps`: the identity)."""
     rank, element = len(out_type.shape), out_type.element_type
-    identity = ir.AffineMapAttr.get(ir.AffineMap.get_identity(rank))
+    identity = ir.AffineMap.get_identity(rank)
+    maps = [m or identity for m in (maps or [None] * len(ins))] + [identity]
     parallel = ir.Attribute.parse("#linalg.iterator_type<parallel>")
     op = linalg.GenericOp([out_type], ins, [tensor.empty(out_type.shape, element)],
-                          ir.ArrayAttr.get([identity] * (len(ins) + 1)), ir.ArrayAttr.get([parallel] * rank))
+                          ir.ArrayAttr.get([ir.AffineMapAttr.get(m) for m in maps]),
+                          ir.ArrayAttr.get([parallel] * rank))
     block = op.regions[0].blocks.append(*[element] * (len(ins) + 1))
     with ir.InsertionPoint(block):
         linalg.YieldOp([body(*block.arguments[:len(ins)])])
