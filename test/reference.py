@@ -2,6 +2,9 @@
 from __future__ import annotations
 
 import importlib.util
+import shutil
+import subprocess
+import tempfile
 from pathlib import Path
 
 import numpy as np
@@ -20,6 +23,19 @@ def bench_module(name: str):
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module
+
+
+def machine_code(kernel) -> str:
+    """A CPU kernel's object code disassembled (AT&T syntax); skips where binutils is missing."""
+    import pytest
+    objdump = shutil.which("objdump")
+    if objdump is None:
+        pytest.skip("objdump (binutils) is not installed: cannot read the machine code")
+    with tempfile.NamedTemporaryFile(suffix=".o") as f:
+        f.write(kernel.object_code)
+        f.flush()
+        return subprocess.run([objdump, "-d", "--no-show-raw-insn", f.name], capture_output=True, text=True,
+                              check=True).stdout
 
 
 def random(rng: np.random.Generator, shape, dtype: str = "f32", scale: float = 1.0) -> np.ndarray:

@@ -3,12 +3,14 @@ named profile's SIMD width, registers and caches, and the kernels, run here (LLV
 wider than the host's), match numpy."""
 from __future__ import annotations
 
+import re
+
 import numpy as np
 import pytest
 
 import tracea
 from tracea import dialects as td
-from tracea.doctor.capabilities import CPU_PROFILES as PROFILES, host_cpu
+from tracea.doctor.capabilities import CPU_PROFILES as PROFILES, host_cpu, probe_cpu
 import reference as ref
 
 
@@ -52,3 +54,25 @@ def test_an_unknown_profile_lists_the_known_ones(monkeypatch):
     fn = td.function(td.tensor((4, 4)), name="s")(td.softmax)
     with pytest.raises(ValueError, match="skylake-avx512"):
         tracea.compile(fn)
+
+
+# registers an ISA's machine code never names: AVX2 has 16 ymm registers and no zmm or mask registers
+_FOREIGN_REGISTERS = {"avx2": r"%zmm|%k[0-7]|%[xy]mm(?:1[6-9]|[23]\d)", "sse": r"%[yz]mm|%k[0-7]|%xmm(?:1[6-9]|[23]\d)"}
+_ISA_ORDER = ["sse", "avx2", "avx512"]
+
+
+@pytest.mark.parametrize("profile", [p for p in PROFILES if PROFILES[p].isa in _FOREIGN_REGISTERS])
+def test_kernels_for_a_narrower_isa_are_its_machine_code(monkeypatch, profile):
+    """On a host with a wider ISA (AVX2 planned on AVX-512), the kernel is compiled for the
+    profile's ISA, not the host's with narrower vectors: none of the wider ISA's registers in its
+    machine code, so it times here as it would on that CPU."""
+    planned, host = PROFILES[profile], probe_cpu()
+    if host.arch != planned.arch or _ISA_ORDER.index(host.isa) <= _ISA_ORDER.index(planned.isa):
+        pytest.skip(f"this host ({host.arch} {host.isa}) has no ISA wider than {profile}'s")
+    monkeypatch.setenv("TRACEA_CPU", profile)
+    for name, body, inputs, expected, k in _functions():
+        fn = td.function(*[td.tensor(x.shape) for x in inputs], name=name)(body)
+        kernel = tracea.compile(fn, threads=2)
+        foreign = re.findall(_FOREIGN_REGISTERS[planned.isa], ref.machine_code(kernel))
+        assert not foreign, (profile, name, sorted(set(foreign))[:5])
+        ref.assert_close(kernel(*inputs), expected, "f32", k)

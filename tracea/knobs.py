@@ -43,8 +43,9 @@ def num_threads() -> int | None:
 def cpu_profile() -> str | None:
     """TRACEA_CPU: plan CPU kernels for a named CPU profile instead of this host (e.g.
     skylake-avx512; the names are in tracea.doctor.capabilities.CPU_PROFILES). The kernels still run here:
-    LLVM splits vectors wider than the host's. For tests of other ISAs' code paths, and for
-    inspecting what another machine would get."""
+    LLVM splits vectors wider than the host's, and a narrower ISA's kernels are that ISA's machine
+    code (targets/cpu/native.py: host_machine). For tests of other ISAs' code paths, for timing a
+    narrower ISA on this host, and for inspecting what another machine would get."""
     return os.environ.get("TRACEA_CPU", "").strip() or None
 
 

@@ -138,13 +138,34 @@ def translate_to_llvm_ir(operation) -> str:
         llvm.LLVMContextDispose(context)
 
 
-@functools.cache
+# x86 features above each narrower ISA (name prefixes; LLVM turns back on what an enabled feature
+# implies, so SSE must also drop the VEX-encoded crypto ones): what a kernel planned for that ISA
+# (TRACEA_CPU) must not use
+_WIDER_THAN = {"avx2": ("avx512", "avx10", "amx", "evex512", "avxvnni", "avxifma", "avxneconvert"),
+               "sse": ("avx", "fma", "f16c", "amx", "evex512", "vaes", "vpclmulqdq", "xop", "sha512", "sm3", "sm4")}
+
+
 def host_machine():
-    """The host's target machine: its CPU and features as LLVM detects them (never assumed);
-    position-independent code, so an object links into a shared library as is."""
+    """The target machine kernels are compiled for: the host's CPU and features as LLVM detects
+    them (never assumed), position-independent code, so an object links into a shared library as
+    is. When TRACEA_CPU plans for a narrower x86 ISA than the host's (AVX2 on an AVX-512 host),
+    the host's features above that ISA are turned off: the kernel is then that ISA's machine code
+    (VEX only, 16 vector registers), not the host's with narrower vectors, and times as it would
+    there."""
+    from ...doctor.capabilities import host_cpu, probe_cpu
+    planned, host = host_cpu(), probe_cpu()
+    return _machine(planned.isa if planned.arch == host.arch and planned.isa != host.isa else None)
+
+
+@functools.cache
+def _machine(narrowed_to: str | None):
     llvm = _llvm()
+    features = llvm.get_host_cpu_features()
+    for name in features:
+        if name.startswith(_WIDER_THAN.get(narrowed_to, ())):
+            features[name] = False
     return llvm.Target.from_default_triple().create_target_machine(
-        cpu=llvm.get_host_cpu_name(), features=llvm.get_host_cpu_features().flatten(), opt=2, reloc="pic")
+        cpu=llvm.get_host_cpu_name(), features=features.flatten(), opt=2, reloc="pic")
 
 
 @functools.cache
