@@ -6,6 +6,7 @@ IREE's llvm-cpu, side by side in one run.
     .venv/bin/python bench/cpu.py --interleaved      # as a program mixing them calls them
     .venv/bin/python bench/cpu.py --after --threads 2  # Tracea right after numpy / torch vs alone
     .venv/bin/python bench/cpu.py --interleaved --tune 30   # + each case tuned, beside the default
+    .venv/bin/python bench/cpu.py --interleaved --isa avx2  # everyone held to AVX2 on an AVX-512 host
 
 Each thread count runs in a worker process whose thread pools (OpenBLAS, torch, IREE, Tracea)
 are all set to that count before they start. Within a case the implementations are timed in
@@ -25,6 +26,10 @@ median over the rounds of that ratio within each round (paired_speedups: a slow 
 cancels in each round), beside each one's median GFLOP/s. With --tune, the
 kernel on its variants' default schedules (TRACEA_USE_TUNED=0) and on the tuning cache's, after
 tuning the ops it lacks (tracea/tuner), are timed side by side.
+With --isa avx2 on an AVX-512 host, every implementation is held to AVX2 (ISA_ENV): Tracea plans and
+compiles for the zen3-avx2 profile (TRACEA_CPU), OpenBLAS runs its Zen (Haswell) kernels, oneDNN
+and ATen their AVX2 ones, IREE compiles for znver3. The closest this host comes to an AVX2 machine
+of its own kind: same cores and caches, AVX2 code on both sides.
 """
 from __future__ import annotations
 
@@ -169,6 +174,11 @@ def _torch_call(fn, *arrays):
     return run
 
 
+# --isa: what holds each implementation to an ISA below the host's, and IREE's target CPU
+ISA_ENV = {"avx2": {"TRACEA_CPU": "zen3-avx2", "OPENBLAS_CORETYPE": "Zen", "ONEDNN_MAX_CPU_ISA": "AVX2",
+                    "ATEN_CPU_CAPABILITY": "avx2", "MKL_ENABLE_INSTRUCTIONS": "AVX2", "BENCH_IREE_CPU": "znver3"}}
+
+
 def _iree_call(fn, arrays, threads):
     """IREE llvm-cpu with its best flags on the same program, lowered to linalg by Tracea. The
     compiler runs as a command: its MLIR libraries cannot share a process with Tracea's."""
@@ -186,7 +196,7 @@ def _iree_call(fn, arrays, threads):
             f.write(linalg.text)
         compiler = os.path.join(os.path.dirname(sys.executable), "iree-compile")
         subprocess.run([compiler, src, "-o", out, "--iree-hal-target-backends=llvm-cpu",
-                        "--iree-llvmcpu-target-cpu=host", "--iree-opt-data-tiling=true",
+                        f"--iree-llvmcpu-target-cpu={os.environ.get('BENCH_IREE_CPU', 'host')}", "--iree-opt-data-tiling=true",
                         "--iree-llvmcpu-enable-ukernels=all"], check=True, capture_output=True, text=True)
         with open(out, "rb") as f:
             flatbuffer = f.read()
@@ -252,6 +262,7 @@ def worker(threads: int, only: str | None, rounds: int, mode: str = "blocks", tu
     except ImportError:
         have_iree = False
 
+    print(f"  {threads} thread(s); {_isas()}", file=sys.stderr, flush=True)
     results = []
     for case in cases(only):
         fn, inputs = case.build()
@@ -304,6 +315,20 @@ def worker(threads: int, only: str | None, rounds: int, mode: str = "blocks", tu
         results.append(row)
         print(_format_row(row), file=sys.stderr, flush=True)
     return results
+
+
+def _isas() -> str:
+    """The ISA each implementation runs (what --isa asked for, as each library reports it)."""
+    from tracea.doctor.capabilities import host_cpu
+    parts = [f"Tracea plans {host_cpu().isa}"]
+    try:
+        from threadpoolctl import threadpool_info
+        parts += [f"OpenBLAS {i.get('architecture')}" for i in threadpool_info() if i["internal_api"] == "openblas"]
+    except ImportError:
+        pass
+    if "torch" in sys.modules:
+        parts.append(f"torch {sys.modules['torch'].backends.cpu.get_cpu_capability()}")
+    return ", ".join(parts)
 
 
 def _check_against_peers(name: str, calls: dict[str, Callable]) -> None:
@@ -393,6 +418,8 @@ def main() -> int:
     parser.add_argument("--tune", type=int, default=0, metavar="BUDGET",
                         help="also tune each case's ops (BUDGET evaluations each; the tuning cache answers "
                              "those it has) and time the tuned kernel beside the default")
+    parser.add_argument("--isa", choices=sorted(ISA_ENV),
+                        help="hold Tracea and every peer to this ISA (on a host with a wider one), e.g. avx2 on AVX-512")
     parser.add_argument("--worker", type=int, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.worker:
@@ -409,7 +436,7 @@ def main() -> int:
                "MKL_NUM_THREADS": str(threads), "TRACEA_NUM_THREADS": str(threads),
                # a fresh kernel cache: real compiles are timed, and the tuner's compile workers can hand
                # their kernels over through it
-               "TRACEA_CACHE_DIR": tempfile.mkdtemp(prefix="tracea-bench-")}
+               "TRACEA_CACHE_DIR": tempfile.mkdtemp(prefix="tracea-bench-"), **ISA_ENV.get(args.isa, {})}
         cmd = [sys.executable, os.path.abspath(__file__), "--worker", str(threads), "--rounds", str(args.rounds)]
         if args.only:
             cmd += ["--only", args.only]
