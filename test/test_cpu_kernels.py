@@ -125,6 +125,31 @@ def test_default_schedule_follows_the_host(m, n, k):
         assert -(-m // mr) * mr - m < -(-m // mr)
 
 
+@pytest.mark.parametrize("profile", ["host", "skylake-avx512", "zen3-avx2"])
+@pytest.mark.parametrize("m, n, k", [(1030, 64, 300), (1100, 40, 70), (1024, 33, 17), (1500, 48, 520)])
+def test_a_narrow_n_is_one_register_tile(monkeypatch, profile, m, n, k, rng):
+    """N of 3-4 vectors (33-64 columns on AVX-512) and enough rows: one register tile as wide as
+    N, 6-8 rows in the vector registers, the last vector partly masked where N is not a multiple;
+    not on AVX2's 16 registers (2 rows would be left). Checked against numpy on a fused GEMM."""
+    if profile != "host":
+        monkeypatch.setenv("TRACEA_CPU", profile)
+    host = host_cpu()
+    (mr, nr, _), kc = default_gemm_schedule(m, n, k, host, threads=2).warp_tile, default_gemm_schedule(
+        m, n, k, host, threads=2).tile[2]
+    vectors = -(-n // host.f32_lanes)
+    if host.vector_registers >= 32 and 3 <= vectors <= 4:
+        assert nr == vectors * host.f32_lanes and mr >= 6, (mr, nr)
+        assert mr * vectors + vectors + 1 <= host.vector_registers
+        assert kc == default_gemm_schedule(m, n, k, host, threads=2, whole_narrow_n=False).tile[2]
+    else:
+        assert nr == 2 * host.f32_lanes
+    a, b, bias = ref.random(rng, (m, k), scale=20.0), ref.random(rng, (k, n)), ref.random(rng, (n,))
+    fn = td.function(td.tensor((m, k)), td.tensor((k, n)), td.tensor(n))(
+        lambda x, y, z: td.fused_gemm(x, y, [td.bias_add(z), td.relu()]))
+    out = tracea.compile(fn, threads=2)(a, b, bias)
+    ref.assert_close(out, ref.epilogue(ref.gemm(a, b), [("bias_add", None), ("relu", None)], bias), "f32", k)
+
+
 @pytest.mark.parametrize("m, n, mc, nc", [(256, 784, 256, 800), (128, 784, 128, 800), (64, 3136, 64, 3136),
                                          (512, 392, 256, 416), (100, 1000, 104, 1024), (64, 2048, 64, 2048)])
 @pytest.mark.parametrize("threads", [2, 3, 4])
