@@ -125,6 +125,22 @@ def test_default_schedule_follows_the_host(m, n, k):
         assert -(-m // mr) * mr - m < -(-m // mr)
 
 
+@pytest.mark.parametrize("profile", ["host", "zen3-avx2"])
+@pytest.mark.parametrize("m, n, k", [(2048, 4608, 1024), (512, 5120, 1024), (1024, 8192, 2048)])
+def test_threads_take_n_in_one_b_panel_where_half_of_l3_holds_it(monkeypatch, profile, m, n, k):
+    """On 2 threads a GEMM of several B panels and K blocks ran at 0.53-0.71x of its one-panel
+    speed (GNU OpenMP; cause not found): the panel spans N where half of L3 holds it. One thread
+    keeps the quarter-of-L3 panels."""
+    if profile != "host":
+        monkeypatch.setenv("TRACEA_CPU", profile)
+    host = host_cpu()
+    (_, nc, kc), (_, nr, _) = (s := default_gemm_schedule(m, n, k, host, threads=2)).tile, s.warp_tile
+    if kc * -(-n // nr) * nr * 4 <= host.l3_bytes // 2:
+        assert nc >= n, s.tile
+    one = default_gemm_schedule(m, n, k, host, threads=1).tile
+    assert one[1] * one[2] * 4 <= host.l3_bytes // 4
+
+
 @pytest.mark.parametrize("profile", ["host", "skylake-avx512", "zen3-avx2"])
 @pytest.mark.parametrize("m, n, k", [(1030, 64, 300), (1100, 40, 70), (1024, 33, 17), (1500, 48, 520)])
 def test_a_narrow_n_is_one_register_tile(monkeypatch, profile, m, n, k, rng):
