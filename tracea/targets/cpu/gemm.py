@@ -593,9 +593,10 @@ def gemm_kernel_text(name: str, v: OpView, location: str, gather: ConvGather | N
     b_batch = "%bb" if p.b_batched else t.c(0)
     a_batch = "%bb" if p.a_batched else t.c(0)
     t.for_("%jc", t.c(0), t.c(p.n), t.c(p.nc))
-    nc = t.min_(t.op(f"arith.subi {t.c(p.n)}, %jc : index", "i"), t.c(p.nc))
+    # panels and K blocks of one size where they divide N and K: constants free registers
+    nc = t.c(p.nc) if p.n % p.nc == 0 else t.min_(t.op(f"arith.subi {t.c(p.n)}, %jc : index", "i"), t.c(p.nc))
     t.for_("%pc", t.c(0), t.c(p.k), t.c(p.kc))
-    kc = t.min_(t.op(f"arith.subi {t.c(p.k)}, %pc : index", "i"), t.c(p.kc))
+    kc = t.c(p.kc) if p.k % p.kc == 0 else t.min_(t.op(f"arith.subi {t.c(p.k)}, %pc : index", "i"), t.c(p.kc))
     out.k_block()
 
     # --- pack B: Bp[jr * kc + k * NR + c] = B[pc + k, jc + jr + c] ------------------------------

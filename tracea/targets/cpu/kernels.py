@@ -95,12 +95,6 @@ def default_gemm_schedule(m: int, n: int, k: int, host: CPU, threads: int, *, wh
         blocks = _round_up(blocks, threads)
     mc = _round_up(math.ceil(m / blocks), mr)
     nc = _round_down(host.l3_bytes // 4 // (kc * 4), nr)
-    if threads > 1 and kc * _round_up(n, nr) * 4 <= host.l3_bytes // 2:
-        # One B panel for all of N where half of L3 holds it. On GNU OpenMP's threads a GEMM of
-        # several panels and several K blocks ran at 0.53-0.71x of its one-panel speed (Zen 4, 2
-        # threads: 2048^3 in panels of 1024, 2048x4608x1024, 1024x8192x2048; A packed 0.91x; one
-        # thread and MLIR's async runtime unaffected); the cause is not found yet.
-        nc = _round_up(n, nr)
     nc = _round_up(math.ceil(n / math.ceil(n / nc)), nr)  # N blocks of equal size
     return Schedule(tile=(mc, nc, kc), warp_tile=(mr, nr, 1), lane_map=LaneMap("simd", (lanes,)))
 
