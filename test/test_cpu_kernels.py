@@ -504,17 +504,21 @@ def _vector_spills(kernel) -> int:
 
 
 @pytest.mark.parametrize("profile", ["host", "zen3-avx2"])
-def test_gemm_of_several_panels_and_k_blocks_keeps_its_tile_in_registers(monkeypatch, profile):
-    """2 threads, B in two panels of two K blocks each: the micro-kernel spills no vector
-    register. With the panel's width and the K block's length computed per iteration (min(N - jc,
-    NC)) instead of constants, the extra registers they took made LLVM spill broadcasts of A in
-    the micro-kernel: 18 spills, 2048^3 at 0.67x of its one-panel speed."""
+@pytest.mark.parametrize("shape, explicit", [((1024, 1024, 1024), True), ((2048, 5000, 1000), False)])
+def test_gemm_of_several_panels_and_k_blocks_keeps_its_tile_in_registers(monkeypatch, profile, shape, explicit):
+    """2 threads, B in several panels of several K blocks (two panels of 512 and K blocks of 512;
+    the default's panels of 2528 columns, 2 on AVX-512, and K blocks of 500, not 504): the
+    micro-kernel spills no vector register. With the panel's width and the K block's length both
+    computed per iteration (min(N - jc, NC)), the registers they took made LLVM spill broadcasts
+    of A in the micro-kernel (18 spills on AVX-512, 44 on AVX2): 2048^3 at 0.67x of its one-panel
+    speed, 2048x5000x1000 at 0.63x numpy."""
     if profile != "host":
         monkeypatch.setenv("TRACEA_CPU", profile)
-    lanes = host_cpu().f32_lanes
-    mr = min(8, (host_cpu().vector_registers - 3) // 2)
-    s = td.Schedule(tile=(32 * mr, 512, 512), warp_tile=(mr, 2 * lanes, 1), lane_map=td.LaneMap("simd", (lanes,)))
-    fn = td.function(td.tensor((1024, 1024)), td.tensor((1024, 1024)))(lambda a, b: td.gemm(a, b, schedule=s))
+    m, n, k = shape
+    lanes, mr = host_cpu().f32_lanes, min(8, (host_cpu().vector_registers - 3) // 2)
+    s = td.Schedule(tile=(32 * mr, 512, 512), warp_tile=(mr, 2 * lanes, 1),
+                    lane_map=td.LaneMap("simd", (lanes,))) if explicit else None
+    fn = td.function(td.tensor((m, k)), td.tensor((k, n)))(lambda a, b: td.gemm(a, b, schedule=s))
     assert _vector_spills(tracea.compile(fn, threads=2)) <= 2
 
 
