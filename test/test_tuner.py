@@ -103,6 +103,17 @@ def test_cpu_gemm_space_fits_the_register_file(profile):
     assert ((12, 3 * lanes) in tiles) == (registers >= 12 * 3 + 3 + 1)
 
 
+def test_cpu_gemm_space_cuts_k_into_blocks_of_one_length():
+    """K = 1000: where the K blocks a configuration asks for (ceil(K / tile_k)) divide K, they are
+    all of one length (tile_k 128 -> 8 blocks of 125, 256 -> 250, 512 -> 500): a constant in the
+    kernel, which keeps the micro-kernel's registers (see default_gemm_schedule)."""
+    p = Problem("gemm", "f32", m=2048, n=5000, k=1000, transpose_a=False, transpose_b=False)
+    space = variant("cpu.gemm.packed").search_space(p, host())
+    for c in space.configurations():
+        kc, blocks = space.schedule(c).tile[2], -(-1000 // c["tile_k"])
+        assert kc == (1000 // blocks if 1000 % blocks == 0 else c["tile_k"]), (c["tile_k"], kc)
+
+
 # --- the search ------------------------------------------------------------------------------
 
 def _bowl_space():

@@ -400,6 +400,8 @@ def _gemm_space(p: Problem, caps: Capabilities) -> SearchSpace:
             mc, nc, kc = min(mc, _round_up(m, mr)), min(nc, _round_up(n, nr)), min(kc, _round_up(k, 8))
         if gather is not None:  # a conv's K blocks hold whole runs of the gather (see _conv_check)
             kc = conv_k_block(gather.unit(lanes), k, kc)
+        elif known(k) and k % (blocks := -(-k // kc)) == 0:
+            kc = k // blocks  # as many K blocks, all of one length (default_gemm_schedule says why)
         return replace(s, tile=(mc, nc, kc))
 
     space = (SearchSpace(adjust=fit).lanes(lanes).warp_m([4, 6, 8, 12]).warp_n([lanes, 2 * lanes, 3 * lanes])
