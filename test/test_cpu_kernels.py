@@ -19,7 +19,7 @@ from tracea import dialects as td
 from tracea.codegen.conv_gather import DIRECT_MIN_INTERIOR, ConvGather
 from tracea.dialects.ops import TensorSpec
 from tracea.targets.cpu.gemm import column_chunk
-from tracea.targets.cpu.kernels import FEW_ROWS, FEW_ROWS_KC, default_gemm_schedule
+from tracea.targets.cpu.kernels import FEW_ROWS, FEW_ROWS_KC, MAX_MR, default_gemm_schedule
 from tracea.targets.cpu.target import openmp_library
 from tracea.doctor import PROFILES, Problem, plan
 from tracea.doctor.capabilities import CPU_PROFILES, host_cpu
@@ -134,8 +134,8 @@ def test_a_narrow_n_is_one_register_tile(monkeypatch, profile, m, n, k, rng):
     if profile != "host":
         monkeypatch.setenv("TRACEA_CPU", profile)
     host = host_cpu()
-    (mr, nr, _), kc = default_gemm_schedule(m, n, k, host, threads=2).warp_tile, default_gemm_schedule(
-        m, n, k, host, threads=2).tile[2]
+    s = default_gemm_schedule(m, n, k, host, threads=2)
+    (mr, nr, _), kc = s.warp_tile, s.tile[2]
     vectors = -(-n // host.f32_lanes)
     if host.vector_registers >= 32 and 3 <= vectors <= 4:
         assert nr == vectors * host.f32_lanes and mr >= 6, (mr, nr)
@@ -515,7 +515,7 @@ def test_gemm_of_several_panels_and_k_blocks_keeps_its_tile_in_registers(monkeyp
     if profile != "host":
         monkeypatch.setenv("TRACEA_CPU", profile)
     m, n, k = shape
-    lanes, mr = host_cpu().f32_lanes, min(8, (host_cpu().vector_registers - 3) // 2)
+    lanes, mr = host_cpu().f32_lanes, min(MAX_MR, (host_cpu().vector_registers - 3) // 2)
     s = td.Schedule(tile=(32 * mr, 512, 512), warp_tile=(mr, 2 * lanes, 1),
                     lane_map=td.LaneMap("simd", (lanes,))) if explicit else None
     fn = td.function(td.tensor((m, k)), td.tensor((k, n)))(lambda a, b: td.gemm(a, b, schedule=s))

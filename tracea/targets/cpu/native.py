@@ -154,15 +154,16 @@ def host_machine():
     there."""
     from ...doctor.capabilities import host_cpu, probe_cpu
     planned, host = host_cpu(), probe_cpu()
-    return _machine(planned.isa if planned.arch == host.arch and planned.isa != host.isa else None)
+    return _machine(_WIDER_THAN.get(planned.isa, ()) if planned.arch == host.arch else ())
 
 
 @functools.cache
-def _machine(narrowed_to: str | None):
+def _machine(turned_off: tuple[str, ...]):
+    """The host's machine without the features whose names start with `turned_off`."""
     llvm = _llvm()
     features = llvm.get_host_cpu_features()
     for name in features:
-        if name.startswith(_WIDER_THAN.get(narrowed_to, ())):
+        if name.startswith(turned_off):
             features[name] = False
     return llvm.Target.from_default_triple().create_target_machine(
         cpu=llvm.get_host_cpu_name(), features=features.flatten(), opt=2, reloc="pic")
