@@ -18,7 +18,7 @@ import tracea
 from tracea import dialects as td
 from tracea.codegen.conv_gather import DIRECT_MIN_INTERIOR, ConvGather
 from tracea.dialects.ops import TensorSpec
-from tracea.targets.cpu.gemm import column_chunk
+from tracea.targets.cpu.gemm import column_chunk, k_unroll
 from tracea.targets.cpu.kernels import FEW_ROWS, FEW_ROWS_KC, MAX_MR, default_gemm_schedule
 from tracea.targets.cpu.target import openmp_library
 from tracea.doctor import PROFILES, Problem, plan
@@ -504,14 +504,18 @@ def _vector_spills(kernel) -> int:
 
 
 @pytest.mark.parametrize("profile", ["host", "zen3-avx2"])
-@pytest.mark.parametrize("shape, explicit", [((1024, 1024, 1024), True), ((2048, 5000, 1000), False)])
+@pytest.mark.parametrize("shape, explicit", [((1024, 1024, 1024), True), ((2048, 5000, 1000), False),
+                                             ((2048, 5000, 1002), False), ((2048, 5000, 1001), False),
+                                             ((2048, 5000, 1009), False)])
 def test_gemm_of_several_panels_and_k_blocks_keeps_its_tile_in_registers(monkeypatch, profile, shape, explicit):
     """2 threads, B in several panels of several K blocks (two panels of 512 and K blocks of 512;
     the default's panels of 2528 columns, 2 on AVX-512, and K blocks of 500, not 504): the
     micro-kernel spills no vector register. With the panel's width and the K block's length both
     computed per iteration (min(N - jc, NC)), the registers they took made LLVM spill broadcasts
     of A in the micro-kernel (18 spills on AVX-512, 44 on AVX2): 2048^3 at 0.67x of its one-panel
-    speed, 2048x5000x1000 at 0.63x numpy."""
+    speed, 2048x5000x1000 at 0.63x numpy. K blocks that left the k loop's 4-step unroll a
+    remainder loop (K = 1002 in blocks of 501, 1001 in 504 + 497, 1009 in 512 + 497) spilled as
+    much, even where it never ran: 0.70x numpy on AVX-512, 0.42x on AVX2 (see k_unroll)."""
     if profile != "host":
         monkeypatch.setenv("TRACEA_CPU", profile)
     m, n, k = shape
@@ -520,6 +524,27 @@ def test_gemm_of_several_panels_and_k_blocks_keeps_its_tile_in_registers(monkeyp
                     lane_map=td.LaneMap("simd", (lanes,))) if explicit else None
     fn = td.function(td.tensor((m, k)), td.tensor((k, n)))(lambda a, b: td.gemm(a, b, schedule=s))
     assert _vector_spills(tracea.compile(fn, threads=2)) <= 2
+
+
+@pytest.mark.parametrize("k, kc, unroll", [(16, 8, 4), (40, 16, 4), (21, 7, 7), (18, 9, 3), (30, 12, 6),
+                                            (13, 8, 1), (10, 16, 5), (3, 512, 3), (1, 512, 1)])
+@pytest.mark.parametrize("threads", [1, 2])
+def test_gemm_k_loop_steps_divide_every_k_block(k, kc, unroll, threads):
+    """The micro-kernel's k loop runs a count of steps per iteration that divides every K block
+    (kc and the last, k % kc), with no remainder loop: results against numpy in several M blocks,
+    panels and K blocks, A in place and transposed. A step count that did not divide a block
+    would drop or repeat k's."""
+    assert k_unroll(k, kc) == unroll
+    rng = np.random.default_rng(k * 100 + kc)
+    m, n = 3 * MAX_MR + 5, 3 * LANES + 3
+    for transpose_a in (False, True):
+        a = ref.random(rng, (k, m) if transpose_a else (m, k))
+        b = ref.random(rng, (k, n))
+        s = td.Schedule(tile=(2 * MAX_MR, 2 * LANES, kc), warp_tile=(MAX_MR, LANES, 1), lane_map=td.LaneMap("simd", (LANES,)))
+        fn = td.function(td.tensor(a.shape), td.tensor(b.shape))(
+            lambda x, y: td.gemm(x, y, transpose_a=transpose_a, schedule=s))
+        expected = (a.T if transpose_a else a).astype(np.float64) @ b
+        ref.assert_close(tracea.compile(fn, threads=threads)(a, b), expected, "f32", k)
 
 
 @pytest.mark.parametrize("causal", [False, True])

@@ -110,12 +110,12 @@ class LoopText:
         self.open(f"scf.for {iv} = {lo} to {hi} step {step}")
 
     def reduction(self, lo: str, hi: str, inits: list[str], vtype: str, step, unroll: int = 1,
-                  stride: int = 1) -> list[str]:
+                  stride: int = 1, exact: bool = False) -> list[str]:
         """A loop over k in [lo, hi) by `stride` carrying `inits` (a micro-kernel's accumulators):
         step(k, values) writes one k's ops and returns the new values. With unroll > 1 an
         iteration runs `unroll` steps and a second loop the rest, one at a time (the trip
         counts here are run-time values, which LLVM does not unroll); hi - lo must be a multiple
-        of `stride`. Returns the final values."""
+        of `stride`, and with `exact` of unroll * stride (no second loop). Returns the final values."""
         def loop(lo: str, hi: str, inits: list[str], unroll: int) -> list[str]:
             def body(iv: str, values: list[str]) -> list[str]:
                 for u in range(unroll):
@@ -123,8 +123,8 @@ class LoopText:
                 return values
             return self.carried_for(lo, hi, self.c(unroll * stride), inits, vtype, body)
 
-        if unroll == 1:
-            return loop(lo, hi, inits, 1)
+        if unroll == 1 or exact:
+            return loop(lo, hi, inits, unroll)
         whole = self.add(lo, self.mul(self.op(f"arith.divui {self.op(f'arith.subi {hi}, {lo} : index', 'i')}, "
                                              f"{self.c(unroll * stride)} : index", "i"), self.c(unroll * stride)))
         return loop(whole, hi, loop(lo, whole, inits, unroll), 1)
