@@ -1,6 +1,7 @@
 """The Metal target: MSL written by SPIRV-Cross from the Vulkan target's SPIR-V, compared with
-golden files (no Metal compiler exists off macOS) and checked for its entry point, buffers and
-threadgroup use; run through PyObjC on macOS only.
+golden files (no Metal compiler exists off macOS), parsed and type-checked by clang's front end
+(msl_check) and checked for its entry point, buffers and threadgroup use; run through PyObjC on
+macOS only.
 
 Regenerate the golden files after an intended change: TRACEA_UPDATE_GOLDEN=1 pytest test/test_metal.py"""
 from __future__ import annotations
@@ -18,12 +19,13 @@ import reference as ref
 import tracea
 from tracea import dialects as td
 from tracea.runtime.gpu_artifact import MetalKernelArtifact
+from tracea.targets.spirv.msl_check import msl_errors
 
 GOLDEN = Path(__file__).parent / "golden" / "metal"
 pytestmark = pytest.mark.skipif(shutil.which("spirv-cross") is None,
                                 reason="SPIRV-Cross is not installed (apt-get install spirv-cross)")
 on_macos = pytest.mark.skipif(sys.platform != "darwin", reason="Metal runs on macOS only; here the MSL is checked "
-                                                                "against golden files")
+                                                                "against golden files and clang's front end")
 
 
 def _programs():
@@ -51,9 +53,53 @@ def test_msl_matches_its_golden_file_and_is_a_whole_kernel(name):
     buffers = sorted(int(i) for i in re.findall(r"\[\[buffer\((\d+)\)\]\]", signature.group(1)))
     assert buffers == list(range(len(artifact.params)))  # buffer i is parameter i
     assert "[[threadgroup_position_in_grid]]" in signature.group(1)
-    assert artifact.msl.count("{") == artifact.msl.count("}")
+    assert msl_errors(artifact.msl) == []
     threads = artifact.block[0] * artifact.block[1] * artifact.block[2]
     assert threads <= 1024 and threads % 32 == 0  # whole simdgroups, within Metal's limit
+
+
+def _more_programs():
+    t = td.tensor
+    return {
+        "batched_gemm": td.function(t((3, 20, 30)), t((3, 30, 10)))(td.gemm),
+        "gemm_silu": td.function(t((20, 30)), t((40, 30)))(lambda a, w: td.fused_gemm(a, w, [td.silu()], transpose_b=True)),
+        "gemm_hardswish": td.function(t((20, 30)), t((40, 30)))(
+            lambda a, w: td.fused_gemm(a, w, [td.hardswish()], transpose_b=True)),
+        "gemm_gelu_tanh": td.function(t((20, 30)), t((40, 30)))(
+            lambda a, w: td.fused_gemm(a, w, [td.gelu(approximate="tanh")], transpose_b=True)),
+        "softmax_3d": td.function(t((2, 3, 257)))(td.softmax),
+        "attention_scaled": td.function(t((2, 2, 17, 16)), t((2, 2, 33, 16)), t((2, 2, 33, 24)))(
+            lambda q, k, v: td.attention(q, k, v, scale=0.3)),
+    }
+
+
+@pytest.mark.parametrize("name", list(_more_programs()))
+def test_msl_of_every_kind_of_kernel_type_checks(name):
+    """Beyond the golden files: the MSL of the other kernels the Metal target makes (batched,
+    other epilogues, a 3-D softmax, attention with its own scale and value width) parses and
+    type-checks (msl_check: clang's front end against a shim of Metal's library)."""
+    assert msl_errors(tracea.compile_gpu(_more_programs()[name], chip="metal-apple").msl) == []
+
+
+@pytest.mark.parametrize("edit, error", [
+    (("_workgroup_mem_0._m0[gl_LocalInvocationID.x] = ", "_workgroup_mem_0._m0[gl_LocalInvocationID.x] = _undeclared + "),
+     "undeclared identifier '_undeclared'"),
+    (("threadgroup _7 _workgroup_mem_0;", "threadgroup _7 _workgroup_mem_0; device float* p = &_workgroup_mem_0._m0[0];"),
+     "__global float .* with an rvalue of type '__local float"),
+    (("gl_LocalInvocationID.x;", "gl_LocalInvocationID;"), "uint3"),
+    (("threadgroup_barrier(mem_flags::mem_threadgroup);", "threadgroup_barrier(mem_flags::mem_threadgroups);"),
+     "no member named 'mem_threadgroups'"),
+])
+def test_the_msl_check_finds_what_a_metal_compiler_would(edit, error):
+    """The check is not a formality: MSL with an undeclared name, a threadgroup pointer taken as a
+    device one, a vector where a scalar goes, or a misspelt barrier flag is reported, with the
+    line."""
+    msl = tracea.compile_gpu(_programs()["softmax"], chip="metal-apple").msl
+    assert edit[0] in msl
+    errors = msl_errors(msl.replace(edit[0], edit[1], 1))
+    assert len(errors) == 1 and re.search(error, errors[0]), errors
+    line = int(errors[0].split(":")[0])
+    assert edit[1].split()[0] in msl.replace(edit[0], edit[1], 1).splitlines()[line - 1]
 
 
 def test_an_artifact_round_trips_and_compiling_for_metal_off_macos_names_the_reason(tmp_path):

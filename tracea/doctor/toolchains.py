@@ -131,4 +131,6 @@ def toolchains() -> list[Tool]:
                  "pip install vulkan==1.3.275.1 (and a driver: apt-get install mesa-vulkan-drivers)"),
         _vulkan_devices(),
         _on_path("spirv-cross", "SPIR-V to MSL / GLSL (Metal)", "apt-get install spirv-cross"),
+        _package("libclang", "parses and type-checks MSL where no Metal compiler exists (the Metal tests)",
+                 "pip install libclang==18.1.1"),
     ]
