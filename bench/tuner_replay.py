@@ -50,6 +50,12 @@ def replay_space(configs: list[dict]):
     return Recorded(knobs=knobs)
 
 
+def _on_host(table: dict) -> str:
+    """The host's ISA (" on avx512") for a table recorded with a narrower ISA forced on that host."""
+    found = re.search(r"x86_64 (\w+) ", table["machine"].get("host", ""))
+    return f" on {found.group(1)}" if found else ""
+
+
 def evaluations_to_reach(table: dict, strategy: str, seed: int, cap: int, within: float = 0.05,
                          default: str | None = None) -> int | None:
     from tracea.tuner.search import Evaluation, search
@@ -126,7 +132,7 @@ def main() -> int:
         ran = [r["seconds"] for r in table["configs"].values() if r["seconds"] is not None]
         default = table["configs"].get(table.get("default") or "", {}).get("seconds")
         result = {"table": os.path.basename(path), "label": table["label"], "variant": table["variant"],
-                  "threads": table["threads"], "isa": recorded_caps(table).cpu.isa, "configs": len(table["configs"]), "failed": len(table["configs"]) - len(ran),
+                  "threads": table["threads"], "isa": recorded_caps(table).cpu.isa + _on_host(table), "configs": len(table["configs"]), "failed": len(table["configs"]) - len(ran),
                   "best_ms": min(ran) * 1e3, "default_ms": default * 1e3 if default else None,
                   "random_expected": random_expectation(table)}
         today = todays_default(table)

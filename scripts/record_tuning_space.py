@@ -6,7 +6,8 @@ data bench/tuner_replay.py replays the tuner and random search on (issue 25, ite
     .venv/bin/python scripts/record_tuning_space.py gemm-512 --device vulkan:0   # on a Vulkan device
 
 Writes bench/tuning_spaces/<problem>-<threads>t-<isa>.json (avx2, avx512, ...: the host's
-vectors; <problem>-vulkan.json on a Vulkan device): the machine (CPU record, model name, kernel; the device and its driver), the date, the space, and per configuration its time (the lower of two passes' medians,
+vectors; <isa>-on-<host's isa> when TRACEA_CPU plans for a narrower ISA than the host's, e.g.
+TRACEA_CPU=zen3-avx2 on an AVX-512 host, the table's machine then naming both; <problem>-vulkan.json on a Vulkan device): the machine (CPU record, model name, kernel; the device and its driver), the date, the space, and per configuration its time (the lower of two passes' medians,
 the second pass in reverse order) with each pass's samples, or its error. Takes minutes per
 problem: each configuration is compiled (in worker processes) and timed twice.
 """
@@ -51,9 +52,19 @@ def machine(device) -> dict:
     except (OSError, StopIteration):
         pass
     found = {"cpu": host().describe(), "model": model, "kernel": platform.release()}
+    if narrower_than_host():  # TRACEA_CPU plans (and compiles) for a narrower ISA than the host's
+        from tracea.doctor.capabilities import probe_cpu
+        found["host"] = probe_cpu().describe()
     if device.backend != "cpu":
         found["device"] = device.describe()
     return found
+
+
+def narrower_than_host() -> str | None:
+    """The host's ISA when the plan is for a narrower one (TRACEA_CPU=zen3-avx2 on AVX-512)."""
+    from tracea.doctor.capabilities import host_cpu, probe_cpu
+    planned, found = host_cpu(), probe_cpu()
+    return found.isa if planned.arch == found.arch and planned.isa != found.isa else None
 
 
 def record(name: str, threads: int, workers: int, device: str = "cpu") -> str:
@@ -100,7 +111,8 @@ def record(name: str, threads: int, workers: int, device: str = "cpu") -> str:
             "seconds": round(time.perf_counter() - began, 1), "configs": table}
     os.makedirs(OUT, exist_ok=True)
     cpu = tuner.caps.backend == "cpu"
-    path = os.path.join(OUT, f"{name}-{threads}t-{tuner.caps.cpu.isa}.json" if cpu else f"{name}-vulkan.json")
+    on = f"-on-{narrower_than_host()}" if cpu and narrower_than_host() else ""
+    path = os.path.join(OUT, f"{name}-{threads}t-{tuner.caps.cpu.isa}{on}.json" if cpu else f"{name}-vulkan.json")
     with open(path, "w") as f:
         json.dump(data, f, indent=1, sort_keys=True)
     return path
