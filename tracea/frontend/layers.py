@@ -186,11 +186,30 @@ def import_pieces(program, pieces: list[Piece], what: str) -> str:
                 exported = _piece_program(program, piece)
             except Exception as e:  # noqa: BLE001 - the piece does not retrace alone
                 raise CompileError(f"a piece of {what} did not export alone: {e}") from None
-            texts[key] = _imported(lambda fx: fx.export_and_import(  # noqa: B023 - called at once
+            text = _imported(lambda fx: fx.export_and_import(  # noqa: B023 - called at once
                 exported, output_type="linalg-on-tensors", func_name=_function_name(key)), what)
+            texts[key] = (text, _result_layout(exported, what))
         return texts
     texts = _in_child(what, lower_all)
     return _stitch(program, pieces, texts)
+
+
+def _result_layout(exported, what: str) -> list[tuple[str, int]]:
+    """What each result of a piece's function is: ("output", k), its k-th output, or ("input", j),
+    the new value of its j-th argument, which an op of the piece changed in place (`relu_` on the
+    layer's input): torch.export returns those first."""
+    from torch.export.graph_signature import InputKind, OutputKind
+    arguments = [spec.arg.name for spec in exported.graph_signature.input_specs if spec.kind == InputKind.USER_INPUT]
+    layout, outputs = [], 0
+    for spec in exported.graph_signature.output_specs:
+        if spec.kind == OutputKind.USER_INPUT_MUTATION and spec.target in arguments:
+            layout.append(("input", arguments.index(spec.target)))
+        elif spec.kind == OutputKind.USER_OUTPUT:
+            layout.append(("output", outputs))
+            outputs += 1
+        else:
+            raise CompileError(f"a piece of {what} changes {spec.target} in place ({spec.kind.name})")
+    return layout
 
 
 _ELEMENT = {"torch.float32": "f32", "torch.float16": "f16", "torch.bfloat16": "bf16", "torch.float64": "f64",
@@ -205,7 +224,7 @@ def _tensor_type(value) -> str:
     return f"tensor<{''.join(f'{d}x' for d in value.shape)}{element}>"
 
 
-def _stitch(program, pieces: list[Piece], texts: dict[str, str]) -> str:
+def _stitch(program, pieces: list[Piece], texts: dict[str, tuple[str, list]]) -> str:
     import mlir.ir as ir
     from mlir.dialects import func
     from torch.export.graph_signature import InputKind
@@ -219,7 +238,7 @@ def _stitch(program, pieces: list[Piece], texts: dict[str, str]) -> str:
     with make_context(threads=False), ir.Location.unknown():
         module = ir.Module.create()
         signatures = {}
-        for key, text in texts.items():
+        for key, (text, _) in texts.items():
             parsed = ir.Module.parse(text)
             for op in list(parsed.body.operations):
                 op = op.operation
@@ -233,13 +252,19 @@ def _stitch(program, pieces: list[Piece], texts: dict[str, str]) -> str:
         with ir.InsertionPoint(main.entry_block):
             for piece in pieces:
                 signature = signatures[piece.key]
-                passed = [values[n] for n in piece.inputs if _constant(program, n) is None]
+                arguments_of_piece = [n for n in piece.inputs if _constant(program, n) is None]
+                passed = [values[n] for n in arguments_of_piece]
                 if [v.type for v in passed] != list(signature.inputs):
                     raise CompileError("a piece's imported arguments differ from the values flowing into it")
+                layout = texts[piece.key][1]
+                if len(layout) != len(signature.results) or sum(k == "output" for k, _ in layout) != len(piece.outputs):
+                    raise CompileError("a piece's imported results differ from the values flowing out of it")
                 call = func.CallOp(list(signature.results), ir.FlatSymbolRefAttr.get(_function_name(piece.key)),
                                    passed)
                 call.operation.attributes["no_inline"] = ir.UnitAttr.get()
-                values.update(zip(piece.outputs, call.results))
+                for (kind, index), result in zip(layout, call.results):
+                    # an argument changed in place: later ops see its new value, as in eager
+                    values[arguments_of_piece[index] if kind == "input" else piece.outputs[index]] = result
             if any(r not in values for r in results):
                 raise CompileError("the model returns a value no piece computes")
             func.ReturnOp([values[r] for r in results])

@@ -11,6 +11,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import mlir.ir as ir
+from mlir.dialects import arith, memref
 
 from ... import knobs
 from ...dialects.functions import function_signature, public_functions
@@ -175,6 +176,39 @@ class ForwardOutputsPass(TraceaPass):
 _RESHAPES = ("memref.expand_shape", "memref.collapse_shape")
 
 
+@register
+@dataclass(frozen=True)
+class DistinctResultsPass(TraceaPass):
+    NAME = "tracea-cpu-distinct-results"
+    SUMMARY = ("after bufferization: a function returning one buffer more than once returns a copy for "
+               "each repeat (MLIR's buffer-results-to-out-params{hoist-static-allocs} crashed on "
+               "`return %x, %x`)")
+
+    def run(self, module: ir.Operation) -> None:
+        for func_op in module.regions[0].blocks[0].operations:
+            func_op = func_op.operation
+            if func_op.name != "func.func" or not func_op.regions[0].blocks:
+                continue
+            for block in func_op.regions[0].blocks:
+                returned = list(block.operations)[-1].operation
+                if returned.name != "func.return":
+                    continue
+                seen = []
+                for i, value in enumerate(list(returned.operands)):
+                    if value not in seen:
+                        seen.append(value)
+                        continue
+                    kind = value.type
+                    if not isinstance(kind, ir.MemRefType) or kind.layout.value != ir.AffineMap.get_identity(kind.rank):
+                        continue  # (tensors, views: not what bufferization returns here)
+                    with ir.InsertionPoint(returned), returned.location:
+                        sizes = [memref.DimOp(value, arith.ConstantOp(ir.IndexType.get(), d)).result
+                                 for d in range(kind.rank) if kind.is_dynamic_dim(d)]
+                        copy = memref.AllocOp(kind, sizes, []).result
+                        memref.CopyOp(value, copy)
+                    returned.operands[i] = copy
+
+
 def _inverse_reshape(view: ir.Operation, value: ir.Value) -> ir.Value:
     """`value` (shaped as the reshape `view`'s result) shaped as its source, by the opposite reshape."""
     source_type = view.operands[0].type
@@ -232,7 +266,7 @@ register_pipeline("tracea-cpu-bufferize", "C entry points, inlining, one-shot bu
                   # functions a model's layers were imported into (frontend/layers.py) are called
                   # with buffers for their results: returned buffers made the deallocation check
                   # aliasing at run time in i1 memrefs, which this LLVM build cannot lower
-                  "buffer-results-to-out-params{hoist-static-allocs=true}, "
+                  "tracea-cpu-distinct-results, buffer-results-to-out-params{hoist-static-allocs=true}, "
                   "tracea-cpu-forward-outputs, buffer-deallocation-pipeline")
 register_pipeline("tracea-cpu-to-llvm", "lower bufferized IR to the LLVM dialect (parallel loops run serially)",
                   llvm_lowering(1))
