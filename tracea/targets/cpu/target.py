@@ -242,7 +242,7 @@ def tiled_lowering(threads: int = 0) -> str:
             f"tracea-cpu-conv{t}, tracea-cpu-kernels{t}, tracea-lower-to-linalg, {TORCH_NUMERICS}, "
             # unit dims dropped and elementwise producers fused into their consumers: torch's
             # decomposed layer norm becomes a few loop nests instead of ten (encoder 2.11 -> 1.90 ms)
-            f"linalg-generalize-named-ops, linalg-fold-unit-extent-dims, tracea-split-casts, linalg-fuse-elementwise-ops, "
+            f"linalg-generalize-named-ops, tracea-exact-windows, linalg-fold-unit-extent-dims, tracea-split-casts, linalg-fuse-elementwise-ops, "
             "canonicalize, "
             f"cse, tracea-cpu-tile-linalg{t}, tracea-vector-exp")
 
