@@ -884,3 +884,29 @@ def test_windows_whose_stride_skips_the_last_rows_match_eager(fn, shape):
     assert compiled.placement.regions == 1 and not compiled.placement.eager
     with torch.no_grad():
         np.testing.assert_allclose(compiled(x).numpy(), model(x).numpy(), rtol=1e-5, atol=1e-5)
+
+
+class _Box:
+    def __init__(self, value):
+        self.value = value
+
+
+class _ReturnsObjects(nn.Module):
+    def __init__(self, holds_tensor):
+        super().__init__()
+        self.holds_tensor = holds_tensor
+
+    def forward(self, x):
+        return x * 2, _Box({"next": [x + 1]} if self.holds_tensor else "a label")
+
+
+def test_an_output_object_holding_tensors_is_refused_not_returned_stale():
+    """An output that is neither a tensor nor a pytree node was returned as the object the trace
+    made: one holding tensors (transformers' DynamicCache with use_cache=True) then handed out
+    the trace's FakeTensors on every call, silently. Now the compile names it and the ways out;
+    an object holding no tensor is still returned as is."""
+    x = torch.ones(2)
+    with pytest.raises(tracea.CompileError, match="returns a _Box holding tensors.*use_cache=False"):
+        tracea.compile(_ReturnsObjects(True), (x,))
+    y, box = tracea.compile(_ReturnsObjects(False), (x,))(torch.full((2,), 5.0))
+    assert torch.equal(y, torch.full((2,), 10.0)) and box.value == "a label"

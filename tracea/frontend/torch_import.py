@@ -55,6 +55,12 @@ class OutputLayout:
             elif isinstance(leaf, (torch.SymInt, torch.SymFloat, torch.SymBool)):
                 raise CompileError("the model returns a Python number computed from tensor data "
                                    f"({type(leaf).__name__}); return a tensor instead (e.g. drop .item())")
+            elif _holds_tensor(leaf):
+                raise CompileError(
+                    f"the model returns a {type(leaf).__name__} holding tensors, which Tracea cannot rebuild on "
+                    "each call (it is not a tuple, list, dict or registered pytree node): return its tensors "
+                    "instead; for a Hugging Face model's cache pass use_cache=False; or use "
+                    "torch.compile(model, backend='tracea'), which keeps Python objects")
             else:
                 self.constants.append(("constant", leaf))
         tensors = tuple(leaf for leaf in leaves if isinstance(leaf, torch.Tensor))
@@ -65,6 +71,24 @@ class OutputLayout:
         from torch.utils._pytree import tree_unflatten
         it = iter(tensors)
         return tree_unflatten([next(it) if c is None else c[1] for c in self.constants], self.spec)
+
+
+def _holds_tensor(value, depth: int = 4) -> bool:
+    """Whether `value` (an output leaf that is not a tensor) refers to a tensor in its attributes
+    or containers, a few levels deep: returned as a constant, it would hand out the tensors of
+    the trace (a Hugging Face DynamicCache of FakeTensors)."""
+    import torch
+    if isinstance(value, torch.Tensor):
+        return True
+    if depth == 0 or isinstance(value, (str, bytes, int, float, bool, type(None), type)):
+        return False
+    if isinstance(value, dict):
+        children = list(value.values())
+    elif isinstance(value, (list, tuple, set, frozenset)):
+        children = list(value)
+    else:
+        children = list(getattr(value, "__dict__", {}).values())
+    return any(_holds_tensor(child, depth - 1) for child in children[:1000])
 
 
 @dataclass
