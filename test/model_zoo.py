@@ -123,10 +123,15 @@ MODELS = {f.__name__: f for f in (bert, gpt2, vit_hf, t5_encoder, llama, resnet5
 
 
 def build(name: str):
-    """(model in eval mode, example inputs). Weights some builders zero-initialize (torchvision
+    """(model in eval mode, example inputs) of MODELS[name]."""
+    return prepared(MODELS[name])
+
+
+def prepared(make):
+    """make() -> (model, inputs), in eval mode. Weights some builders zero-initialize (torchvision
     ViT's head) are made random, so that every output depends on the whole model."""
     torch.manual_seed(0)
-    model, inputs = MODELS[name]()
+    model, inputs = make()
     with torch.no_grad():
         for p in model.parameters():
             if p.dim() >= 2 and not p.any():
