@@ -26,7 +26,7 @@ from mlir.dialects import arith, linalg, tensor
 
 from ..runtime.faults import FAULTS
 from .fault_counters import count_fault, declare_counter
-from .registry import TraceaPass, register
+from .registry import TraceaPass, ops_named, register
 
 INDEX_COUNTER, CHECK_COUNTER = FAULTS[1][0], FAULTS[2][0]
 
@@ -49,18 +49,6 @@ def _safe(value: ir.Value, size: int) -> bool:
     return size != ir.ShapedType.get_dynamic_size() and _in_range_constant(value, size)
 
 
-def _ops_named(root: ir.Operation, name: str) -> list[ir.Operation]:
-    found = []
-
-    def visit(op):
-        if op.operation.name == name:
-            found.append(op.operation)
-        return ir.WalkResult.ADVANCE
-
-    root.walk(visit)
-    return found
-
-
 def _defined_outside(value: ir.Value, root: ir.Operation) -> bool:
     op = value.owner.operation if isinstance(value, ir.OpResult) else value.owner.owner
     while op is not None:
@@ -74,7 +62,7 @@ def _guard_extracts(generic: ir.Operation) -> list[ir.Value]:
     """Clamp each unsafe index of the extracts in `generic`'s body (of tensors from outside it);
     the i1 'in range' values."""
     in_range = []
-    for extract in _ops_named(generic, "tensor.extract"):
+    for extract in ops_named(generic, "tensor.extract"):
         if not _defined_outside(extract.operands[0], generic):
             continue
         source = extract.operands[0]
@@ -197,7 +185,7 @@ class CheckIndicesPass(TraceaPass):
         used = set()
         for generic in generics:
             in_range = _guard_extracts(generic)
-            body_asserts = _ops_named(generic, "cf.assert")
+            body_asserts = ops_named(generic, "cf.assert")
             groups = {INDEX_COUNTER: list(in_range), CHECK_COUNTER: []}
             for check in body_asserts:
                 groups[_counter_for(ir.StringAttr(check.attributes["msg"]).value)].append(check.operands[0])

@@ -18,7 +18,7 @@ from dataclasses import dataclass
 import mlir.ir as ir
 from mlir.dialects import tensor
 
-from .registry import TraceaPass, register
+from .registry import TraceaPass, ops_named, register
 
 
 def _terms(expr) -> dict[int, int] | None:
@@ -74,13 +74,5 @@ class ExactWindowsPass(TraceaPass):
                "reach, so that folding unit dims leaves a valid op (pooling 3/2 on 4 x 4)")
 
     def run(self, module: ir.Operation) -> None:
-        ops: list[ir.Operation] = []
-
-        def collect(op):
-            if op.operation.name == "linalg.generic":
-                ops.append(op.operation)
-            return ir.WalkResult.ADVANCE
-
-        module.walk(collect)
-        for op in ops:
+        for op in ops_named(module, "linalg.generic"):
             _cut(op)

@@ -127,6 +127,19 @@ class NamedPipeline:
 PIPELINES: dict[str, NamedPipeline] = {}
 
 
+def ops_named(root: ir.Operation, name: str) -> list[ir.Operation]:
+    """The ops called `name` nested in `root`, in walk order (collected first: rewrites may follow)."""
+    found = []
+
+    def visit(op):
+        if op.operation.name == name:
+            found.append(op.operation)
+        return ir.WalkResult.ADVANCE
+
+    root.walk(visit)
+    return found
+
+
 def register(cls: type[TraceaPass]) -> type[TraceaPass]:
     if cls.NAME in PASSES or cls.NAME in PIPELINES:
         raise ValueError(f"pass name {cls.NAME} registered twice")

@@ -607,8 +607,7 @@ def gemm_kernel_text(name: str, v: OpView, location: str, gather: ConvGather | N
     # panels and K blocks of one size where they divide N and K: constants free registers
     nc = t.c(p.nc) if p.n % p.nc == 0 else t.min_(t.op(f"arith.subi {t.c(p.n)}, %jc : index", "i"), t.c(p.nc))
     t.for_("%pc", t.c(0), t.c(p.k), t.c(p.kc))
-    kc = t.c(min(p.kc, p.k)) if p.k % min(p.kc, p.k) == 0 else \
-        t.min_(t.op(f"arith.subi {t.c(p.k)}, %pc : index", "i"), t.c(p.kc))
+    kc = t.c(kc_max) if p.k % kc_max == 0 else t.min_(t.op(f"arith.subi {t.c(p.k)}, %pc : index", "i"), t.c(p.kc))
     out.k_block()
 
     # --- pack B: Bp[jr * kc + k * NR + c] = B[pc + k, jc + jr + c] ------------------------------

@@ -187,7 +187,7 @@ class DistinctResultsPass(TraceaPass):
     def run(self, module: ir.Operation) -> None:
         for func_op in module.regions[0].blocks[0].operations:
             func_op = func_op.operation
-            if func_op.name != "func.func" or not func_op.regions[0].blocks:
+            if func_op.name != "func.func":
                 continue
             for block in func_op.regions[0].blocks:
                 returned = list(block.operations)[-1].operation

@@ -53,8 +53,8 @@ template <typename T> T select(T a, T b, bool c);
 }
 """
 
-_ARGS = ["-x", "cl", "-cl-std=clc++2021", "-cl-no-stdinc", "-cl-single-precision-constant", "-fsyntax-only", "-Wno-unknown-attributes",
-         "-I/tracea-metal-shim"]
+_ARGS = ["-x", "cl", "-cl-std=clc++2021", "-cl-no-stdinc", "-cl-single-precision-constant", "-fsyntax-only",
+         "-Wno-unknown-attributes", "-I/tracea-metal-shim"]
 
 
 def msl_errors(msl: str, name: str = "kernel.metal") -> list[str]:
