@@ -125,6 +125,23 @@ def test_default_schedule_follows_the_host(m, n, k):
         assert -(-m // mr) * mr - m < -(-m // mr)
 
 
+@pytest.mark.parametrize("m, n, tile", [(128, 1024, (4, 24)), (64, 768, (4, 24)), (44, 70, (4, 24)),
+                                         (512, 512, (6, 16)), (1000, 3000, (6, 16)), (96, 64, (6, 16))])
+def test_avx2_register_tile_pads_the_gemm_least(monkeypatch, m, n, tile, rng):
+    """On 16 registers the GEMM takes 4 x 24 (as many accumulators as 6 x 16) where 6 x 16 pads
+    M x N by over 1 % more (128 rows: 22 strips of 6 are 132 rows), else 6 x 16. The 4 x 24 tile
+    with row and masked column edges, on AVX2 machine code and 2 threads, against numpy."""
+    monkeypatch.setenv("TRACEA_CPU", "zen3-avx2")
+    k = 300
+    assert default_gemm_schedule(m, n, k, host_cpu(), threads=2).warp_tile[:2] == tile
+    if m == 44:
+        a, b, bias = ref.random(rng, (m, k), scale=20.0), ref.random(rng, (k, n)), ref.random(rng, (n,))
+        fn = td.function(td.tensor((m, k)), td.tensor((k, n)), td.tensor(n))(
+            lambda x, y, z: td.fused_gemm(x, y, [td.bias_add(z), td.relu()]))
+        out = tracea.compile(fn, threads=2)(a, b, bias)
+        ref.assert_close(out, ref.epilogue(ref.gemm(a, b), [("bias_add", None), ("relu", None)], bias), "f32", k)
+
+
 @pytest.mark.parametrize("profile", ["host", "skylake-avx512", "zen3-avx2"])
 @pytest.mark.parametrize("m, n, k", [(1030, 64, 300), (1100, 40, 70), (1024, 33, 17), (1500, 48, 520)])
 def test_a_narrow_n_is_one_register_tile(monkeypatch, profile, m, n, k, rng):
@@ -140,7 +157,7 @@ def test_a_narrow_n_is_one_register_tile(monkeypatch, profile, m, n, k, rng):
     if host.vector_registers >= 32 and 3 <= vectors <= 4:
         assert nr == vectors * host.f32_lanes and mr >= 6, (mr, nr)
         assert mr * vectors + vectors + 1 <= host.vector_registers
-        assert kc == default_gemm_schedule(m, n, k, host, threads=2, whole_narrow_n=False).tile[2]
+        assert kc == default_gemm_schedule(m, n, k, host, threads=2, shaped_tile=False).tile[2]
     else:
         assert nr == 2 * host.f32_lanes
     a, b, bias = ref.random(rng, (m, k), scale=20.0), ref.random(rng, (k, n)), ref.random(rng, (n,))

@@ -58,18 +58,21 @@ DIRECT_MAX_MR = 4
 FEW_ROWS, FEW_ROWS_KC = 160, 1024  # GEMMs of at most this many rows: one M block, K up to this in one block
 
 
-def default_gemm_schedule(m: int, n: int, k: int, host: CPU, threads: int, *, whole_narrow_n: bool = True) -> Schedule:
+def default_gemm_schedule(m: int, n: int, k: int, host: CPU, threads: int, *, shaped_tile: bool = True) -> Schedule:
     """BLIS-style blocking: the B micro-panel (KC x NR) in about L1, the A block (MC x KC) in half of
     L2, the B panel (KC x NC) in a quarter of L3. Threads share the M blocks when there are
     enough (~4 each, in equal numbers); with fewer the kernel also splits the B panel among
-    them (see GemmPlan.n_chunk), so M blocks stay as large as L2 allows. `whole_narrow_n`: a
-    narrow N in one register tile (narrow_n_tile)."""
+    them (see GemmPlan.n_chunk), so M blocks stay as large as L2 allows. `shaped_tile`: the
+    register tile fitted to the GEMM's shape (narrow_n_tile, least_padded_tile); the convs'
+    blockings were measured with the plain tile."""
     lanes = host.f32_lanes
     nr = 2 * lanes
     mr = min(MAX_MR, (host.vector_registers - 3) // 2)  # accumulators + 2 B vectors + 1 broadcast
     kc = max(64, min(512, 2 * host.l1d_bytes // (nr * 4)))
-    if whole_narrow_n and m >= NARROW_N_MIN_ROWS and (tile := narrow_n_tile(n, host)):
+    if shaped_tile and m >= NARROW_N_MIN_ROWS and (tile := narrow_n_tile(n, host)):
         mr, nr = tile  # K blocks as for two vectors: 6x64 with K = 512 in blocks of 256 lost 5-10 %
+    elif shaped_tile:
+        mr, nr = least_padded_tile(m, n, mr, nr, lanes)
     # K blocks of equal size, their number rounded to the nearest: K = 576 (a 3x3x64 conv) is one
     # block of 576, not 512 and a 64 whose partial sums cost a pass over C for little work. Exactly
     # K / blocks where that divides K: the kernel's K blocks are then of constant length, which
@@ -119,6 +122,20 @@ def narrow_n_tile(n: int, host: CPU) -> tuple[int, int] | None:
     vectors = -(-n // host.f32_lanes)
     rows = min(MAX_MR, (host.vector_registers - 1) // vectors - 1)  # accumulators + B vectors + a broadcast
     return (rows, vectors * host.f32_lanes) if 3 <= vectors <= 4 and rows >= 6 else None
+
+
+def least_padded_tile(m: int, n: int, mr: int, nr: int, lanes: int) -> tuple[int, int]:
+    """On 16 registers, 4 rows x 3 vectors instead of 6 x 2 (as many accumulators) where 6 x 2
+    pads the GEMM's M x N by over 1 % more: 128 rows are 22 strips of 6 (132 rows) but 32 of 4.
+    The tuner's tables of the 128x1024x1024 GEMM had 4 x 24 best on Zen 3 (6 x 16 within 1 %)
+    and on Zen 4 with the AVX2 plan (6 x 16 5 % off); in-process A/B on that host, 1 and 2
+    threads: 128x1024x1024 +4 % / +12 %, 128x3072x768 +11 % / +13 %, 64x768x768 +17 % / +18 %.
+    Where 4 x 3 pads more, 6 x 2 stays: Zen 3's 512^3 table had 4 x 24 6.7 % slower."""
+    if (mr, nr) != (6, 2 * lanes):
+        return mr, nr
+    def padded(rows: int, cols: int) -> int:
+        return _round_up(m, rows) * _round_up(n, cols)
+    return (4, 3 * lanes) if padded(4, 3 * lanes) < 0.99 * padded(mr, nr) else (mr, nr)
 
 
 DOT_MAX_ROWS = 32
@@ -172,7 +189,7 @@ def conv_gemm_schedule(v: OpView, host: CPU, threads: int) -> Schedule:
     """The GEMM's blocking, with K blocks whose B micro-panel fits L1: measured on the 3x3 C64
     conv, blocks of 256-320 ran ~10 % faster than 512-576 (the GEMM's), whose panels spill to L2."""
     m, nf, k, gather = implicit_gemm(v)
-    schedule = default_gemm_schedule(m, nf, k, host, threads, whole_narrow_n=False)
+    schedule = default_gemm_schedule(m, nf, k, host, threads, shaped_tile=False)
     mc, nc, _ = schedule.tile
     lanes = schedule.lane_map.shape[-1]
     budget = host.l1d_bytes // (schedule.warp_tile[1] * 4)
@@ -473,7 +490,7 @@ def im2col_schedule(v: OpView, host: CPU, threads: int) -> Schedule:
     convs C512 on 7x7 images (13 strips of a 1 MiB A block) 20 % slower, C256 on 14x14 (49
     strips of 0.6 MiB) 8 % slower."""
     m, n, k = _im2col_gemm(v)
-    s = default_gemm_schedule(m, n, k, host, threads, whole_narrow_n=False)
+    s = default_gemm_schedule(m, n, k, host, threads, shaped_tile=False)
     (_, nc, kc), (mr, nr, _) = s.tile, s.warp_tile
     strips = -(-n // nr)
     if 2 * threads <= strips and (strips <= 4 * threads
