@@ -380,6 +380,38 @@ def test_unsupported_op_runs_in_pytorch_and_is_named():
     assert only_sort.placement.regions == 0 and only_sort.kernel is None
 
 
+class _Chain(nn.Module):
+    def forward(self, x):
+        return -(torch.tanh(torch.sqrt(x.abs()) * 3) + 1)
+
+
+def test_ops_that_fail_only_together_are_the_ones_left_to_pytorch(monkeypatch):
+    """A compile that fails only on sqrt and tanh in one kernel (each compiles alone): the
+    bisection leaves the shortest failing run (sqrt, mul, tanh) to PyTorch, naming them, and
+    abs, add and neg still compile; the result matches eager."""
+    from tracea.frontend import torch_import, torch_model
+    torch_import._warned.clear()
+    real = torch_model.compile_program
+    tried = []
+
+    def compile_program(text, **options):
+        tried.append(text)
+        if "math.sqrt" in text and "math.tanh" in text:
+            raise tracea.CompileError("loc(x): error: sqrt and tanh in one kernel")
+        return real(text, **options)
+
+    monkeypatch.setattr(torch_model, "compile_program", compile_program)
+    x = torch.randn(4, 40)
+    with pytest.warns(RuntimeWarning, match=r"compiles alone but not in one kernel with aten.sqrt.default, "
+                                           r"aten.mul.Tensor, aten.tanh.default: .*sqrt and tanh in one kernel"):
+        compiled = tracea.compile(_Chain(), (x,))
+    torch.testing.assert_close(compiled(x), _Chain()(x), rtol=1e-6, atol=1e-6)
+    placement = compiled.placement
+    assert placement.eager == {"aten.sqrt.default": 1, "aten.mul.Tensor": 1, "aten.tanh.default": 1}
+    assert placement.compiled == {"aten.abs.default": 1, "aten.add.Tensor": 1, "aten.neg.default": 1}
+    assert placement.regions == 2 and len(tried) < 16
+
+
 def test_explain_reports_placement_and_the_kernel_plan():
     torch.manual_seed(0)
     x = torch.randn(8, 64)

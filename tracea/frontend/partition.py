@@ -5,7 +5,8 @@ The exported program is decomposed the way torch-mlir decomposes it, and each op
 isolation whether torch-mlir lowers it to linalg (answers cached per op and operand types);
 torch.fx's CapabilityBasedPartitioner groups the supported ops into regions; each region is
 compiled on its own. A region whose compile still fails is split again, op by op, so one bad op
-costs only itself. The result is the decomposed graph with every region replaced by a
+costs only itself; where each op compiles alone but not together, the shortest run of them that
+fails is found by bisection and only it runs in PyTorch. The result is the decomposed graph with every region replaced by a
 `CompiledRegion`, and a `Placement` saying what ran where and why."""
 from __future__ import annotations
 
@@ -57,11 +58,13 @@ def _untraceable(value) -> str | None:
     return None
 
 
-def _single_op_module(node):
-    """A GraphModule computing just `node` from placeholders (traced values kept on its nodes)."""
+def _ops_module(nodes):
+    """A GraphModule computing `nodes` (in program order) from placeholders for what they take
+    from outside; it returns each value used outside them, or the last one (traced values kept
+    on its nodes)."""
     import torch
     from torch import fx
-    graph, mapping = fx.Graph(), {}
+    graph, mapping, inside = fx.Graph(), {}, set(nodes)
 
     def lift(arg):
         if isinstance(arg, fx.Node):
@@ -71,18 +74,24 @@ def _single_op_module(node):
             return mapping[arg]
         return arg
 
-    args = fx.node.map_aggregate(node.args, lift)
-    kwargs = fx.node.map_aggregate(node.kwargs, lift)
-    result = graph.call_function(node.target, args, kwargs)
-    result.meta = dict(node.meta)
-    if isinstance(node.meta.get("val"), (tuple, list)):  # one result per getitem, as the importer wants
-        items = []
-        for i, v in enumerate(node.meta["val"]):
-            items.append(graph.call_function(operator.getitem, (result, i)))
-            items[-1].meta = {"val": v}
-        graph.output(tuple(items))
-    else:
-        graph.output(result)
+    outputs, several = [], False
+    for node in nodes:
+        result = graph.call_function(node.target, fx.node.map_aggregate(node.args, lift),
+                                     fx.node.map_aggregate(node.kwargs, lift))
+        result.meta = dict(node.meta)
+        mapping[node] = result
+        if isinstance(node.meta.get("val"), (tuple, list)):  # one result per getitem, as the importer wants
+            several = True
+            for i, v in enumerate(node.meta["val"]):
+                item = graph.call_function(operator.getitem, (result, i))
+                item.meta = {"val": v}
+                outputs.append(item)
+                for user in node.users:  # the op's own getitems read the item
+                    if user.target is operator.getitem and user.args[1] == i:
+                        mapping[user] = item
+        elif node is nodes[-1] or any(user not in inside for user in node.users):
+            outputs.append(result)
+    graph.output(tuple(outputs) if several or len(outputs) > 1 else outputs[0])
     return fx.GraphModule(torch.nn.Module(), graph)
 
 
@@ -120,7 +129,7 @@ def lowering_problem(node) -> str | None:
     key = _signature_key(node)
     if key not in _probe_cache:
         try:
-            graph_to_linalg(_single_op_module(node), op_kind(node))
+            graph_to_linalg(_ops_module([node]), op_kind(node))
             _probe_cache[key] = None
         except CompileError as e:
             _probe_cache[key] = error_reason(e)
@@ -144,7 +153,7 @@ def probe_lowering(nodes) -> None:
         answers = {}
         for key, node in todo.items():
             try:
-                lower_graph(_single_op_module(node), op_kind(node))
+                lower_graph(_ops_module([node]), op_kind(node))
                 answers[key] = None
             except CompileError as e:
                 answers[key] = error_reason(e)
@@ -218,8 +227,14 @@ def partition(graph_module, compile_text, placement: Placement):
                 alone = {n.name: _op_alone_problem(n, compile_text) for n in ops} if len(ops) > 1 else {}
                 if any(alone.values()):
                     eager.update({name: why for name, why in alone.items() if why})
-                else:  # every op compiles alone, not together: the region runs in PyTorch
-                    eager.update({n.name: error_reason(e) for n in ops})
+                else:  # every op compiles alone, not together: the ops that fail together run in PyTorch
+                    order = {n: i for i, n in enumerate(graph_module.graph.nodes)}
+                    window = _failing_window(sorted(ops, key=order.get), compile_text)
+                    why = error_reason(e)
+                    if len(window) < len(ops):
+                        kinds = ", ".join(dict.fromkeys(op_kind(n) for n in window))
+                        why = f"compiles alone but not in one kernel with {kinds}: {why}"
+                    eager.update({n.name: why for n in window})
                 break
             setattr(work, node.target, region)
         if not failed:
@@ -238,6 +253,45 @@ def partition(graph_module, compile_text, placement: Placement):
     return work
 
 
+# Compiles a bisection may spend finding the ops that fail together in a region (each compiles
+# a part of it): 2 log2 of the region's ops, capped; beyond, the window found so far is kept.
+MAX_BISECTION_COMPILES = 16
+
+
+def _failing_window(ops, compile_text) -> list:
+    """The shortest run of `ops` (in program order; together they fail to compile, each alone
+    compiles) found to fail by itself: the shortest failing prefix, then its shortest failing
+    suffix. Every run returned was seen to fail, so the ops outside it keep compiling in the
+    next round instead of following one bad combination to PyTorch."""
+    budget = [MAX_BISECTION_COMPILES]
+
+    def fails(run) -> bool | None:  # None: out of budget
+        if budget[0] == 0:
+            return None
+        budget[0] -= 1
+        try:
+            _compile_region(_ops_module(run), compile_text)
+            return False
+        except (CompileError, InternalCompilerError):
+            return True
+
+    compiles, failing = 1, len(ops)  # ops[:compiles] compiles (one op alone does), ops[:failing] fails
+    while failing - compiles > 1:
+        mid = (compiles + failing) // 2
+        answer = fails(ops[:mid])
+        if answer is None:
+            break
+        compiles, failing = (compiles, mid) if answer else (mid, failing)
+    end, start, compiles = failing, 0, failing - 1  # ops[start:end] fails, ops[compiles:end] compiles
+    while compiles - start > 1:
+        mid = (start + compiles) // 2
+        answer = fails(ops[mid:end])
+        if answer is None:
+            break
+        start, compiles = (mid, compiles) if answer else (start, mid)
+    return ops[start:end]
+
+
 def _op_alone_problem(node, compile_text) -> str | None:
     """Why this one op does not compile by itself (None: it does). Asked per op kind and operand
     ranks, not shapes, to keep a big failing region cheap to split; a failure that depends on
@@ -245,7 +299,7 @@ def _op_alone_problem(node, compile_text) -> str | None:
     key = ("compile",) + _signature_key(node, shapes=False)
     if key not in _probe_cache:
         try:
-            _compile_region(_single_op_module(node), compile_text)
+            _compile_region(_ops_module([node]), compile_text)
             _probe_cache[key] = None
         except (CompileError, InternalCompilerError) as e:
             _probe_cache[key] = error_reason(e)
