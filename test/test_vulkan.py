@@ -94,7 +94,7 @@ def test_every_module_passes_spirv_val_and_a_bad_one_is_refused(tmp_path):
     path.write_bytes(kernel.artifact.spirv)
     assert subprocess.run([spirv_val(), "--target-env", "vulkan1.3", str(path)]).returncode == 0
     damaged = bytearray(kernel.artifact.spirv)
-    damaged[40:44] = b"\xff\xff\xff\xff"
+    damaged[20:24] = b"\xff\xff\xff\xff"  # the first instruction's opcode and length
     with pytest.raises(CompileError, match="spirv-val rejected"):
         validate(bytes(damaged), "vulkan1.3", "@damaged")
 
@@ -230,6 +230,25 @@ def test_cooperative_matrix_gemm_for_a_device_that_has_them(tmp_path, transpose_
         from tracea.runtime.vulkan_runtime import VulkanDevice, VulkanError, VulkanKernel
         with pytest.raises(VulkanError, match="has no VK_KHR_cooperative_matrix"):
             VulkanKernel(artifact, VulkanDevice.get(0))
+
+
+@pytest.mark.parametrize("op", ["gemm", "softmax", "f16 gemm off the tile"])
+def test_simt_kernels_for_a_cooperative_matrix_device_pass_spirv_val(op):
+    """A device with cooperative matrices gets SPIR-V 1.6 modules, whose entry points list their
+    storage buffers; the SIMT ones (f32, or f16 off the tile) must stay 1.6 (spirv-update-vce
+    had set them to 1.0, which forbids such entry points, so spirv-val refused every f32 kernel
+    for any GPU with the extension)."""
+    from tracea.runtime.gpu_artifact import SpirvKernelArtifact
+    if op == "gemm":
+        fn = td.function(td.tensor((64, 40)), td.tensor((40, 48)))(td.gemm)
+    elif op == "softmax":
+        fn = td.function(td.tensor((16, 100)))(td.softmax)
+    else:
+        fn = td.function(td.tensor((60, 40), "f16"), td.tensor((40, 48), "f16"))(
+            lambda a, b: td.gemm(a, b, out_dtype="f32"))
+    artifact = tracea.compile_gpu(fn, chip="vulkan-coopmat")  # spirv-val on the way
+    assert isinstance(artifact, SpirvKernelArtifact) and "CooperativeMatrixKHR" not in artifact.capabilities
+    assert int.from_bytes(artifact.spirv[4:8], "little") == 0x00010600  # the header's version word
 
 
 def _needs_16_bit_storage():

@@ -57,6 +57,7 @@ class GPU:
     driver_version: str | None = None  # None: a named profile, not a device here
     toolkit_version: str | None = None
     f16_storage: bool = False  # Vulkan: 16-bit storage buffers, f16 arithmetic, 16-bit integers (storageBuffer16BitAccess + shaderFloat16 + shaderInt16)
+    matrix_tile: int = 0  # Vulkan cooperative matrices: the square f16 x f16 -> f32 subgroup tile (16, 8)
 
     def describe(self) -> str:
         where = f", driver {self.driver_version}" if self.driver_version else " (named profile)"
@@ -67,7 +68,8 @@ class GPU:
         if self.arch.startswith(("vulkan", "metal")):
             return (f"{self.name} {self.arch}: subgroup {self.warp_size}, {self.shared_bytes_per_block // 1024} KiB "
                     f"shared memory, {self.threads_per_block} invocations per workgroup, "
-                    f"{self.matrix_units or 'no cooperative matrices'}{where}")
+                    f"{self.matrix_units or 'no cooperative matrices'}"
+                    f"{f' ({self.matrix_tile}x{self.matrix_tile}x{self.matrix_tile} f16)' if self.matrix_tile else ''}{where}")
         return (f"{self.name} {self.arch}: {self.multiprocessors} SMs, warp {self.warp_size}, "
                 f"{self.shared_bytes_per_block // 1024} KiB shared memory per block "
                 f"({self.shared_bytes_per_multiprocessor // 1024} per SM), {self.registers_per_thread} registers "
@@ -111,7 +113,7 @@ VULKAN_PROFILES = {
                            2048 * MiB, f16_storage=True),
     # a GPU with VK_KHR_cooperative_matrix (f16 16x16x16 -> f32) and subgroups of 32: code only here
     "vulkan-coopmat": GPU("vulkan1.3", "Vulkan GPU with cooperative matrices", 0, 1, 32, 48 * KiB, 48 * KiB, 0, 0,
-                          1024, "cooperative_matrix", "", 8192 * MiB, f16_storage=True),
+                          1024, "cooperative_matrix", "", 8192 * MiB, f16_storage=True, matrix_tile=16),
 }
 
 # AMD GPUs (ROCm; arch: the LLVM AMDGPU processor): CDNA wave64 with MFMA, RDNA3 wave32 with WMMA;

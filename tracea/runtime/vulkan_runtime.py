@@ -80,6 +80,7 @@ class VulkanDevice:
         vk.vkGetPhysicalDeviceProperties2(physical, vk.VkPhysicalDeviceProperties2(pNext=subgroup))
         self.subgroup_size = subgroup.subgroupSize
         self.extensions = frozenset(e.extensionName for e in vk.vkEnumerateDeviceExtensionProperties(physical, None))
+        self.matrix_tile = self._cooperative_tile() if COOPERATIVE_MATRIX in self.extensions else 0
         v11 = vk.VkPhysicalDeviceVulkan11Features()
         v12 = vk.VkPhysicalDeviceVulkan12Features(pNext=v11)
         features = vk.VkPhysicalDeviceFeatures2(pNext=v12)
@@ -92,6 +93,18 @@ class VulkanDevice:
         self._device = None
         self._pipelines: dict[tuple[bytes, str], Pipeline] = {}
         self._buffers: dict[tuple[int, int], Buffer] = {}  # (argument index, bytes) -> reused buffer
+
+    def _cooperative_tile(self) -> int:
+        """The square tile of f16 x f16 + f32 -> f32 subgroup cooperative matrices this device
+        lists (16 where it has it, else the largest; 0: none). A kernel's tile must be one the
+        device lists: lavapipe (Mesa 25.1 on) has only 8 x 8 x 8."""
+        vk = _vk()
+        query = vk.vkGetInstanceProcAddr(VulkanDevice._instance, "vkGetPhysicalDeviceCooperativeMatrixPropertiesKHR")
+        f16, f32 = vk.VK_COMPONENT_TYPE_FLOAT16_KHR, vk.VK_COMPONENT_TYPE_FLOAT32_KHR
+        tiles = {p.MSize for p in _check(lambda: query(self.physical), "list its cooperative matrix shapes")
+                 if p.MSize == p.NSize == p.KSize and (p.AType, p.BType, p.CType, p.ResultType) == (f16, f16, f32, f32)
+                 and p.scope == vk.VK_SCOPE_SUBGROUP_KHR and not p.saturatingAccumulation}
+        return 16 if 16 in tiles else max(tiles, default=0)
 
     # -- finding devices ------------------------------------------------------------------
     @classmethod
@@ -121,12 +134,14 @@ class VulkanDevice:
         """This device as the Doctor's GPU record."""
         from ..doctor.capabilities import GPU
         vk, p = _vk(), self.properties
-        version = f"vulkan{vk.VK_VERSION_MAJOR(p.apiVersion)}.{vk.VK_VERSION_MINOR(p.apiVersion)}"
+        # the Vulkan version the SPIR-V is made and validated for: the device's, up to API_VERSION
+        # (the instance asks for no more; a Vulkan 1.4 device runs 1.3's SPIR-V)
+        version = "vulkan%d.%d" % min((vk.VK_VERSION_MAJOR(p.apiVersion), vk.VK_VERSION_MINOR(p.apiVersion)), API_VERSION)
         limits = p.limits
         return GPU(version, self.name, 0, 1, self.subgroup_size, limits.maxComputeSharedMemorySize,
                    limits.maxComputeSharedMemorySize, 0, 0, limits.maxComputeWorkGroupInvocations,
-                   "cooperative_matrix" if COOPERATIVE_MATRIX in self.extensions else "", "", self.memory_bytes,
-                   driver_version=str(p.driverVersion), f16_storage=self.f16_storage)
+                   "cooperative_matrix" if self.matrix_tile else "", "", self.memory_bytes,
+                   driver_version=str(p.driverVersion), f16_storage=self.f16_storage, matrix_tile=self.matrix_tile)
 
     # -- the logical device -----------------------------------------------------------------
     def _logical(self):

@@ -23,7 +23,7 @@ from ..nvvm.kernels import Launch, simt_conv, simt_gemm
 from ..nvvm.simt import SimtTiles
 from .attention import QUERIES, SHARED_BYTES, attention_module_text
 from .bf16 import bf16_as_i16
-from .cooperative import TILE, cooperative_gemm_module_text
+from .cooperative import cooperative_gemm_module_text
 from .softmax import MAX_WORKGROUP, softmax_module_text
 from ...tuner.space import SearchSpace
 
@@ -144,18 +144,25 @@ def _bf16_buffers(emit):
 EMITTERS.update({id_: _bf16_buffers(emit) for id_, emit in register_simt_variants("vulkan", F16_STORAGE,
                                                                                   spirv=True).items()})
 EMITTERS.update(register_simt_variants("metal", DtypeIn(("f32",)), spirv=True))
+def _whole_tiles(p, caps) -> bool | None:
+    tile = caps.gpu.matrix_tile
+    return None if None in (p.m, p.n, p.k, p.transpose_a, p.batched_b) else (
+        p.m % tile == 0 and p.n % tile == 0 and p.k % tile == 0 and not p.transpose_a and not p.batched_b
+        and p.batch in (None, 1))
+
+
 _COOPERATIVE = Variant("vulkan.gemm.cooperative_matrix", "vulkan", ("gemm",), (
-    BackendIs("vulkan"), Rule("a device with VK_KHR_cooperative_matrix",
-                              lambda p, caps: caps.gpu is not None and caps.gpu.matrix_units == "cooperative_matrix"),
+    BackendIs("vulkan"), Rule("a device with VK_KHR_cooperative_matrix (f16 x f16 -> f32 square tiles)",
+                              lambda p, caps: caps.gpu is not None and caps.gpu.matrix_units == "cooperative_matrix"
+                              and caps.gpu.matrix_tile > 0),
     DtypeIn(("f16",)), Rule("an f32 result (out_dtype='f32')", lambda p, caps: p.out_dtype == "f32"),
-    Rule(f"M, N and K multiples of {TILE}, A not transposed, one matrix each (no batch)",
-         lambda p, caps: None if None in (p.m, p.n, p.k, p.transpose_a, p.batched_b) else (
-             p.m % TILE == 0 and p.n % TILE == 0 and p.k % TILE == 0 and not p.transpose_a and not p.batched_b
-             and p.batch in (None, 1)))), 20,
-    f"cooperative matrices: a subgroup per {TILE} x {TILE} tile of C, f16 {TILE} x {TILE} x {TILE} products "
-    "accumulated in f32", frozenset({"matrix_units"}))
+    Rule("M, N and K multiples of the device's cooperative-matrix tile, A not transposed, one matrix each "
+         "(no batch)", _whole_tiles)), 20,
+    "cooperative matrices: a subgroup per tile of C (the device's square f16 tile, 16 x 16 on GPUs), "
+    "products accumulated in f32", frozenset({"matrix_units"}))
 register_variant(_COOPERATIVE)
-EMITTERS[_COOPERATIVE.id] = lambda v, name, caps: _launched(*cooperative_gemm_module_text(v, name, caps.gpu.warp_size))
+EMITTERS[_COOPERATIVE.id] = lambda v, name, caps: _launched(
+    *cooperative_gemm_module_text(v, name, caps.gpu.warp_size, caps.gpu.matrix_tile))
 
 
 def device_capabilities(device: str) -> Capabilities:

@@ -9,6 +9,7 @@ from __future__ import annotations
 import base64
 import functools
 import json
+import re
 import shutil
 import subprocess
 import sys
@@ -21,7 +22,7 @@ from mlir.passmanager import PassManager
 
 from ...errors import CompileError
 from ...passes.pipeline import Pipeline, parse_pipeline
-from ...passes.registry import TraceaPass, register
+from ...passes.registry import TraceaPass, option, register
 from ...runtime.gpu_artifact import SpirvKernelArtifact, buffer_params
 from ..base import Build, Target, package_version, register_target
 from ..nvvm.target import KEPT_LAUNCHES, _assembly_of_binary
@@ -52,23 +53,35 @@ def spirv_lowering(arch: str, cooperative_matrix: bool = False, f16_storage: boo
     return (f"tracea-keep-launches, tracea-scalar-math, spirv-attach-target{{ver={version} caps={','.join(caps)} "
             f"exts={','.join(exts)}}}, gpu.module(fold-memref-alias-ops, lower-affine, arith-expand, "
             "convert-math-to-spirv), convert-gpu-to-spirv, spirv.module(spirv-lower-abi-attrs, spirv-update-vce), "
-            "tracea-vulkan-memory-model")
+            f"tracea-spirv-version{{version={version}}}")
 
 
 @register
 @dataclass(frozen=True)
-class VulkanMemoryModelPass(TraceaPass):
-    NAME = "tracea-vulkan-memory-model"
-    SUMMARY = ("give spirv.modules that use cooperative matrices the Vulkan memory model (spirv-val requires it; "
-               "spirv-update-vce drops the capability, which no op needs)")
+class SpirvVersionPass(TraceaPass):
+    NAME = "tracea-spirv-version"
+    SUMMARY = ("give spirv.modules back what spirv-update-vce takes: the SPIR-V version they were lowered for "
+               "(from 1.4 on, an entry point lists its storage buffers too, which 1.3 and earlier forbid), and "
+               "the Vulkan memory model where they use cooperative matrices (spirv-val requires it; no op needs it)")
+    version: str = option("v1.3", "the SPIR-V version the modules were lowered for")
 
     def run(self, module: ir.Operation) -> None:
         for op in module.regions[0].blocks[0].operations:
             op = op.operation
-            vce = str(op.attributes["vce_triple"]) if op.name == "spirv.module" else ""
+            if op.name != "spirv.module":
+                continue
+            vce = str(op.attributes["vce_triple"])
+            lowered = re.search(r"<(v[\d.]+),", vce).group(1)
+            if _version(lowered) < _version(self.version):
+                vce = vce.replace(lowered, self.version, 1)
             if "CooperativeMatrixKHR" in vce and "VulkanMemoryModel" not in vce:
-                op.attributes["vce_triple"] = ir.Attribute.parse(vce.replace("[", "[VulkanMemoryModel, ", 1))
+                vce = vce.replace("[", "[VulkanMemoryModel, ", 1)
                 op.attributes["memory_model"] = ir.Attribute.parse("#spirv.memory_model<Vulkan>")
+            op.attributes["vce_triple"] = ir.Attribute.parse(vce)
+
+
+def _version(v: str) -> tuple[int, ...]:
+    return tuple(int(x) for x in v[1:].split("."))
 
 
 def spirv_capabilities(module: ir.Operation) -> tuple[str, ...]:
