@@ -4,7 +4,9 @@ compared with numpy / torch; kernels for devices that are not here (cooperative 
 compiled, validated and read."""
 from __future__ import annotations
 
+import os
 import subprocess
+import sys
 
 import numpy as np
 import pytest
@@ -207,7 +209,7 @@ def _disassemble(binary: bytes, tmp_path) -> str:
 
 @pytest.mark.parametrize("transpose_b", [False, True])
 def test_cooperative_matrix_gemm_for_a_device_that_has_them(tmp_path, transpose_b):
-    """On a device reporting VK_KHR_cooperative_matrix (a profile: none is here) an f16 GEMM is
+    """On a device reporting VK_KHR_cooperative_matrix (the profile of a GPU, 16 x 16 tiles) an f16 GEMM is
     chosen onto cooperative matrices: a SPIR-V 1.6 module with the Vulkan memory model that
     spirv-val accepts, holding the KHR multiply-add; on lavapipe the same program runs the SIMT
     kernel (the reason named), and the cooperative artifact is refused there."""
@@ -276,6 +278,57 @@ def test_16_bit_gemm_on_sixteen_bit_storage(dtype, out_dtype):
     assert ("Float16" if dtype == "f16" else "Int16") in kernel.artifact.capabilities
     expected = np.maximum(_f64(a).numpy() @ _f64(w).numpy().T + b.astype(np.float64), 0)
     ref.assert_close(out, expected, out_dtype, 33)
+
+
+@needs_device
+@pytest.mark.parametrize("m,n,k", [(8, 8, 8), (64, 48, 40), (48, 136, 256), (20, 8, 8)])
+@pytest.mark.parametrize("transpose_b", [False, True])
+def test_f16_gemm_runs_on_cooperative_matrices_where_the_device_has_them(m, n, k, transpose_b):
+    """An f16 GEMM (f32 result) is planned from the device: on one listing f16 cooperative-matrix
+    tiles (Mesa 26's lavapipe: 8 x 8 x 8; see test_the_vulkan_tests_pass_on_lavapipe_with_
+    cooperative_matrices) the shapes made of whole tiles run on them, the others (20 rows) on the
+    SIMT kernel; on a device without them, all on SIMT. Large values, long K: against float64."""
+    _needs_16_bit_storage()
+    rng = np.random.default_rng(m + n + k)
+    a = ref.random(rng, (m, k), "f16", scale=100.0)
+    b = ref.random(rng, (n, k) if transpose_b else (k, n), "f16")
+    fn = td.function(td.tensor(a.shape, "f16"), td.tensor(b.shape, "f16"))(
+        lambda x, y: td.gemm(x, y, transpose_b=transpose_b, out_dtype="f32"))
+    kernel, out = _run(fn, a, b)
+    tile = FOUND[0].gpu.matrix_tile
+    cooperative = bool(tile) and m % tile == 0 and n % tile == 0 and k % tile == 0
+    assert ("CooperativeMatrixKHR" in kernel.artifact.capabilities) == cooperative
+    expected = _f64(a).numpy() @ (_f64(b).numpy().T if transpose_b else _f64(b).numpy())
+    ref.assert_close(out, expected, "f32", k)
+
+
+def test_the_vulkan_tests_pass_on_lavapipe_with_cooperative_matrices(tmp_path):
+    """This file again, on Mesa 26's lavapipe (VK_KHR_cooperative_matrix; unpacked by ./dev with
+    scripts/mesa_lavapipe.py, run under its own C library): every test passes, and the f16
+    GEMMs made of whole tiles ran on cooperative matrices there."""
+    import importlib.util
+    import xml.etree.ElementTree as ET
+    from pathlib import Path
+    if os.environ.get("TRACEA_MESA_LAVAPIPE"):
+        pytest.skip("running on that lavapipe already")
+    spec = importlib.util.spec_from_file_location("mesa_lavapipe", Path(__file__).parent.parent / "scripts" / "mesa_lavapipe.py")
+    mesa = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mesa)
+    if not (mesa.DEFAULT_DIR / "ready").exists():
+        pytest.skip(f"Mesa 26's lavapipe is not unpacked in {mesa.DEFAULT_DIR} (./dev test fetches it from "
+                    "deb.debian.org: scripts/mesa_lavapipe.py fetch)")
+    report = tmp_path / "report.xml"
+    argv, env = mesa.command(mesa.DEFAULT_DIR, [sys.executable, "-m", "pytest", "-q", "-n", "0", "-p", "no:cacheprovider",
+                                                f"--junitxml={report}", __file__])
+    done = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-2000:]
+    cases = {c.get("name"): c for c in ET.parse(report).iter("testcase")}
+    cooperative = [name for name in cases if name.startswith("test_f16_gemm_runs_on_cooperative")]
+    assert len(cooperative) == 8 and not any(cases[n].find("skipped") is not None for n in cooperative)
+    assert "cooperative_matrix (8x8x8 f16)" in subprocess.run(
+        mesa.command(mesa.DEFAULT_DIR, [sys.executable, "-c", "from tracea.runtime.vulkan_runtime import VulkanDevice; "
+                                        "print(VulkanDevice.get(0).gpu().describe())"])[0], env=env,
+        capture_output=True, text=True, timeout=120).stdout
 
 
 @needs_device

@@ -54,6 +54,14 @@ def _splat(t, vt: str, value: float) -> str:
     return t.op(constant_text(value, vt), "k")
 
 
+def _signed_as_x(t, vt: str, bt: str, v: str) -> str:
+    """v >= 0 with the sign of %x (nonzero where this is used). A select, not math.copysign's
+    bit operations: Mesa 26's lavapipe computed tanh's copysign wrong (0 or |tanh| > 1), and
+    SPIR-V keeps the signs exact either way."""
+    negative = t.op(f"arith.cmpf olt, %x, {_splat(t, vt, 0.0)} : {vt}", "c")
+    return t.op(f"arith.select {negative}, {t.op(f'arith.negf {v} : {vt}', 'y')}, {v} : {bt}, {vt}", "y")
+
+
 def _horner(t, vt: str, coefficients, v: str) -> str:
     """The polynomial with these coefficients (highest degree first, as Cephes lists them) at v."""
     p = _splat(t, vt, coefficients[0])
@@ -83,14 +91,14 @@ def tanh_function(lanes: int) -> str:
         z = t.op(f"arith.mulf %x, %x : {vt}", "z")
         p = _horner(t, vt, TANH_POLYNOMIAL, z)
         small = t.op(f"math.fma {t.op(f'arith.mulf {p}, {z} : {vt}', 'p')}, %x, %x : {vt}", "y")
-        small = t.op(f"math.copysign {small}, %x : {vt}", "y")  # tanh(-0) = -0
+        zero = t.op(f"arith.cmpf oeq, %x, {_splat(t, vt, 0.0)} : {vt}", "c")
+        small = t.op(f"arith.select {zero}, %x, {small} : {bt}, {vt}", "y")  # tanh(-0) = -0
         # exp(2|x|) saturates (to the largest finite f32) past |x| = 44: 2 / (e + 1) is then 0
         e = vector_exp(t, t.op(f"arith.addf {ax}, {ax} : {vt}", "e"), vt, it)
         one = _splat(t, vt, 1.0)
         e_plus_one = t.op(f"arith.addf {e}, {one} : {vt}", "e")
         two_over = t.op(f"arith.divf {_splat(t, vt, 2.0)}, {e_plus_one} : {vt}", "e")
-        large = t.op(f"arith.subf {one}, {two_over} : {vt}", "y")
-        large = t.op(f"math.copysign {large}, %x : {vt}", "y")
+        large = _signed_as_x(t, vt, bt, t.op(f"arith.subf {one}, {two_over} : {vt}", "y"))
         return t.op(f"arith.select {t.op(f'arith.cmpf olt, {ax}, {_splat(t, vt, TANH_SMALL)} : {vt}', 'c')}, {small}, "
                     f"{large} : {bt}, {vt}", "y")
 
@@ -119,8 +127,7 @@ def erf_function(lanes: int) -> str:
         q = _horner(t, vt, ERF_LARGE, t.op(f"arith.divf {_splat(t, vt, 1.0)}, {clamped} : {vt}", "r"))
         large = t.op(f"arith.subf {_splat(t, vt, 1.0)}, {t.op(f'arith.mulf {e}, {q} : {vt}', 'e')} : {vt}", "y")
         one = t.op(f"arith.cmpf oge, {ax}, {_splat(t, vt, ERF_ONE)} : {vt}", "c")
-        large = t.op(f"arith.select {one}, {_splat(t, vt, 1.0)}, {large} : {bt}, {vt}", "y")
-        large = t.op(f"math.copysign {large}, %x : {vt}", "y")
+        large = _signed_as_x(t, vt, bt, t.op(f"arith.select {one}, {_splat(t, vt, 1.0)}, {large} : {bt}, {vt}", "y"))
         return t.op(f"arith.select {t.op(f'arith.cmpf olt, {ax}, {_splat(t, vt, ERF_SWITCH)} : {vt}', 'c')}, {small}, "
                     f"{large} : {bt}, {vt}", "y")
 

@@ -1,0 +1,155 @@
+"""A newer lavapipe (Mesa's Vulkan driver on the CPU) beside the system's, for the Vulkan tests of
+cooperative matrices. Debian 12's lavapipe (Mesa 22.3) has no VK_KHR_cooperative_matrix, nor
+does its backport (25.0); Mesa 26's in Debian 13's backports has it (8 x 8 x 8 f16 tiles) but
+needs Debian 13's C library. So its packages and their dependencies (C library included, about
+300 MB unpacked) are unpacked into a directory, and Python runs under that C library's loader
+with the unpacked libraries first: the driver loads, and so does everything else (a newer glibc
+runs programs built for an older one). Nothing is installed on the system.
+
+    .venv/bin/python scripts/mesa_lavapipe.py fetch [--dir DIR]   # download and unpack (once)
+    .venv/bin/python scripts/mesa_lavapipe.py run [--dir DIR] -- .venv/bin/python -m pytest test/test_vulkan.py
+    .venv/bin/python scripts/mesa_lavapipe.py status [--dir DIR]  # what is there, or why not
+
+DIR defaults to .cache/mesa-lavapipe in the repository. Packages come from deb.debian.org
+(trixie-backports for Mesa, trixie for the rest), each checked against the index's SHA-256; the
+index's current version is taken (the archive keeps no old backports), and the version unpacked
+is recorded in DIR/ready. x86_64 Linux only.
+"""
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import lzma
+import os
+import platform
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+import urllib.request
+from pathlib import Path
+
+MAIN = Path(__file__).resolve().parent.parent
+DEFAULT_DIR = MAIN / ".cache" / "mesa-lavapipe"
+MIRROR = "http://deb.debian.org/debian"
+SUITES = {"trixie-backports": ("mesa-vulkan-drivers",), "trixie": ()}  # suite: packages taken from it first
+WANTED = ("mesa-vulkan-drivers", "libvulkan1")
+# dependencies the driver never loads (package scripts, configuration)
+NOT_NEEDED = {"debconf", "debconf-2.0", "perl-base", "dpkg", "libc-bin", "init-system-helpers"}
+LOADER = "usr/lib64/ld-linux-x86-64.so.2"
+LIBRARIES = "usr/lib/x86_64-linux-gnu"
+
+
+def _index(suite: str) -> dict[str, dict[str, str]]:
+    """The suite's amd64 package index: package -> its fields."""
+    with urllib.request.urlopen(f"{MIRROR}/dists/{suite}/main/binary-amd64/Packages.xz", timeout=120) as r:
+        text = lzma.decompress(r.read()).decode()
+    packages = {}
+    for block in text.split("\n\n"):
+        fields = dict(re.findall(r"^([A-Za-z0-9-]+): (.*)$", block, re.M))
+        if "Package" in fields:
+            packages[fields["Package"]] = fields
+    return packages
+
+
+def _closure(indexes: dict[str, dict]) -> list[dict[str, str]]:
+    """The wanted packages and everything they depend on (first alternative of each), each from
+    the first suite that should provide it."""
+    provides = {}
+    for suite in indexes.values():
+        for name, fields in suite.items():
+            for virtual in re.findall(r"([\w.+-]+)", fields.get("Provides", "")):
+                provides.setdefault(virtual, name)
+    chosen, todo = {}, list(WANTED)
+    while todo:
+        name = todo.pop()
+        if name in chosen or name in NOT_NEEDED:
+            continue
+        suites = [s for s, first in SUITES.items() if name in first] + [s for s in SUITES]
+        fields = next((indexes[s][name] for s in suites if name in indexes[s]), None)
+        if fields is None and name in provides:
+            fields = indexes["trixie"].get(provides[name])
+        if fields is None:
+            raise SystemExit(f"mesa_lavapipe: no package {name} in {', '.join(SUITES)}")
+        chosen[name] = fields
+        for dependency in (fields.get("Depends", "") + "," + fields.get("Pre-Depends", "")).split(","):
+            first = dependency.split("|")[0].strip().split(" ")[0].split(":")[0]
+            if first:
+                todo.append(first)
+    return list(chosen.values())
+
+
+def fetch(directory: Path) -> str:
+    """Download and unpack the driver into `directory` (nothing when it is there); its version."""
+    ready = directory / "ready"
+    if ready.exists():
+        return ready.read_text().strip()
+    if platform.system() != "Linux" or platform.machine() != "x86_64":
+        raise SystemExit(f"mesa_lavapipe: x86_64 Linux only (this is {platform.system()} {platform.machine()})")
+    if shutil.which("dpkg-deb") is None:
+        raise SystemExit("mesa_lavapipe: needs dpkg-deb (Debian's dpkg) to unpack the packages")
+    indexes = {suite: _index(suite) for suite in SUITES}
+    packages = _closure(indexes)
+    staging = Path(tempfile.mkdtemp(prefix="mesa-lavapipe-", dir=directory.parent if directory.parent.exists() else None))
+    try:
+        root = staging / "root"
+        for i, fields in enumerate(packages, 1):
+            print(f"mesa_lavapipe: [{i}/{len(packages)}] {fields['Package']} {fields['Version']}", file=sys.stderr)
+            deb = staging / Path(fields["Filename"]).name
+            with urllib.request.urlopen(f"{MIRROR}/{fields['Filename']}", timeout=300) as r:
+                deb.write_bytes(r.read())
+            if hashlib.sha256(deb.read_bytes()).hexdigest() != fields["SHA256"]:
+                raise SystemExit(f"mesa_lavapipe: {deb.name} does not match the index's SHA-256")
+            subprocess.run(["dpkg-deb", "-x", str(deb), str(root)], check=True)
+            deb.unlink()
+        icd = json.loads((root / "usr/share/vulkan/icd.d/lvp_icd.json").read_text())
+        icd["ICD"]["library_path"] = str(directory / "root" / LIBRARIES / "libvulkan_lvp.so")
+        (staging / "lvp_icd.json").write_text(json.dumps(icd, indent=2))
+        version = next(p["Version"] for p in packages if p["Package"] == "mesa-vulkan-drivers")
+        (staging / "ready").write_text(f"mesa-vulkan-drivers {version}\n")
+        if directory.exists():
+            shutil.rmtree(directory)
+        directory.parent.mkdir(parents=True, exist_ok=True)
+        staging.rename(directory)  # whole or not at all
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
+    return ready.read_text().strip()
+
+
+def command(directory: Path, argv: list[str]) -> tuple[list[str], dict[str, str]]:
+    """argv (a program and its arguments) run under the unpacked C library, with the newer driver
+    as the only Vulkan device: the command line and its environment."""
+    root = directory / "root"
+    env = dict(os.environ, VK_ICD_FILENAMES=str(directory / "lvp_icd.json"), TRACEA_MESA_LAVAPIPE=str(directory))
+    env.pop("VK_DRIVER_FILES", None)  # the newer loader's name for VK_ICD_FILENAMES, which it prefers
+    return [str(root / LOADER), "--library-path", f"{root / LIBRARIES}:/usr/lib/x86_64-linux-gnu", *argv], env
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter,
+                                     epilog=__doc__.split("\n\n", 1)[1])
+    parser.add_argument("action", choices=["fetch", "run", "status"])
+    parser.add_argument("--dir", type=Path, default=DEFAULT_DIR, help=f"where it is unpacked (default {DEFAULT_DIR})")
+    parser.add_argument("argv", nargs=argparse.REMAINDER, help="run: -- the program and its arguments")
+    args = parser.parse_args()
+    directory = args.dir.resolve()
+    if args.action == "fetch":
+        print(f"mesa_lavapipe: {fetch(directory)} in {directory}")
+    elif args.action == "status":
+        ready = directory / "ready"
+        print(f"mesa_lavapipe: {ready.read_text().strip()} in {directory}" if ready.exists()
+              else f"mesa_lavapipe: not fetched ({directory}); run: {sys.argv[0]} fetch")
+    else:
+        argv = args.argv[1:] if args.argv[:1] == ["--"] else args.argv
+        if not argv:
+            parser.error("run needs a program: run -- PROGRAM [ARGS]")
+        if not (directory / "ready").exists():
+            raise SystemExit(f"mesa_lavapipe: not fetched ({directory}); run: {sys.argv[0]} fetch")
+        cmd, env = command(directory, argv)
+        os.execve(cmd[0], cmd, env)
+
+
+if __name__ == "__main__":
+    main()
