@@ -123,3 +123,54 @@ def test_kernels_run_on_the_mac_against_numpy():
     import torch
     expected = torch.nn.functional.gelu(torch.from_numpy(ref.gemm(a, w, transpose_b=True) + b)).numpy()
     ref.assert_close(kernel(a, w, b), expected, "f32", 33)
+
+
+NEWER_SPIRV_CROSS = Path(__file__).parent.parent / ".cache" / "newer-debian" / "bin" / "spirv-cross"
+
+
+def _f16_gemm(transpose_b: bool, m: int = 64, n: int = 48, k: int = 32):
+    return td.function(td.tensor((m, k), "f16"), td.tensor((n, k) if transpose_b else (k, n), "f16"), name="gemm_f16")(
+        lambda a, b: td.gemm(a, b, transpose_b=transpose_b, out_dtype="f32"))
+
+
+@pytest.mark.skipif(not NEWER_SPIRV_CROSS.exists(), reason=f"no SPIRV-Cross new enough for simdgroup matrices at "
+                    f"{NEWER_SPIRV_CROSS} (./dev test unpacks Debian unstable's: scripts/newer_debian.py fetch)")
+@pytest.mark.parametrize("transpose_b", [False, True])
+def test_f16_gemm_on_simdgroup_matrices(monkeypatch, transpose_b):
+    """On metal3-apple (MSL 3.1) an f16 GEMM of whole 8 x 8 tiles runs on simdgroup matrices:
+    the cooperative-matrix SPIR-V made into simdgroup_load / simdgroup_multiply_accumulate /
+    simdgroup_store by SPIRV-Cross (Vulkan SDK 1.4.350 and newer), B^T loaded transposed, the
+    accumulator from a zeroed threadgroup tile; clang's front end type-checks it against the
+    shim's simdgroup_matrix (a half matrix loaded from a float buffer is an error there)."""
+    monkeypatch.setenv("TRACEA_SPIRV_CROSS", str(NEWER_SPIRV_CROSS))
+    artifact = tracea.compile_gpu(_f16_gemm(transpose_b), chip="metal3-apple")
+    msl = artifact.msl
+    assert artifact.arch == "metal3.1" and artifact.grid == (48 // 8, 64 // 8, 1) and artifact.block == (32, 1, 1)
+    assert "#include <metal_simdgroup_matrix>" in msl
+    assert msl.count("simdgroup_multiply_accumulate(") == 1 and msl.count("simdgroup_store(") == 1
+    loads = re.findall(r"simdgroup_load\((\w+), &(\w+)\._m0\[[^;]*\);", msl)
+    assert len(loads) == 3 and loads[0][1].startswith("_workgroup_mem")  # the zero accumulator, then A and B
+    assert ("ulong2(0), true);" in msl) == transpose_b  # B [N, K] read as the transposed [K, N] operand
+    assert re.search(r"simdgroup_half8x8 \w+;\n\s*simdgroup_load", msl) and "simdgroup_float8x8" in msl
+    assert msl_errors(msl) == []
+    assert msl_errors(msl.replace("simdgroup_half8x8", "simdgroup_float8x8")) != []
+    # f32: the SIMT kernel, in the same MSL 3.1; f16 off the tile: no Metal kernel, and why
+    simt = tracea.compile_gpu(td.function(td.tensor((64, 32)), td.tensor((32, 48)))(td.gemm), chip="metal3-apple").msl
+    assert "simdgroup_matrix" not in simt and msl_errors(simt) == []
+    with pytest.raises(tracea.CompileError, match="multiples of the device's matrix tile.*simt: inputs are f16"):
+        tracea.compile_gpu(_f16_gemm(transpose_b, m=60), chip="metal3-apple")
+
+
+def test_simdgroup_matrices_need_metal_3_1_and_a_new_spirv_cross(monkeypatch):
+    """metal-apple (MSL 2.3) has no kernel for the f16 GEMM (the reason named); on metal3-apple a
+    SPIRV-Cross that predates them (Debian's) fails with an error that names both ways out."""
+    from tracea.doctor import Context
+    plan = Context("metal3-apple").plan_kernel("gemm", precision="f16", m=64, n=48, k=32, out_dtype="f32")
+    assert plan.variant_id == "metal.gemm.simdgroup_matrix"
+    with pytest.raises(Exception, match=r"on metal-apple: metal.gemm.simdgroup_matrix: needs simdgroup matrices "
+                                        r"and MSL 3.1 \(the metal3-apple profile\)"):
+        Context("metal-apple").plan_kernel("gemm", precision="f16", m=64, n=48, k=32, out_dtype="f32")
+    monkeypatch.setenv("TRACEA_SPIRV_CROSS", shutil.which("spirv-cross"))  # Debian 12's (2021)
+    with pytest.raises(tracea.CompileError, match=r"predates simdgroup matrices .*scripts/newer_debian.py fetch"
+                                                  r".*chip='metal-apple'"):
+        tracea.compile_gpu(_f16_gemm(False), chip="metal3-apple")

@@ -57,7 +57,7 @@ class GPU:
     driver_version: str | None = None  # None: a named profile, not a device here
     toolkit_version: str | None = None
     f16_storage: bool = False  # Vulkan: 16-bit storage buffers, f16 arithmetic, 16-bit integers (storageBuffer16BitAccess + shaderFloat16 + shaderInt16)
-    matrix_tile: int = 0  # Vulkan cooperative matrices: the square f16 x f16 -> f32 subgroup tile (16, 8)
+    matrix_tile: int = 0  # Vulkan cooperative / Metal simdgroup matrices: the square f16 x f16 -> f32 tile (16, 8)
 
     def describe(self) -> str:
         where = f", driver {self.driver_version}" if self.driver_version else " (named profile)"
@@ -132,6 +132,9 @@ ROCM_PROFILES = {
 METAL_PROFILES = {
     "metal-apple": GPU("metal2.3", "Apple GPU (M1 or newer)", 0, 1, 32, 32 * KiB, 32 * KiB, 0, 0, 1024, "", "",
                        8192 * MiB),
+    # macOS 14 and newer: MSL 3.1, which SPIRV-Cross needs to write simdgroup matrices (8 x 8)
+    "metal3-apple": GPU("metal3.1", "Apple GPU (M1 or newer), macOS 14 or newer", 0, 1, 32, 32 * KiB, 32 * KiB, 0, 0,
+                        1024, "simdgroup_matrix", "", 8192 * MiB, matrix_tile=8),
 }
 
 PROFILES = {**{name: Capabilities("cpu", name, cpu=cpu) for name, cpu in CPU_PROFILES.items()},

@@ -109,6 +109,14 @@ def _vulkan_devices() -> Tool:
     return Tool("Vulkan devices", purpose, True, ", ".join(f"{c.name}: {c.gpu.name}" for c in found))
 
 
+def _spirv_cross() -> Tool:
+    from ..targets.spirv.metal import spirv_cross
+    path, purpose = spirv_cross(), "SPIR-V to MSL (Metal); simdgroup matrices need the Vulkan SDK 1.4.350's or newer"
+    if path is None:
+        return Tool("spirv-cross", purpose, False, missing="apt-get install spirv-cross (or TRACEA_SPIRV_CROSS=path)")
+    return Tool("spirv-cross", purpose, True, _version_of([path, "--revision"]), path)
+
+
 def toolchains() -> list[Tool]:
     cc = next((n for n in ("cc", "gcc", "clang") if shutil.which(n)), "cc")
     return [
@@ -130,7 +138,7 @@ def toolchains() -> list[Tool]:
         _package("vulkan", "the Vulkan API (cffi): running SPIR-V kernels on a Vulkan device",
                  "pip install vulkan==1.3.275.1 (and a driver: apt-get install mesa-vulkan-drivers)"),
         _vulkan_devices(),
-        _on_path("spirv-cross", "SPIR-V to MSL / GLSL (Metal)", "apt-get install spirv-cross"),
+        _spirv_cross(),
         _package("libclang", "parses and type-checks MSL where no Metal compiler exists (the Metal tests)",
                  "pip install libclang==18.1.1"),
     ]

@@ -25,8 +25,20 @@ def cooperative_gemm_module_text(v: OpView, name: str, subgroup: int, tile: int)
     t.depth = 3
     row = t.mul(t.op("gpu.block_id y", "b"), t.c(tile))
     col = t.mul(t.op("gpu.block_id x", "b"), t.c(tile))
+    # The zero accumulator is loaded from a zeroed workgroup tile, not made by
+    # subgroup_mma_constant_matrix: SPIRV-Cross writes Metal's simdgroup matrices only for
+    # cooperative-matrix loads, stores and multiply-adds (its OpCompositeConstruct throws)
+    Z_t = f"memref<{tile}x{tile}xf32, 3>"
+    zeros = t.op(f"memref.alloc() : {Z_t}", "z")
+    lane = t.op("gpu.thread_id x", "l")
     zero = t.op("arith.constant 0.0 : f32", "k")
-    start = t.op(f"gpu.subgroup_mma_constant_matrix {zero} : {c_m}", "c")
+    t.for_("%e", lane, t.c(tile * tile), t.c(subgroup))
+    t.line(f"memref.store {zero}, {zeros}[{t.op(f'arith.divui %e, {t.c(tile)} : index', 'i')}, "
+           f"{t.op(f'arith.remui %e, {t.c(tile)} : index', 'i')}] : {Z_t}")
+    t.close()
+    t.line("gpu.barrier")
+    start = t.op(f"gpu.subgroup_mma_load_matrix {zeros}[{t.c(0)}, {t.c(0)}] {{leadDimension = {tile} : index}} "
+                 f": {Z_t} -> {c_m}", "c")
     t.open(f"%acc = scf.for %k0 = {t.c(0)} to {t.c(k)} step {t.c(tile)} iter_args(%c = {start}) -> ({c_m})")
     at = t.op(f"gpu.subgroup_mma_load_matrix %A[{row}, %k0] {{leadDimension = {k} : index}} : {A_t} -> {a_m}", "a")
     if transpose_b:  # B [N, K] read column-major as the [K, N] operand

@@ -151,18 +151,26 @@ def _whole_tiles(p, caps) -> bool | None:
         and p.batch in (None, 1))
 
 
-_COOPERATIVE = Variant("vulkan.gemm.cooperative_matrix", "vulkan", ("gemm",), (
-    BackendIs("vulkan"), Rule("a device with VK_KHR_cooperative_matrix (f16 x f16 -> f32 square tiles)",
-                              lambda p, caps: caps.gpu is not None and caps.gpu.matrix_units == "cooperative_matrix"
-                              and caps.gpu.matrix_tile > 0),
-    DtypeIn(("f16",)), Rule("an f32 result (out_dtype='f32')", lambda p, caps: p.out_dtype == "f32"),
-    Rule("M, N and K multiples of the device's cooperative-matrix tile, A not transposed, one matrix each "
-         "(no batch)", _whole_tiles)), 20,
-    "cooperative matrices: a subgroup per tile of C (the device's square f16 tile, 16 x 16 on GPUs), "
-    "products accumulated in f32", frozenset({"matrix_units"}))
-register_variant(_COOPERATIVE)
-EMITTERS[_COOPERATIVE.id] = lambda v, name, caps: _launched(
-    *cooperative_gemm_module_text(v, name, caps.gpu.warp_size, caps.gpu.matrix_tile))
+def _register_matrix_gemm(backend: str, units: str, needs: str, description: str) -> None:
+    """The f16 GEMM on a subgroup's matrix tiles (cooperative.py): Vulkan's cooperative matrices,
+    and through SPIRV-Cross, Metal's simdgroup matrices (8 x 8)."""
+    variant_ = Variant(f"{backend}.gemm.{units}", backend, ("gemm",), (
+        BackendIs(backend), Rule(needs, lambda p, caps: caps.gpu is not None and caps.gpu.matrix_units == units
+                                 and caps.gpu.matrix_tile > 0),
+        DtypeIn(("f16",)), Rule("an f32 result (out_dtype='f32')", lambda p, caps: p.out_dtype == "f32"),
+        Rule("M, N and K multiples of the device's matrix tile, A not transposed, one matrix each (no batch)",
+             _whole_tiles)), 20, description, frozenset({"matrix_units"}))
+    register_variant(variant_)
+    EMITTERS[variant_.id] = lambda v, name, caps: _launched(
+        *cooperative_gemm_module_text(v, name, caps.gpu.warp_size, caps.gpu.matrix_tile))
+
+
+_register_matrix_gemm("vulkan", "cooperative_matrix", "a device with VK_KHR_cooperative_matrix (f16 x f16 -> f32 "
+                      "square tiles)", "cooperative matrices: a subgroup per tile of C (the device's square f16 "
+                      "tile, 16 x 16 on GPUs), products accumulated in f32")
+_register_matrix_gemm("metal", "simdgroup_matrix", "simdgroup matrices and MSL 3.1 (the metal3-apple profile)",
+                      "simdgroup matrices: a simdgroup per 8 x 8 tile of C (simdgroup_multiply_accumulate), f16 "
+                      "products accumulated in f32")
 
 
 def device_capabilities(device: str) -> Capabilities:

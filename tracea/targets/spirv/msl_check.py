@@ -25,10 +25,11 @@ typedef __SIZE_TYPE__ size_t;
 typedef unsigned int uint;
 typedef unsigned short ushort;
 typedef unsigned char uchar;
+typedef unsigned long ulong;
 #define TRACEA_VECTORS(T) typedef T T##2 __attribute__((ext_vector_type(2))); \
     typedef T T##3 __attribute__((ext_vector_type(3))); typedef T T##4 __attribute__((ext_vector_type(4)));
 TRACEA_VECTORS(float) TRACEA_VECTORS(half) TRACEA_VECTORS(int) TRACEA_VECTORS(uint)
-TRACEA_VECTORS(short) TRACEA_VECTORS(ushort) TRACEA_VECTORS(char) TRACEA_VECTORS(uchar)
+TRACEA_VECTORS(short) TRACEA_VECTORS(ushort) TRACEA_VECTORS(char) TRACEA_VECTORS(uchar) TRACEA_VECTORS(ulong)
 namespace metal {
 enum class mem_flags { mem_none = 0, mem_device = 1, mem_threadgroup = 2, mem_texture = 4 };
 void threadgroup_barrier(mem_flags flags);
@@ -53,6 +54,26 @@ template <typename T> T select(T a, T b, bool c);
 }
 """
 
+# <metal_simdgroup_matrix>: an opaque 8 x 8 matrix per simdgroup, loaded from device or
+# threadgroup memory (elements_per_row apart, optionally transposed), multiplied and accumulated
+# with mixed element types (half products into float, as Apple GPUs do)
+SIMDGROUP_SHIM = r"""
+namespace metal {
+template <typename T, int Cols, int Rows> struct simdgroup_matrix { typedef T storage_type __attribute__((ext_vector_type(2))); storage_type elements; };
+typedef simdgroup_matrix<float, 8, 8> simdgroup_float8x8;
+typedef simdgroup_matrix<half, 8, 8> simdgroup_half8x8;
+template <typename T, int C, int R> void simdgroup_load(thread simdgroup_matrix<T, C, R> &d, const device T *src,
+    ulong elements_per_row = C, ulong2 matrix_origin = 0, bool transpose_matrix = false);
+template <typename T, int C, int R> void simdgroup_load(thread simdgroup_matrix<T, C, R> &d, const threadgroup T *src,
+    ulong elements_per_row = C, ulong2 matrix_origin = 0, bool transpose_matrix = false);
+template <typename T, int C, int R> void simdgroup_store(simdgroup_matrix<T, C, R> a, device T *dst,
+    ulong elements_per_row = C, ulong2 matrix_origin = 0, bool transpose_matrix = false);
+template <typename T, typename U, typename V, int C, int R, int K> void simdgroup_multiply_accumulate(
+    thread simdgroup_matrix<T, C, R> &d, simdgroup_matrix<U, K, R> a, simdgroup_matrix<V, C, K> b,
+    simdgroup_matrix<T, C, R> c);
+}
+"""
+
 _ARGS = ["-x", "cl", "-cl-std=clc++2021", "-cl-no-stdinc", "-cl-single-precision-constant", "-fsyntax-only",
          "-Wno-unknown-attributes", "-I/tracea-metal-shim"]
 
@@ -64,7 +85,8 @@ def msl_errors(msl: str, name: str = "kernel.metal") -> list[str]:
         import clang.cindex as cindex
     except ImportError:
         raise CompileError("checking MSL needs libclang (pip install libclang==18.1.1)") from None
-    shim = [("/tracea-metal-shim/metal_stdlib", METAL_SHIM), ("/tracea-metal-shim/simd/simd.h", "")]
+    shim = [("/tracea-metal-shim/metal_stdlib", METAL_SHIM), ("/tracea-metal-shim/simd/simd.h", ""),
+            ("/tracea-metal-shim/metal_simdgroup_matrix", SIMDGROUP_SHIM)]
     unit = cindex.Index.create().parse(name, args=_ARGS, unsaved_files=[(name, msl), *shim])
     return [f"{d.location.line}:{d.location.column}: {d.spelling}" for d in unit.diagnostics
             if d.severity >= cindex.Diagnostic.Error]

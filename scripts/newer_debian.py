@@ -1,19 +1,24 @@
-"""A newer lavapipe (Mesa's Vulkan driver on the CPU) beside the system's, for the Vulkan tests of
-cooperative matrices. Debian 12's lavapipe (Mesa 22.3) has no VK_KHR_cooperative_matrix, nor
-does its backport (25.0); Mesa 26's in Debian 13's backports has it (8 x 8 x 8 f16 tiles) but
-needs Debian 13's C library. So its packages and their dependencies (C library included, about
-300 MB unpacked) are unpacked into a directory, and Python runs under that C library's loader
-with the unpacked libraries first: the driver loads, and so does everything else (a newer glibc
-runs programs built for an older one). Nothing is installed on the system.
+"""Newer Debian packages beside the system's, unpacked with their own C library: Mesa 26's
+lavapipe (Mesa's Vulkan driver on the CPU) for the Vulkan tests of cooperative matrices, and
+SPIRV-Cross 1.4.357 for Metal's simdgroup matrices. Debian 12's lavapipe (Mesa 22.3) has no
+VK_KHR_cooperative_matrix, nor does its backport (25.0); Mesa 26 in Debian 13's backports has
+it (8 x 8 x 8 f16 tiles). Debian 12's SPIRV-Cross (2021) and 13's (1.4.304) throw on cooperative
+matrices; the Vulkan SDK 1.4.350's and newer (Debian unstable's) write them as simdgroup
+matrices. Both need Debian 13's C library, so the packages and their dependencies (C library
+included, about 300 MB unpacked) go into a directory, and programs run under that C library's
+loader with the unpacked libraries first: the driver loads, and so does everything else (a newer
+glibc runs programs built for an older one). Nothing is installed on the system.
 
-    .venv/bin/python scripts/mesa_lavapipe.py fetch [--dir DIR]   # download and unpack (once)
-    .venv/bin/python scripts/mesa_lavapipe.py run [--dir DIR] -- .venv/bin/python -m pytest test/test_vulkan.py
-    .venv/bin/python scripts/mesa_lavapipe.py status [--dir DIR]  # what is there, or why not
+    .venv/bin/python scripts/newer_debian.py fetch [--dir DIR]   # download and unpack (once)
+    .venv/bin/python scripts/newer_debian.py run [--dir DIR] -- .venv/bin/python -m pytest test/test_vulkan.py
+    .venv/bin/python scripts/newer_debian.py status [--dir DIR]  # what is there, or why not
+    TRACEA_SPIRV_CROSS=.cache/newer-debian/bin/spirv-cross ...   # the Metal target's MSL through it
 
-DIR defaults to .cache/mesa-lavapipe in the repository. Packages come from deb.debian.org
-(trixie-backports for Mesa, trixie for the rest), each checked against the index's SHA-256; the
-index's current version is taken (the archive keeps no old backports), and the version unpacked
-is recorded in DIR/ready. x86_64 Linux only.
+`run` makes the newer lavapipe the only Vulkan device. DIR defaults to .cache/newer-debian in the
+repository. Packages come from deb.debian.org (trixie-backports for Mesa, sid for SPIRV-Cross,
+trixie for the rest), each checked against its index's SHA-256; the indexes' current versions
+are taken (the archive keeps no old ones), and the versions unpacked are recorded in DIR/ready.
+x86_64 Linux only.
 """
 from __future__ import annotations
 
@@ -32,10 +37,10 @@ import urllib.request
 from pathlib import Path
 
 MAIN = Path(__file__).resolve().parent.parent
-DEFAULT_DIR = MAIN / ".cache" / "mesa-lavapipe"
+DEFAULT_DIR = MAIN / ".cache" / "newer-debian"
 MIRROR = "http://deb.debian.org/debian"
-SUITES = {"trixie-backports": ("mesa-vulkan-drivers",), "trixie": ()}  # suite: packages taken from it first
-WANTED = ("mesa-vulkan-drivers", "libvulkan1")
+SUITES = {"trixie-backports": ("mesa-vulkan-drivers",), "sid": ("spirv-cross",), "trixie": ()}  # suite: packages taken from it first
+WANTED = ("mesa-vulkan-drivers", "libvulkan1", "spirv-cross")
 # dependencies the driver never loads (package scripts, configuration)
 NOT_NEEDED = {"debconf", "debconf-2.0", "perl-base", "dpkg", "libc-bin", "init-system-helpers"}
 LOADER = "usr/lib64/ld-linux-x86-64.so.2"
@@ -67,12 +72,12 @@ def _closure(indexes: dict[str, dict]) -> list[dict[str, str]]:
         name = todo.pop()
         if name in chosen or name in NOT_NEEDED:
             continue
-        suites = [s for s, first in SUITES.items() if name in first] + [s for s in SUITES]
+        suites = [s for s, first in SUITES.items() if name in first] + ["trixie"]
         fields = next((indexes[s][name] for s in suites if name in indexes[s]), None)
         if fields is None and name in provides:
             fields = indexes["trixie"].get(provides[name])
         if fields is None:
-            raise SystemExit(f"mesa_lavapipe: no package {name} in {', '.join(SUITES)}")
+            raise SystemExit(f"newer_debian: no package {name} in {', '.join(SUITES)}")
         chosen[name] = fields
         for dependency in (fields.get("Depends", "") + "," + fields.get("Pre-Depends", "")).split(","):
             first = dependency.split("|")[0].strip().split(" ")[0].split(":")[0]
@@ -87,28 +92,34 @@ def fetch(directory: Path) -> str:
     if ready.exists():
         return ready.read_text().strip()
     if platform.system() != "Linux" or platform.machine() != "x86_64":
-        raise SystemExit(f"mesa_lavapipe: x86_64 Linux only (this is {platform.system()} {platform.machine()})")
+        raise SystemExit(f"newer_debian: x86_64 Linux only (this is {platform.system()} {platform.machine()})")
     if shutil.which("dpkg-deb") is None:
-        raise SystemExit("mesa_lavapipe: needs dpkg-deb (Debian's dpkg) to unpack the packages")
+        raise SystemExit("newer_debian: needs dpkg-deb (Debian's dpkg) to unpack the packages")
     indexes = {suite: _index(suite) for suite in SUITES}
     packages = _closure(indexes)
-    staging = Path(tempfile.mkdtemp(prefix="mesa-lavapipe-", dir=directory.parent if directory.parent.exists() else None))
+    staging = Path(tempfile.mkdtemp(prefix="newer-debian-", dir=directory.parent if directory.parent.exists() else None))
     try:
         root = staging / "root"
         for i, fields in enumerate(packages, 1):
-            print(f"mesa_lavapipe: [{i}/{len(packages)}] {fields['Package']} {fields['Version']}", file=sys.stderr)
+            print(f"newer_debian: [{i}/{len(packages)}] {fields['Package']} {fields['Version']}", file=sys.stderr)
             deb = staging / Path(fields["Filename"]).name
             with urllib.request.urlopen(f"{MIRROR}/{fields['Filename']}", timeout=300) as r:
                 deb.write_bytes(r.read())
             if hashlib.sha256(deb.read_bytes()).hexdigest() != fields["SHA256"]:
-                raise SystemExit(f"mesa_lavapipe: {deb.name} does not match the index's SHA-256")
+                raise SystemExit(f"newer_debian: {deb.name} does not match the index's SHA-256")
             subprocess.run(["dpkg-deb", "-x", str(deb), str(root)], check=True)
             deb.unlink()
         icd = json.loads((root / "usr/share/vulkan/icd.d/lvp_icd.json").read_text())
         icd["ICD"]["library_path"] = str(directory / "root" / LIBRARIES / "libvulkan_lvp.so")
         (staging / "lvp_icd.json").write_text(json.dumps(icd, indent=2))
-        version = next(p["Version"] for p in packages if p["Package"] == "mesa-vulkan-drivers")
-        (staging / "ready").write_text(f"mesa-vulkan-drivers {version}\n")
+        (staging / "bin").mkdir()
+        wrapper = staging / "bin" / "spirv-cross"
+        wrapper.write_text("#!/bin/sh\n# SPIRV-Cross from Debian unstable under its C library (scripts/newer_debian.py)\n"
+                           f'exec {" ".join(command(directory, [str(directory / "root/usr/bin/spirv-cross")])[0])} "$@"\n')
+        wrapper.chmod(0o755)
+        versions = {p["Package"]: p["Version"] for p in packages}
+        (staging / "ready").write_text("".join(f"{name} {versions[name]}\n" for name in ("mesa-vulkan-drivers",
+                                                                                          "spirv-cross")))
         if directory.exists():
             shutil.rmtree(directory)
         directory.parent.mkdir(parents=True, exist_ok=True)
@@ -122,7 +133,7 @@ def command(directory: Path, argv: list[str]) -> tuple[list[str], dict[str, str]
     """argv (a program and its arguments) run under the unpacked C library, with the newer driver
     as the only Vulkan device: the command line and its environment."""
     root = directory / "root"
-    env = dict(os.environ, VK_ICD_FILENAMES=str(directory / "lvp_icd.json"), TRACEA_MESA_LAVAPIPE=str(directory))
+    env = dict(os.environ, VK_ICD_FILENAMES=str(directory / "lvp_icd.json"), TRACEA_NEWER_DEBIAN=str(directory))
     env.pop("VK_DRIVER_FILES", None)  # the newer loader's name for VK_ICD_FILENAMES, which it prefers
     return [str(root / LOADER), "--library-path", f"{root / LIBRARIES}:/usr/lib/x86_64-linux-gnu", *argv], env
 
@@ -136,17 +147,17 @@ def main() -> None:
     args = parser.parse_args()
     directory = args.dir.resolve()
     if args.action == "fetch":
-        print(f"mesa_lavapipe: {fetch(directory)} in {directory}")
+        print(f"newer_debian: {', '.join(fetch(directory).splitlines())} in {directory}")
     elif args.action == "status":
         ready = directory / "ready"
-        print(f"mesa_lavapipe: {ready.read_text().strip()} in {directory}" if ready.exists()
-              else f"mesa_lavapipe: not fetched ({directory}); run: {sys.argv[0]} fetch")
+        print(f"newer_debian: {', '.join(ready.read_text().split(chr(10))[:-1])} in {directory}" if ready.exists()
+              else f"newer_debian: not fetched ({directory}); run: {sys.argv[0]} fetch")
     else:
         argv = args.argv[1:] if args.argv[:1] == ["--"] else args.argv
         if not argv:
             parser.error("run needs a program: run -- PROGRAM [ARGS]")
         if not (directory / "ready").exists():
-            raise SystemExit(f"mesa_lavapipe: not fetched ({directory}); run: {sys.argv[0]} fetch")
+            raise SystemExit(f"newer_debian: not fetched ({directory}); run: {sys.argv[0]} fetch")
         cmd, env = command(directory, argv)
         os.execve(cmd[0], cmd, env)
 
