@@ -128,8 +128,9 @@ def least_padded_tile(m: int, n: int, mr: int, nr: int, lanes: int) -> tuple[int
     """On 16 registers, 4 rows x 3 vectors instead of 6 x 2 (as many accumulators) where 6 x 2
     pads the GEMM's M x N by over 1 % more: 128 rows are 22 strips of 6 (132 rows) but 32 of 4.
     The tuner's tables of the 128x1024x1024 GEMM had 4 x 24 best on Zen 3 (6 x 16 within 1 %)
-    and on Zen 4 with the AVX2 plan (6 x 16 5 % off); in-process A/B on that host, 1 and 2
-    threads: 128x1024x1024 +4 % / +12 %, 128x3072x768 +11 % / +13 %, 64x768x768 +17 % / +18 %.
+    and on Zen 4 with the AVX2 plan (6 x 16 5 % off); paired in-process A/B on that host (61
+    rounds, median ratios) on 128x1024x1024, 128x3072x768, 128x768x3072 and 64x768x768: 1 thread
+    +5-7 %, 2 threads +2-7 %; K blocks of 512 instead of the whole K were no faster.
     Where 4 x 3 pads more, 6 x 2 stays: Zen 3's 512^3 table had 4 x 24 6.7 % slower."""
     if (mr, nr) != (6, 2 * lanes):
         return mr, nr
