@@ -59,6 +59,24 @@ MUTATIONS = {
         "tracea/frontend/layers.py",
         "description += [f\"{tuple(n.meta['val'].shape)}:{n.meta['val'].dtype}\" for n in inputs]", "pass",
         ["test/test_layers.py"]),
+    "failing-window-one-op-short": (  # the bisection keeps a run that does not fail
+        "tracea/frontend/partition.py", "    return ops[start:end]\n", "    return ops[start + 1:end]\n",
+        ["test/test_torch.py", "-k", "fail_only_together"]),
+    "spirv-version-not-restored": (  # SIMT modules for a cooperative-matrix device at SPIR-V 1.0
+        "tracea/targets/spirv/target.py", "vce = vce.replace(lowered, self.version, 1)", "pass",
+        ["test/test_vulkan.py", "-k", "simt_kernels_for_a_cooperative"]),
+    "cooperative-b-transposed-stride": (  # caught on Mesa 26's lavapipe, which runs the kernel
+        "tracea/targets/spirv/cooperative.py", "{{leadDimension = {k} : index, transpose}}",
+        "{{leadDimension = {k + tile} : index, transpose}}",
+        ["test/test_vulkan.py", "-k", "lavapipe_with_cooperative"]),
+    "tanh-large-unsigned": (
+        "tracea/targets/cpu/vector_math.py",
+        'large = _signed_as_x(t, vt, bt, t.op(f"arith.subf {one}, {two_over} : {vt}", "y"))',
+        'large = t.op(f"arith.subf {one}, {two_over} : {vt}", "y")',
+        ["test/test_cpu_kernels.py", "test/test_vulkan.py", "-k", "tanh"]),
+    "avx2-tile-never-fitted": (
+        "tracea/targets/cpu/kernels.py", "if padded(4, 3 * lanes) < 0.99 * padded(mr, nr)", "if False",
+        ["test/test_cpu_kernels.py", "-k", "pads_the_gemm"]),
 }
 
 
