@@ -59,30 +59,40 @@ def _index(suite: str) -> dict[str, dict[str, str]]:
     return packages
 
 
+def _satisfies(version: str, constraint: str) -> bool:
+    """Whether a Debian version meets a dependency's constraint (">= 2.39"; "" meets anything)."""
+    if not constraint:
+        return True
+    op, wanted = constraint.split()
+    op = {">=": "ge", "<=": "le", ">>": "gt", "<<": "lt", "=": "eq"}[op]
+    return subprocess.run(["dpkg", "--compare-versions", version, op, wanted]).returncode == 0
+
+
 def _closure(indexes: dict[str, dict]) -> list[dict[str, str]]:
     """The wanted packages and everything they depend on (first alternative of each), each from
-    the first suite that should provide it."""
+    the first suite that should provide it (trixie for the rest) whose version meets what asked
+    for it, else from sid (a newer C library, say, when an unstable package needs one)."""
     provides = {}
     for suite in indexes.values():
         for name, fields in suite.items():
             for virtual in re.findall(r"([\w.+-]+)", fields.get("Provides", "")):
                 provides.setdefault(virtual, name)
-    chosen, todo = {}, list(WANTED)
+    chosen, todo = {}, [(name, "") for name in WANTED]
     while todo:
-        name = todo.pop()
-        if name in chosen or name in NOT_NEEDED:
+        name, constraint = todo.pop()
+        if name in NOT_NEEDED or (name in chosen and _satisfies(chosen[name]["Version"], constraint)):
             continue
-        suites = [s for s, first in SUITES.items() if name in first] + ["trixie"]
-        fields = next((indexes[s][name] for s in suites if name in indexes[s]), None)
-        if fields is None and name in provides:
-            fields = indexes["trixie"].get(provides[name])
+        suites = [s for s, first in SUITES.items() if name in first] + ["trixie", "sid"]
+        real = name if any(name in indexes[s] for s in suites) else provides.get(name)
+        fields = next((indexes[s][real] for s in suites if real in indexes[s]
+                       and _satisfies(indexes[s][real]["Version"], constraint)), None)
         if fields is None:
-            raise SystemExit(f"newer_debian: no package {name} in {', '.join(SUITES)}")
+            raise SystemExit(f"newer_debian: no package {name} {constraint} in {', '.join(SUITES)}")
         chosen[name] = fields
         for dependency in (fields.get("Depends", "") + "," + fields.get("Pre-Depends", "")).split(","):
-            first = dependency.split("|")[0].strip().split(" ")[0].split(":")[0]
+            first = re.match(r"\s*([^\s(|:]+)(?::\w+)?\s*(?:\(([^)]*)\))?", dependency.split("|")[0])
             if first:
-                todo.append(first)
+                todo.append((first.group(1), first.group(2) or ""))
     return list(chosen.values())
 
 
@@ -117,6 +127,10 @@ def fetch(directory: Path) -> str:
         wrapper.write_text("#!/bin/sh\n# SPIRV-Cross from Debian unstable under its C library (scripts/newer_debian.py)\n"
                            f'exec {" ".join(command(directory, [str(directory / "root/usr/bin/spirv-cross")])[0])} "$@"\n')
         wrapper.chmod(0o755)
+        smoke = subprocess.run([str(staging / "root" / LOADER), "--library-path", str(staging / "root" / LIBRARIES),
+                                str(staging / "root/usr/bin/spirv-cross"), "--help"], capture_output=True, text=True)
+        if smoke.returncode not in (0, 1) or "Usage" not in smoke.stdout + smoke.stderr:
+            raise SystemExit(f"newer_debian: the unpacked SPIRV-Cross does not run: {smoke.stderr.strip()[:300]}")
         versions = {p["Package"]: p["Version"] for p in packages}
         (staging / "ready").write_text("".join(f"{name} {versions[name]}\n" for name in ("mesa-vulkan-drivers",
                                                                                           "spirv-cross")))
