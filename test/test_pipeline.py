@@ -156,3 +156,25 @@ def test_the_compiler_process_holds_no_pipe_of_the_caller():
         assert ready and os.read(read_end, 1) == b""
     finally:
         os.close(read_end)
+
+
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="the compiler process needs os.fork")
+def test_the_compiler_process_needs_no_temporary_directory(monkeypatch, crash_dir):
+    """With no usable temporary directory (a full disk: the fuzzer's run filled one), the
+    compiler process still starts and still reports an abort with its assertion (its stderr is
+    kept in memory); before, tempfile's error ended tracea-opt in a traceback."""
+    import tempfile
+
+    from tracea.passes import isolation
+
+    def full_disk(*args, **kwargs):
+        raise FileNotFoundError(2, "No usable temporary directory found")
+
+    monkeypatch.setattr(tempfile, "mkstemp", full_disk)
+    with isolation._process_lock:
+        if isolation._process is not None:
+            isolation._process.close()
+            isolation._process = None
+    assert run_pipeline(SOFTMAX, parse_pipeline("tracea-to-linalg"), isolate=True).ok
+    with pytest.raises(InternalCompilerError, match="integralElementType.getWidth"):
+        run_pipeline(CRASHING_INPUT, parse_pipeline("finalize-memref-to-llvm"), isolate=True)

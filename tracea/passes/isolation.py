@@ -131,8 +131,13 @@ def _receive(fd: int) -> bytes:
 
 
 def _log_file() -> int:
-    fd, path = tempfile.mkstemp(prefix="tracea-compiler-", suffix=".log")
-    os.unlink(path)
+    """A file for a compiler child's stderr: in memory where the OS can (a full or unwritable
+    temporary directory then costs no compile: the fuzzer's disk filled up), else in /tmp."""
+    if hasattr(os, "memfd_create"):
+        fd = os.memfd_create("tracea-compiler-log")
+    else:
+        fd, path = tempfile.mkstemp(prefix="tracea-compiler-", suffix=".log")
+        os.unlink(path)
     _open(fd)
     return fd
 
