@@ -40,6 +40,24 @@ def test_sizes_that_overflow_are_input_errors():
         tracea.compile(big)
 
 
+def test_a_type_whose_element_count_overflows_is_an_error_not_an_abort(tmp_path, capsys):
+    """An int64 element count that overflows inside the body (the IR fuzzer's mutant: a
+    constant of 2^63 - 1 x 4 elements) made MLIR's parser abort, reported as an internal
+    compiler error; it is now an error at the type's line and column."""
+    from tracea.tools import opt
+    text = ("func.func @f(%x: tensor<4xf32>) -> tensor<4xf32> {\n"
+            "  %c = arith.constant dense<0.0> : tensor<9223372036854775807x4xf32>\n"
+            "  return %x : tensor<4xf32>\n}\n")
+    with pytest.raises(CompileError, match=r"<string>:2:36: error: the type tensor<9223372036854775807x4x\.\.\. "
+                                           r"has 3\.69e\+19 elements: too large"):
+        tracea.compile(text)
+    path = tmp_path / "huge.mlir"
+    path.write_text(text)
+    assert opt.main([str(path)]) == 1
+    err = capsys.readouterr().err
+    assert "huge.mlir:2:36: error" in err and "internal compiler error" not in err
+
+
 def test_tracea_opt_reports_unreadable_input_and_unwritable_output_in_one_line(tmp_path, capsys):
     binary = tmp_path / "binary.mlir"
     binary.write_bytes(b"\xff\xfe\x00 not text")

@@ -2,6 +2,8 @@
 from __future__ import annotations
 
 import contextlib
+import math
+import re
 import threading
 from typing import Iterator
 
@@ -12,7 +14,7 @@ from mlir.dialects import irdl
 # would pay again in its forked pass run.
 from mlir.dialects import linalg  # noqa: F401
 
-from ..errors import Diagnostic
+from ..errors import CompileError, Diagnostic
 from .ops import irdl_source
 
 _SEVERITY = {"ERROR": "error", "WARNING": "warning", "NOTE": "note", "REMARK": "remark"}
@@ -33,6 +35,30 @@ def make_context(threads: bool = True) -> ir.Context:
         ctx.enable_multithreading(False)
     load_tracea_dialect(ctx)
     return ctx
+
+
+# A shaped type's static dims: tensor<4x?x8xf32> -> "4x?x8"
+_SHAPED_TYPE = re.compile(r"\b(?:tensor|memref|vector)<((?:\d+|\?)(?:x(?:\d+|\?))*)x")
+MAX_ELEMENTS = 2 ** 62  # MLIR's element count is an int64_t (and byte sizes multiply it further)
+
+
+class ShapeTooLarge(CompileError):
+    """A shaped type whose element count MLIR cannot hold: its parser would abort on it."""
+
+
+def check_shape_sizes(text: str, source_name: str) -> None:
+    """Raise ShapeTooLarge for the first shaped type with more elements than an int64 counts
+    (tensor<9223372036854775807x4xf32>, an IR fuzzer's mutant): MLIR's parser asserts on it.
+    Asked once the compiler process has died (a regular expression over a model's IR costs
+    ~40 ms a MB), so that the abort becomes an error naming the type."""
+    for match in _SHAPED_TYPE.finditer(text):
+        elements = math.prod(int(d) for d in match.group(1).split("x") if d != "?")
+        if elements > MAX_ELEMENTS:
+            line = text.count("\n", 0, match.start()) + 1
+            col = match.start() - text.rfind("\n", 0, match.start())
+            raise ShapeTooLarge("compilation failed:", [Diagnostic(
+                "error", f"the type {match.group(0)}... has {elements:.3g} elements: too large for 64-bit sizes",
+                source_name, line, col)])
 
 
 def parse_module(text: str, source_name: str):

@@ -22,7 +22,8 @@ import mlir.ir as ir
 from mlir.passmanager import PassManager
 
 from .. import knobs
-from ..dialects.context import DiagnosticLog, parse_module, pipeline_lock, shared_context
+from ..dialects.context import (DiagnosticLog, ShapeTooLarge, check_shape_sizes, parse_module, pipeline_lock,
+                               shared_context)
 from ..dialects.verify import verify_tracea_ops
 from ..errors import CompileError, Diagnostic, InternalCompilerError, TraceaError
 from .isolation import ChildDied, call_isolated
@@ -233,6 +234,10 @@ def _run_isolated(args) -> PipelineResult:
         result, log = call_isolated(_run_in_process, args)
     except ChildDied as died:
         source, stages, finish = args[0], args[1], args[-1]
+        try:  # an input MLIR's parser aborts on is the input's error, not the compiler's
+            check_shape_sizes(source, args[2])
+        except ShapeTooLarge as e:
+            return PipelineResult(False, None, e.diagnostics)
         raise _internal_error(died.wait_status, died.log, source, stages, args[2], finish is not None) from None
     result.log = log
     return result
