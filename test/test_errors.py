@@ -40,7 +40,7 @@ def test_sizes_that_overflow_are_input_errors():
         tracea.compile(big)
 
 
-def test_a_type_whose_element_count_overflows_is_an_error_not_an_abort(tmp_path, capsys):
+def test_inputs_mlirs_parser_aborts_on_are_errors_not_aborts(tmp_path, capsys):
     """An int64 element count that overflows inside the body (the IR fuzzer's mutant: a
     constant of 2^63 - 1 x 4 elements) made MLIR's parser abort, reported as an internal
     compiler error; it is now an error at the type's line and column."""
@@ -56,6 +56,12 @@ def test_a_type_whose_element_count_overflows_is_an_error_not_an_abort(tmp_path,
     assert opt.main([str(path)]) == 1
     err = capsys.readouterr().err
     assert "huge.mlir:2:36: error" in err and "internal compiler error" not in err
+    # another mutant MLIR's parser aborts on: a dense array of index
+    path.write_text("func.func @f(%x: tensor<4xf32>) -> tensor<4xf32> attributes {a = array<index: 1>} {\n"
+                    "  return %x : tensor<4xf32>\n}\n")
+    assert opt.main([str(path)]) == 1
+    err = capsys.readouterr().err
+    assert "huge.mlir:1:66: error: array<index: ...>: MLIR has no dense arrays of index" in err
 
 
 def test_tracea_opt_reports_unreadable_input_and_unwritable_output_in_one_line(tmp_path, capsys):

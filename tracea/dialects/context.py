@@ -40,25 +40,31 @@ def make_context(threads: bool = True) -> ir.Context:
 # A shaped type's static dims: tensor<4x?x8xf32> -> "4x?x8"
 _SHAPED_TYPE = re.compile(r"\b(?:tensor|memref|vector)<((?:\d+|\?)(?:x(?:\d+|\?))*)x")
 MAX_ELEMENTS = 2 ** 62  # MLIR's element count is an int64_t (and byte sizes multiply it further)
+_INDEX_ARRAY = re.compile(r"\barray<index\s*:")
 
 
-class ShapeTooLarge(CompileError):
-    """A shaped type whose element count MLIR cannot hold: its parser would abort on it."""
+class ParserAbort(CompileError):
+    """Input that MLIR's parser aborts on (an assertion) rather than reporting."""
 
 
-def check_shape_sizes(text: str, source_name: str) -> None:
-    """Raise ShapeTooLarge for the first shaped type with more elements than an int64 counts
-    (tensor<9223372036854775807x4xf32>, an IR fuzzer's mutant): MLIR's parser asserts on it.
-    Asked once the compiler process has died (a regular expression over a model's IR costs
-    ~40 ms a MB), so that the abort becomes an error naming the type."""
+def check_parser_aborts(text: str, source_name: str) -> None:
+    """Raise ParserAbort naming the first construct in `text` that MLIR's parser asserts on (the
+    IR fuzzer's mutants): a shaped type with more elements than an int64 counts
+    (tensor<9223372036854775807x4xf32>), a dense array of index (array<index: 1>). Asked once
+    the compiler process has died (a regular expression over a model's IR costs ~40 ms a MB),
+    so that the abort becomes the input's error at its line and column."""
+    def abort(start: int, message: str):
+        line, col = text.count("\n", 0, start) + 1, start - text.rfind("\n", 0, start)
+        return ParserAbort("compilation failed:", [Diagnostic("error", message, source_name, line, col)])
+
     for match in _SHAPED_TYPE.finditer(text):
         elements = math.prod(int(d) for d in match.group(1).split("x") if d != "?")
         if elements > MAX_ELEMENTS:
-            line = text.count("\n", 0, match.start()) + 1
-            col = match.start() - text.rfind("\n", 0, match.start())
-            raise ShapeTooLarge("compilation failed:", [Diagnostic(
-                "error", f"the type {match.group(0)}... has {elements:.3g} elements: too large for 64-bit sizes",
-                source_name, line, col)])
+            raise abort(match.start(), f"the type {match.group(0)}... has {elements:.3g} elements: too large for "
+                                       "64-bit sizes")
+    if match := _INDEX_ARRAY.search(text):
+        raise abort(match.start(), "array<index: ...>: MLIR has no dense arrays of index (its parser aborts on "
+                                   "them); use array<i64: ...>")
 
 
 def parse_module(text: str, source_name: str):

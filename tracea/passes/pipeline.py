@@ -22,7 +22,7 @@ import mlir.ir as ir
 from mlir.passmanager import PassManager
 
 from .. import knobs
-from ..dialects.context import (DiagnosticLog, ShapeTooLarge, check_shape_sizes, parse_module, pipeline_lock,
+from ..dialects.context import (DiagnosticLog, ParserAbort, check_parser_aborts, parse_module, pipeline_lock,
                                shared_context)
 from ..dialects.verify import verify_tracea_ops
 from ..errors import CompileError, Diagnostic, InternalCompilerError, TraceaError
@@ -235,8 +235,8 @@ def _run_isolated(args) -> PipelineResult:
     except ChildDied as died:
         source, stages, finish = args[0], args[1], args[-1]
         try:  # an input MLIR's parser aborts on is the input's error, not the compiler's
-            check_shape_sizes(source, args[2])
-        except ShapeTooLarge as e:
+            check_parser_aborts(source, args[2])
+        except ParserAbort as e:
             return PipelineResult(False, None, e.diagnostics)
         raise _internal_error(died.wait_status, died.log, source, stages, args[2], finish is not None) from None
     result.log = log
