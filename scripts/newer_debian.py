@@ -97,7 +97,8 @@ def _closure(indexes: dict[str, dict]) -> list[dict[str, str]]:
 
 
 def fetch(directory: Path) -> str:
-    """Download and unpack the driver into `directory` (nothing when it is there); its version."""
+    """Download and unpack the packages into `directory` (nothing when they are there); the versions
+    of the driver and of SPIRV-Cross, a line each."""
     ready = directory / "ready"
     if ready.exists():
         return ready.read_text().strip()
@@ -114,9 +115,10 @@ def fetch(directory: Path) -> str:
             print(f"newer_debian: [{i}/{len(packages)}] {fields['Package']} {fields['Version']}", file=sys.stderr)
             deb = staging / Path(fields["Filename"]).name
             with urllib.request.urlopen(f"{MIRROR}/{fields['Filename']}", timeout=300) as r:
-                deb.write_bytes(r.read())
-            if hashlib.sha256(deb.read_bytes()).hexdigest() != fields["SHA256"]:
+                data = r.read()
+            if hashlib.sha256(data).hexdigest() != fields["SHA256"]:
                 raise SystemExit(f"newer_debian: {deb.name} does not match the index's SHA-256")
+            deb.write_bytes(data)
             subprocess.run(["dpkg-deb", "-x", str(deb), str(root)], check=True)
             deb.unlink()
         icd = json.loads((root / "usr/share/vulkan/icd.d/lvp_icd.json").read_text())
@@ -127,8 +129,8 @@ def fetch(directory: Path) -> str:
         wrapper.write_text("#!/bin/sh\n# SPIRV-Cross from Debian unstable under its C library (scripts/newer_debian.py)\n"
                            f'exec {" ".join(command(directory, [str(directory / "root/usr/bin/spirv-cross")])[0])} "$@"\n')
         wrapper.chmod(0o755)
-        smoke = subprocess.run([str(staging / "root" / LOADER), "--library-path", str(staging / "root" / LIBRARIES),
-                                str(staging / "root/usr/bin/spirv-cross"), "--help"], capture_output=True, text=True)
+        smoke = subprocess.run(command(staging, [str(staging / "root/usr/bin/spirv-cross"), "--help"])[0],
+                               capture_output=True, text=True)
         if smoke.returncode not in (0, 1) or "Usage" not in smoke.stdout + smoke.stderr:
             raise SystemExit(f"newer_debian: the unpacked SPIRV-Cross does not run: {smoke.stderr.strip()[:300]}")
         versions = {p["Package"]: p["Version"] for p in packages}

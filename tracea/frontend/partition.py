@@ -6,8 +6,8 @@ isolation whether torch-mlir lowers it to linalg (answers cached per op and oper
 torch.fx's CapabilityBasedPartitioner groups the supported ops into regions; each region is
 compiled on its own. A region whose compile still fails is split again, op by op, so one bad op
 costs only itself; where each op compiles alone but not together, the shortest run of them that
-fails is found by bisection and only it runs in PyTorch. The result is the decomposed graph with every region replaced by a
-`CompiledRegion`, and a `Placement` saying what ran where and why."""
+fails is found by bisection and only it runs in PyTorch. The result is the decomposed graph with
+every region replaced by a `CompiledRegion`, and a `Placement` saying what ran where and why."""
 from __future__ import annotations
 
 import operator
@@ -263,12 +263,13 @@ def _failing_window(ops, compile_text) -> list:
     compiles) found to fail by itself: the shortest failing prefix, then its shortest failing
     suffix. Every run returned was seen to fail, so the ops outside it keep compiling in the
     next round instead of following one bad combination to PyTorch."""
-    budget = [MAX_BISECTION_COMPILES]
+    budget = MAX_BISECTION_COMPILES
 
     def fails(run) -> bool | None:  # None: out of budget
-        if budget[0] == 0:
+        nonlocal budget
+        if budget == 0:
             return None
-        budget[0] -= 1
+        budget -= 1
         try:
             _compile_region(_ops_module(run), compile_text)
             return False
