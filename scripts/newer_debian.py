@@ -159,8 +159,12 @@ def main() -> None:
                                      epilog=__doc__.split("\n\n", 1)[1])
     parser.add_argument("action", choices=["fetch", "run", "status"])
     parser.add_argument("--dir", type=Path, default=DEFAULT_DIR, help=f"where it is unpacked (default {DEFAULT_DIR})")
-    parser.add_argument("argv", nargs=argparse.REMAINDER, help="run: -- the program and its arguments")
-    args = parser.parse_args()
+    parser.usage = "%(prog)s [-h] [--dir DIR] {fetch,run,status} [-- PROGRAM [ARGS ...]]"
+    # what follows `--` is run's program, split off first: an argparse remainder would also
+    # swallow options given after the action (`fetch --dir DIR`)
+    raw = sys.argv[1:]
+    cut = raw.index("--") if "--" in raw else len(raw)
+    args, program = parser.parse_args(raw[:cut]), raw[cut + 1:]
     directory = args.dir.resolve()
     if args.action == "fetch":
         print(f"newer_debian: {', '.join(fetch(directory).splitlines())} in {directory}")
@@ -169,12 +173,11 @@ def main() -> None:
         print(f"newer_debian: {', '.join(ready.read_text().split(chr(10))[:-1])} in {directory}" if ready.exists()
               else f"newer_debian: not fetched ({directory}); run: {sys.argv[0]} fetch")
     else:
-        argv = args.argv[1:] if args.argv[:1] == ["--"] else args.argv
-        if not argv:
+        if not program:
             parser.error("run needs a program: run -- PROGRAM [ARGS]")
         if not (directory / "ready").exists():
             raise SystemExit(f"newer_debian: not fetched ({directory}); run: {sys.argv[0]} fetch")
-        cmd, env = command(directory, argv)
+        cmd, env = command(directory, program)
         os.execve(cmd[0], cmd, env)
 
 
