@@ -636,6 +636,54 @@ def test_outputs_keep_the_models_structure_and_scalars():
     assert got["any"].dtype == torch.bool and got["any"].shape == () and bool(got["any"]) == bool(want["any"])
 
 
+class ReturnsNumbers(nn.Module):
+    """Python numbers computed from tensor data and sizes, with the run-time checks torch.export
+    records for them (torch-mlir's e2e AtenSymConstrainRange and Aten_AssertScalar)."""
+
+    def forward(self, x, ids):
+        count = ids.sum().item()
+        torch.ops.aten.sym_constrain_range(count, max=50)
+        torch.ops.aten._assert_scalar(count > 3, "count > 3")
+        return {"count": count, "rows": x.shape[0] * 2, "mean": x.mean().item(), "any": (x > 1).any().item(),
+                "y": x + count}
+
+
+class ChecksItsNumber(nn.Module):
+    def forward(self, ids):
+        count = ids.sum().item()
+        torch.ops.aten._assert_scalar(count > 3, "count > 3")
+        return count, ids * count
+
+
+def test_numbers_computed_from_tensors_are_returned_and_their_checks_run():
+    """They were refused ("return a tensor instead"); they are 0-d tensors until the call returns.
+    The checks fail as in eager, in a compiled kernel (naming the check torch-mlir put in it) and
+    where the ops around them run in PyTorch (a bool read from a tensor: sym_ite), whose checks
+    had been dropped with those of the input shapes."""
+    ids = torch.tensor([4, 6])
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # compiled whole
+        compiled = tracea.compile(ChecksItsNumber(), (ids,))
+    count, y = compiled(torch.tensor([1, 3]))
+    assert type(count) is int and count == 4 and torch.equal(y, torch.tensor([4, 12]))
+    with pytest.raises(RuntimeError, match="run-time check of the program failed.*u0 >= 4"):
+        compiled(torch.tensor([1, 2]))
+
+    x = torch.randn(5, 3)
+    with pytest.warns(RuntimeWarning, match="runs in PyTorch"):
+        compiled = tracea.compile(ReturnsNumbers(), (x, ids), dynamic_dims={0: 0})
+    for rows, values in ((5, [4, 6]), (9, [20, 30]), (2, [2, 2])):
+        x, ids = torch.randn(rows, 3) * 2, torch.tensor(values)
+        got, want = compiled(x, ids), ReturnsNumbers()(x, ids)
+        assert [type(got[k]) for k in want] == [type(want[k]) for k in want] == [int, int, float, bool, torch.Tensor]
+        assert (got["count"], got["rows"], got["any"]) == (want["count"], want["rows"], want["any"])
+        assert got["mean"] == pytest.approx(want["mean"], rel=1e-6)
+        torch.testing.assert_close(got["y"], want["y"])
+    for values, fails in (([50, 1], "u0 <= 50"), ([1, 1], "u0 >= 4")):  # eager raises here too
+        with pytest.raises(RuntimeError, match=f"assertion failed .*{fails}"):
+            compiled(x, torch.tensor(values))
+
+
 class DataDependent(nn.Module):
     def __init__(self):
         super().__init__()

@@ -16,7 +16,9 @@ from .dialects.builder import Function
 from .dialects.context import parse_module, shared_context
 from .dialects.functions import function_signature, public_functions
 from .errors import CompileError, OpError
+from .passes.check_indices import is_index_check
 from .passes.pipeline import compile_or_raise
+from .passes.registry import ops_named
 from .runtime import disk_cache
 from .runtime.kernel import Kernel, Signature
 from .targets import get_target
@@ -65,11 +67,15 @@ def _signature(text: str, entry: str | None, source_name: str) -> Signature:
             entry = names[0]
         if entry not in names:
             raise CompileError(f"no public function @{entry} in {source_name}; found: {', '.join(names) or 'none'}")
+        func = funcs[names.index(entry)]
         try:
-            inputs, outputs = function_signature(funcs[names.index(entry)])
+            inputs, outputs = function_signature(func)
         except OpError as e:
             raise CompileError(f"cannot compile @{entry}: {e}") from None
-    return Signature(entry, inputs, outputs)
+        checks = [] if "cf.assert" not in text else [  # what a failed run-time check names
+            message for op in ops_named(func, "cf.assert")
+            if not is_index_check(message := ir.StringAttr(op.attributes["msg"]).value)]
+    return Signature(entry, inputs, outputs, checks=list(dict.fromkeys(checks)))
 
 
 def compile_program(program, *, target: str = "cpu", entry: str | None = None, strategy: str = "tiled",

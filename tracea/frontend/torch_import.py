@@ -49,12 +49,15 @@ class OutputLayout:
         from torch.utils._pytree import tree_flatten
         leaves, self.spec = tree_flatten(output)
         self.constants = []
-        for leaf in leaves:
+        numbers = {torch.SymInt: (int, torch.int64), torch.SymFloat: (float, torch.float64),
+                   torch.SymBool: (bool, torch.bool)}
+        for i, leaf in enumerate(leaves):
             if isinstance(leaf, torch.Tensor):
                 self.constants.append(None)
-            elif isinstance(leaf, (torch.SymInt, torch.SymFloat, torch.SymBool)):
-                raise CompileError("the model returns a Python number computed from tensor data "
-                                   f"({type(leaf).__name__}); return a tensor instead (e.g. drop .item())")
+            elif type(leaf) in numbers:  # x.item(), a symbolic size: a 0-d tensor until the end
+                kind, dtype = numbers[type(leaf)]
+                leaves[i] = torch.scalar_tensor(leaf, dtype=dtype)
+                self.constants.append(("number", kind))
             elif _holds_tensor(leaf):
                 raise CompileError(
                     f"the model returns a {type(leaf).__name__} holding tensors, which Tracea cannot rebuild on "
@@ -70,7 +73,9 @@ class OutputLayout:
     def rebuild(self, tensors):
         from torch.utils._pytree import tree_unflatten
         it = iter(tensors)
-        return tree_unflatten([next(it) if c is None else c[1] for c in self.constants], self.spec)
+        leaves = [next(it) if c is None else c[1](next(it).item()) if c[0] == "number" else c[1]
+                  for c in self.constants]
+        return tree_unflatten(leaves, self.spec)
 
 
 def _holds_tensor(value, depth: int = 4) -> bool:
@@ -343,11 +348,15 @@ def drop_metadata_asserts(graph_module) -> None:
     """Remove checks of traced dtypes, devices and input shapes (they hold by construction, or
     are checked by the caller, and torch-mlir has no lowering for them)."""
     import torch
+    from torch.fx.experimental.symbolic_shapes import free_unbacked_symbols
     asserts = {torch.ops.aten._assert_tensor_metadata.default, torch.ops.aten._assert_scalar.default}
     graph = graph_module.graph
     for node in list(graph.nodes):
         if node.users:
             continue
+        condition = node.args[0].meta.get("val") if node.args and isinstance(node.args[0], torch.fx.Node) else None
+        if isinstance(condition, torch.SymBool) and free_unbacked_symbols(condition):
+            continue  # a check of values read from tensors (x.item() > 3): it must still fail
         if (node.op == "call_function" and node.target in asserts) or \
                 (node.op == "call_module" and node.target == "_guards_fn"):  # export's check of its inputs
             graph.erase_node(node)
@@ -447,7 +456,9 @@ def _imported(importer, what: str) -> str:
         try:
             module = importer(fx)
         except Exception as e:  # noqa: BLE001 - torch-mlir names the unsupported construct
-            raise CompileError(f"torch-mlir could not import {what} to linalg: {first_line(e)}") from None
+            # (its "Unimplemented call_function: target=..., {node meta}" is cut before the meta dump)
+            reason = re.sub(r"(Unimplemented call_function: target=.*?), \{'val'.*", r"\1", first_line(e))
+            raise CompileError(f"torch-mlir could not import {what} to linalg: {reason}") from None
     return _checked_text(module, what)
 
 

@@ -31,8 +31,13 @@ from .registry import TraceaPass, ops_named, register
 INDEX_COUNTER, CHECK_COUNTER = FAULTS[1][0], FAULTS[2][0]
 
 
+def is_index_check(message: str) -> bool:
+    """Whether a torch-mlir cf.assert checks an index (IndexError) rather than another condition."""
+    return "index" in message.lower()
+
+
 def _counter_for(message: str) -> str:
-    return INDEX_COUNTER if "index" in message.lower() else CHECK_COUNTER
+    return INDEX_COUNTER if is_index_check(message) else CHECK_COUNTER
 
 
 def _in_range_constant(value: ir.Value, size: int) -> bool:

@@ -137,7 +137,7 @@ def export(kernel, path: str | Path, extra: dict | None = None) -> Path:
     Path(str(path) + ".h").write_text(header(sig, symbol))
     Path(str(path) + ".json").write_text(json.dumps(_sealed({
         "format": FORMAT, "name": sig.name, "symbol": symbol, "packed_symbol": f"_mlir_{entry}",
-        "arg_names": sig.arg_names,
+        "arg_names": sig.arg_names, "checks": sig.checks,
         "inputs": [[list(s.shape), s.dtype] for s in sig.inputs],
         "outputs": [[list(s.shape), s.dtype] for s in sig.outputs],
         "runtime_libraries": kernel.runtime_libraries, "threads": kernel.threads,

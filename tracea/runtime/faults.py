@@ -21,8 +21,12 @@ FAULTS = (
 )
 
 
-def raise_for(status: int, kernel_name: str) -> None:
-    """Raise the error of the first fault set in a packed entry's status (nothing for 0)."""
-    for bit, (_, error, what) in enumerate(FAULTS):
+def raise_for(status: int, kernel_name: str, checks=()) -> None:
+    """Raise the error of the first fault set in a packed entry's status (nothing for 0); a failed
+    run-time check names the kernel's `checks` (their messages: which failed is not recorded)."""
+    for bit, (counter, error, what) in enumerate(FAULTS):
         if status & (1 << bit):
+            if counter == FAULTS[2][0] and checks:
+                shown = "; ".join(checks[:3]) + (f"; and {len(checks) - 3} more" if len(checks) > 3 else "")
+                what += f": {shown}" if len(checks) == 1 else f", one of: {shown}"
             raise error(f"{kernel_name}: {what}")

@@ -112,6 +112,7 @@ class Signature:
     inputs: list[TensorSpec]
     outputs: list[TensorSpec]
     arg_names: list[str] = field(default_factory=list)
+    checks: list[str] = field(default_factory=list)  # the messages of its run-time checks (cf.assert)
 
     def describe(self) -> str:
         args = ", ".join(f"{n}: {s}" for n, s in zip(self.arg_names or [f"arg{i}" for i in range(len(self.inputs))],
@@ -164,7 +165,8 @@ class Kernel:
         library = aot.read(path, expect)
         meta = library.meta
         signature = Signature(meta["name"], [TensorSpec(tuple(s), d) for s, d in meta["inputs"]],
-                              [TensorSpec(tuple(s), d) for s, d in meta["outputs"]], meta["arg_names"])
+                              [TensorSpec(tuple(s), d) for s, d in meta["outputs"]], meta["arg_names"],
+                              meta.get("checks", []))
         kernel = cls(signature, library.address, library.handle, "cpu (shared library)", entry_symbol=meta["symbol"],
                      runtime_libraries=meta["runtime_libraries"], threads=meta.get("threads", 1),
                      openmp="llvm" if any(Path(p).name == "libomp.so" for p in meta["runtime_libraries"]) else None)
@@ -228,5 +230,5 @@ class Kernel:
             team.place(cpu)  # keep the OpenMP workers off the caller's CPU (see runtime/placement.py)
         status = self._entry(frame.bind(inputs + outputs))
         if status:
-            faults.raise_for(status, sig.name)
+            faults.raise_for(status, sig.name, sig.checks)
         return outputs[0] if len(outputs) == 1 else tuple(outputs)
