@@ -12,7 +12,7 @@ import time
 
 from .dynamic import DynamicModel
 from .partition import Placement
-from .torch_import import warn_once
+from .torch_import import MODULE_KEY, warn_once
 from .torch_model import compile_model
 
 log = logging.getLogger("tracea.dynamo")
@@ -40,6 +40,43 @@ def _unsupported_input(example_inputs) -> str | None:
         if x.dtype.is_complex:
             return f"graph input #{i} has dtype {x.dtype}; Tracea compiles graphs of real tensors"
     return None
+
+
+def _layer_calls(gm) -> None:
+    """Tag each node of a Dynamo graph with the module calls it was made in, as torch.export's
+    trace of a model is tagged (torch_import.module_paths), so that its repeated layers are
+    imported and compiled once (layers.py): from Dynamo's nn_module_stack, whose paths read
+    "L['self'].transformer.h.1" (a path met again after another call at its depth is a new call)."""
+    import re
+    calls: dict[str, int] = {}
+    previous: tuple[str, ...] = ()
+    for node in gm.graph.nodes:
+        stack = [re.sub(r"\[(\d+)\]", r".\1", re.sub(r"^L\['self'\]\.?|^L__self__", "", path))
+                 for path, _ in (node.meta.get("nn_module_stack") or {}).values()]
+        paths = tuple(p for p in stack if p)
+        for depth, path in enumerate(paths):
+            if depth >= len(previous) or previous[depth] != path:
+                calls[path] = calls.get(path, 0) + 1
+        previous = paths
+        if paths:
+            node.meta.setdefault("custom", {})[MODULE_KEY] = tuple(f"{p}@{calls[p]}" for p in paths)
+
+
+def _interpreted(gm):
+    """A module running `gm` node by node (torch.fx.Interpreter): traced under
+    preserve_node_meta, each op it records keeps the tags of the node it came from."""
+    import torch
+    from torch import fx
+    _layer_calls(gm)
+
+    class Interpreted(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.gm = gm
+
+        def forward(self, *args):
+            return fx.Interpreter(self.gm).run(*args)
+    return Interpreted()
 
 
 def _reason(e: Exception) -> str:
@@ -73,7 +110,7 @@ class _PerShape:
 
     def _compile(self, args):
         import torch
-        gm, sizes = self.gm, {i: int(a) for i, a in enumerate(args) if not isinstance(a, torch.Tensor)}
+        gm, sizes = _interpreted(self.gm), {i: int(a) for i, a in enumerate(args) if not isinstance(a, torch.Tensor)}
 
         class Specialized(torch.nn.Module):  # the sizes become constants of the traced graph
             def __init__(self):
@@ -139,7 +176,7 @@ class _Symbolic:
 
     def _compile(self, tensors):
         import torch
-        gm, sizes, n_args = self.gm, self.sizes, self.n_args
+        gm, sizes, n_args = _interpreted(self.gm), self.sizes, self.n_args
 
         class SizesFromShapes(torch.nn.Module):
             def __init__(self):

@@ -468,8 +468,8 @@ def _imported(importer, what: str) -> str:
 _TORCH_MLIR_GELU_BETA = 0.7977240352174656
 # Part of the disk cache's key for imported graphs: raise it when what the import writes changes
 # for the same graph and tool versions (2: the GELU constant corrected; 3: layer norm in f32, cumsum
-# as a sum).
-IMPORT_REVISION = 3
+# as a sum; 4: torch.compile's graphs imported by layers).
+IMPORT_REVISION = 4
 
 
 def _fix_gelu_constant(module) -> None:
