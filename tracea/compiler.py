@@ -73,7 +73,7 @@ def _signature(text: str, entry: str | None, source_name: str) -> Signature:
         except OpError as e:
             raise CompileError(f"cannot compile @{entry}: {e}") from None
         checks = [] if "cf.assert" not in text else [  # what a failed run-time check names
-            message for op in ops_named(func, "cf.assert")
+            message for op in ops_named(module.operation, "cf.assert")  # (layers' functions too)
             if not is_index_check(message := ir.StringAttr(op.attributes["msg"]).value)]
     return Signature(entry, inputs, outputs, checks=list(dict.fromkeys(checks)))
 

@@ -346,7 +346,8 @@ def _views_as_reshapes(program) -> None:
 
 def drop_metadata_asserts(graph_module) -> None:
     """Remove checks of traced dtypes, devices and input shapes (they hold by construction, or
-    are checked by the caller, and torch-mlir has no lowering for them)."""
+    are checked by the caller, and torch-mlir has no lowering for them); checks of numbers read
+    from tensors stay (torch-mlir turns them into run-time checks)."""
     import torch
     from torch.fx.experimental.symbolic_shapes import free_unbacked_symbols
     asserts = {torch.ops.aten._assert_tensor_metadata.default, torch.ops.aten._assert_scalar.default}
