@@ -2,6 +2,7 @@
 import math
 import re
 import warnings
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -532,6 +533,32 @@ def test_dynamo_backend_splits_graphs_and_warns_once_per_op_kind():
     messages = [str(w.message) for w in caught if "tracea:" in str(w.message)]
     assert len(messages) == 1 and "tm_tensor.sort" in messages[0]
     assert not dynamo.fallbacks  # the graph was split, not given up
+
+
+def test_hugging_face_generate_under_torch_compile_matches_eager():
+    """What transformers users do: model.forward compiled, then generate() with its KV cache. The
+    prompt's graph and the first decoding steps compile per shape; once Dynamo makes the cache's
+    length symbolic, the steps run one symbolic kernel. Every token as eager's, nothing left to
+    PyTorch."""
+    import sys
+    sys.path.insert(0, str(Path(__file__).parent))
+    import transformers as T
+    from model_zoo import import_torchvision  # noqa: F401 - lets transformers import
+    dynamo.fallbacks.clear()
+    torch._dynamo.reset()
+    torch.manual_seed(0)
+    config = T.GPT2Config(n_layer=2, n_embd=64, n_head=4, vocab_size=300, n_positions=64, bos_token_id=0,
+                          eos_token_id=0)
+    model, compiled = T.GPT2LMHeadModel(config).eval(), T.GPT2LMHeadModel(config).eval()
+    compiled.load_state_dict(model.state_dict())
+    compiled.forward = torch.compile(compiled.forward, backend="tracea")
+    ids = torch.randint(1, 300, (2, 7), generator=torch.Generator().manual_seed(1))
+    with torch.no_grad():
+        for new in (12, 5):  # the second call reuses the kernels, also for a shorter generation
+            want = model.generate(ids, max_new_tokens=new, min_new_tokens=new, do_sample=False, pad_token_id=0)
+            got = compiled.generate(ids, max_new_tokens=new, min_new_tokens=new, do_sample=False, pad_token_id=0)
+            assert got.shape == (2, 7 + new) and torch.equal(got, want)
+    assert not dynamo.fallbacks
 
 
 def test_dynamo_backend_falls_back_for_autograd():
