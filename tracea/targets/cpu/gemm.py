@@ -955,3 +955,114 @@ def gemm_dot_kernel_text(name: str, v: OpView, location: str, threads: int = 1) 
     t.close_parallel()  # ic, jb
     t.close()  # bb
     return t.function_text(name, params, out.full, v.result, location)
+
+
+# B rows streamed per pass of gemm_rows_kernel_text: each element of its sums buffer is loaded and
+# stored once per ROWS_K_STEPS rows of B.
+ROWS_K_STEPS = 4
+
+
+def gemm_rows_kernel_text(name: str, v: OpView, location: str, threads: int = 1) -> str:
+    """C = A B with B as it lies ([K, N], x @ W: GPT-2's Conv1D, a decoding step's projections)
+    for a few rows of A: nothing is packed, and B is read once, row after row. With one row the
+    packed kernel packed all of B to use each strip once (M = 1, 768 x 3072: 0.23x torch).
+
+        for each batch; column chunks of NB in parallel:
+            sums[M, NB] = 0 (an L1-sized buffer)
+            for k in K step ROWS_K_STEPS: for each vector of the chunk's columns:
+                sums[r] += A[r, k + u] * B[k + u, cols] for the rows r and the steps u
+            the epilogue on sums, stored to C
+
+    B's rows are read in order, a chunk's width at a time, so the hardware prefetchers stream
+    them; the sums stay in L1. schedule: tile [NB] (a multiple of the SIMD lanes)."""
+    a, b = v.operands["a"], v.operands["b"]
+    s = v.attrs["schedule"]
+    L, NB = s.lane_map.shape[-1], s.tile[0]
+    m, n = v.result.shape[-2:]
+    k = a.shape[-1]
+    batch = math.prod(v.result.shape[:-2])
+    p = GemmPlan(batch, m, n, k, False, False, b.rank == v.result.rank, a.dtype, b.dtype, v.result.dtype,
+                 tuple(v.attrs.get("epilogue", ())), v.operands["bias"].dtype if "bias" in v.operands else None,
+                 v.operands["residual"].dtype if "residual" in v.operands else None,
+                 m, NB, m, NB, k, L, threads, a.rank == v.result.rank, v.attrs.get("row_bias", False))
+    t = LoopText(serial=threads == 1)
+    vf32 = f"vector<{L}xf32>"
+    params = ", ".join(f"%arg{i}: {spec}" for i, spec in enumerate(v.operands.values()))
+    arg = {name_: f"%arg{i}" for i, name_ in enumerate(v.operands)}
+    A, A_t = t.batched_view(t.to_buffer(arg["a"], a), a, batch)
+    B, B_t = t.batched_view(t.to_buffer(arg["b"], b), b, batch)
+    out = _Output(t, p, v, arg)  # one K block (kc = K): the epilogue on the only one
+    chunks = -(-n // NB)
+    S_all_t = memref_text((chunks, m, NB), "f32")  # each chunk's sums
+    S_all = t.op(f"memref.alloc() {{alignment = 64 : i64}} : {S_all_t}", "m")
+    S_t = f"memref<{m}x{NB}xf32, strided<[{NB}, 1], offset: ?>>"
+    zv = t.op(f"arith.constant dense<0.0> : {vf32}", "z")
+
+    def b_vector(row: str, col: str, mask: str | None) -> str:
+        vt = f"vector<{L}x{p.b_dtype}>"
+        if mask is None:
+            x = t.op(f"vector.load {B}[{b_batch}, {row}, {col}] : {B_t}, {vt}", "b")
+        else:
+            zero = zv if p.b_dtype == "f32" else t.op(f"arith.constant dense<0.0> : {vt}", "z")
+            x = t.op(f"vector.maskedload {B}[{b_batch}, {row}, {col}], {mask}, {zero} : {B_t}, "
+                     f"vector<{L}xi1>, {vt} into {vt}", "b")
+        return x if p.b_dtype == "f32" else t.op(f"arith.extf {x} : {vt} to {vf32}", "b")
+
+    def accumulate(k0: str, steps: int, col: str, mask: str | None, a_row: list[list[str]]) -> None:
+        """sums[:, col] += the products of `steps` rows of B from k0 (one vector of columns)."""
+        bv = [b_vector(t.add(k0, t.c(u)), t.add("%jb", col), mask) for u in range(steps)]
+        for r in range(m):
+            acc = t.op(f"vector.load {S}[{t.c(r)}, {col}] : {S_t}, {vf32}", "s")
+            for u in range(steps):
+                acc = t.op(f"vector.fma {a_row[r][u]}, {bv[u]}, {acc} : {vf32}", "s")
+            t.line(f"vector.store {acc}, {S}[{t.c(r)}, {col}] : {S_t}, {vf32}")
+
+    def rows_of_b(k0: str, steps: int) -> None:
+        """`steps` rows of B from k0 into the chunk's sums."""
+        a_row = [[t.op(f"vector.broadcast {t.load_f32(A, A_t, [a_batch, t.c(r), t.add(k0, t.c(u))], p.a_dtype)} "
+                       f": f32 to {vf32}", "a") for u in range(steps)] for r in range(m)]
+        t.for_("%j", t.c(0), whole, t.c(L))
+        accumulate(k0, steps, "%j", None, a_row)
+        t.close()
+        if n % L:  # the last chunk ends in a partial vector
+            t.open(f"scf.if {t.cmp('slt', whole, width)}")
+            accumulate(k0, steps, whole, tail_mask, a_row)
+            t.close()
+
+    t.for_("%bb", t.c(0), t.c(batch), t.c(1))
+    b_batch = "%bb" if p.b_batched else t.c(0)
+    a_batch = "%bb" if p.a_batched else t.c(0)
+    t.parallel("%jb", t.c(0), t.c(n), t.c(NB))
+    S = t.op(f"memref.subview {S_all}[{t.op(f'arith.divui %jb, {t.c(NB)} : index', 'i')}, 0, 0] [1, {m}, {NB}] "
+             f"[1, 1, 1] : {S_all_t} to {S_t}", "m")
+    width = t.min_(t.op(f"arith.subi {t.c(n)}, %jb : index", "i"), t.c(NB))
+    whole = t.mul(t.op(f"arith.divui {width}, {t.c(L)} : index", "i"), t.c(L))
+    tail_mask = t.op(f"vector.create_mask {t.op(f'arith.subi {width}, {whole} : index', 'i')} : vector<{L}xi1>",
+                     "p") if n % L else None
+    t.for_("%z", t.c(0), t.c(NB), t.c(L))
+    for r in range(m):
+        t.line(f"vector.store {zv}, {S}[{t.c(r)}, %z] : {S_t}, {vf32}")
+    t.close()
+    steps_end = k // ROWS_K_STEPS * ROWS_K_STEPS
+    if steps_end:
+        t.for_("%k", t.c(0), t.c(steps_end), t.c(ROWS_K_STEPS))
+        rows_of_b("%k", ROWS_K_STEPS)
+        t.close()
+    if k % ROWS_K_STEPS:
+        t.for_("%kt", t.c(steps_end), t.c(k), t.c(1))
+        rows_of_b("%kt", 1)
+        t.close()
+    # the epilogue, a vector at a time, then the partial vector's columns one by one
+    t.for_("%er", t.c(0), t.c(m), t.c(1))
+    t.for_("%ej", t.c(0), whole, t.c(L))
+    value = t.op(f"vector.load {S}[%er, %ej] : {S_t}, {vf32}", "x")
+    out.store_vector(value, "%er", t.add("%jb", "%ej"), "v")
+    t.close()
+    if n % L:
+        t.for_("%ec", whole, width, t.c(1))
+        out._store(t.op(f"memref.load {S}[%er, %ec] : {S_t}", "x"), None, "%er", t.add("%jb", "%ec"), "edge")
+        t.close()
+    t.close()  # er
+    t.close_parallel()  # jb
+    t.close()  # bb
+    return t.function_text(name, params, out.full, v.result, location)
