@@ -86,6 +86,20 @@ def cases(only: str | None):
             "numpy": lambda a, b: (lambda: a @ b.T),
             "torch": lambda a, b: _torch_call(lambda ta, tb: __import__("torch").nn.functional.linear(ta, tb), a, b)}))
 
+    # A decoding step's GEMMs (a token per sequence: 1 or 4 rows): nn.Linear's weights, and GPT-2's
+    # Conv1D weights as they lie ([K, N]), from L2-sized to an LLM layer's 64 MB
+    for m, n, k, transpose_b in [(1, 4096, 4096, True), (1, 2304, 768, True), (4, 2304, 768, True),
+                                 (1, 3072, 768, False), (1, 768, 3072, False), (4, 3072, 768, False)]:
+        def build(m=m, n=n, k=k, transpose_b=transpose_b):
+            fn = td.function(td.tensor((m, k)), td.tensor((n, k) if transpose_b else (k, n)), name="gemv")(
+                lambda x, w: td.gemm(x, w, transpose_b=transpose_b))
+            return fn, [arr(m, k), arr(n, k) if transpose_b else arr(k, n)]
+        label = f"linear {m}x{n}x{k} (B^T)" if transpose_b else f"x @ W {m}x{n}x{k}"
+        out.append(Case("gemm-small", label, 2.0 * m * n * k, build, {
+            "numpy": (lambda a, b: (lambda: a @ b.T)) if transpose_b else (lambda a, b: (lambda: a @ b)),
+            "torch": (lambda a, b: _torch_call(lambda ta, tb: __import__("torch").nn.functional.linear(ta, tb), a, b))
+            if transpose_b else (lambda a, b: _torch_call(lambda ta, tb: ta @ tb, a, b))}))
+
     for batch, m, n, k in [(16, 256, 256, 64), (16, 256, 64, 256)]:  # attention-shaped batched products
         def build(batch=batch, m=m, n=n, k=k):
             fn = td.function(td.tensor((batch, m, k)), td.tensor((batch, k, n)), name="bmm")(td.gemm)
