@@ -20,7 +20,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import subprocess
 import sys
 import tempfile
 import time
@@ -115,18 +114,13 @@ def main() -> int:
     if args.worker:
         print(json.dumps(worker(args.worker, names, args.prompt, args.tokens, args.rounds)))
         return 0
-    rows = []
-    for threads in [int(t) for t in args.threads.split(",")]:
-        with tempfile.TemporaryDirectory() as inductor_cache:
-            env = {**os.environ, "OMP_NUM_THREADS": str(threads), "OPENBLAS_NUM_THREADS": str(threads),
-                   "TRACEA_NUM_THREADS": str(threads), "TRACEA_DISK_CACHE": "0",
-                   "TORCHINDUCTOR_CACHE_DIR": inductor_cache, "TORCHINDUCTOR_FX_GRAPH_CACHE": "0"}
-            cmd = [sys.executable, os.path.abspath(__file__), "--worker", str(threads), "--only", ",".join(names),
-                   "--prompt", str(args.prompt), "--tokens", str(args.tokens), "--rounds", str(args.rounds)]
-            done = subprocess.run(cmd, env=env, stdout=subprocess.PIPE, text=True)
-        if done.returncode:
-            return done.returncode
-        rows += json.loads(done.stdout)
+    from torch_models import per_thread_workers
+    with tempfile.TemporaryDirectory() as inductor_cache:  # inductor compiles cold too
+        rows = per_thread_workers(__file__, args.threads, ["--only", ",".join(names), "--prompt", str(args.prompt),
+                                                           "--tokens", str(args.tokens), "--rounds", str(args.rounds)],
+                                  {"TORCHINDUCTOR_CACHE_DIR": inductor_cache, "TORCHINDUCTOR_FX_GRAPH_CACHE": "0"})
+    if rows is None:
+        return 1
     if args.markdown:
         print(markdown(rows))
     return 0

@@ -169,6 +169,22 @@ def markdown(rows: list[dict]) -> str:
     return "\n".join(lines)
 
 
+def per_thread_workers(script: str, threads: str, args: list[str], env: dict | None = None) -> list[dict] | None:
+    """Run `script --worker T args` once per thread count T of "1,2" (each in its own process,
+    every library's thread pool set to T, Tracea's disk cache off) and join the rows their JSON
+    gives; None when a worker fails."""
+    rows = []
+    for count in [int(t) for t in threads.split(",")]:
+        variables = {**os.environ, "OMP_NUM_THREADS": str(count), "OPENBLAS_NUM_THREADS": str(count),
+                     "TRACEA_NUM_THREADS": str(count), "TRACEA_DISK_CACHE": "0", **(env or {})}
+        done = subprocess.run([sys.executable, os.path.abspath(script), "--worker", str(count), *args],
+                              env=variables, stdout=subprocess.PIPE, text=True)
+        if done.returncode:
+            return None
+        rows += json.loads(done.stdout)
+    return rows
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--only", help="comma-separated models (default: all): bert, gpt2, vit, llama, resnet50, "
@@ -188,17 +204,11 @@ def main() -> int:
     if args.worker:
         print(json.dumps(worker(args.worker, names, batches, args.rounds, args.blocks, args.image_size)))
         return 0
-    rows = []
-    for threads in [int(t) for t in args.threads.split(",")]:
-        env = {**os.environ, "OMP_NUM_THREADS": str(threads), "OPENBLAS_NUM_THREADS": str(threads),
-               "TRACEA_NUM_THREADS": str(threads), "TRACEA_DISK_CACHE": "0"}
-        cmd = [sys.executable, os.path.abspath(__file__), "--worker", str(threads), "--only", ",".join(names),
-               "--batch", args.batch, "--rounds", str(args.rounds)] + (["--blocks"] if args.blocks else []) \
-            + (["--image-size", str(args.image_size)] if args.image_size else [])
-        done = subprocess.run(cmd, env=env, stdout=subprocess.PIPE, text=True)
-        if done.returncode:
-            return done.returncode
-        rows += json.loads(done.stdout)
+    rows = per_thread_workers(__file__, args.threads, ["--only", ",".join(names), "--batch", args.batch, "--rounds",
+                                                       str(args.rounds)] + (["--blocks"] if args.blocks else [])
+                              + (["--image-size", str(args.image_size)] if args.image_size else []))
+    if rows is None:
+        return 1
     if args.markdown:
         print(markdown(rows))
     return 0
