@@ -176,8 +176,9 @@ def rows_gemm_schedule(m: int, n: int, host: CPU, threads: int) -> Schedule:
     """The streaming kernel's column chunk: its sums in ROWS_SUMS_BYTES, and at least one chunk
     per thread."""
     lanes = host.f32_lanes
-    widest = max(lanes, _round_down(ROWS_SUMS_BYTES // (4 * m), lanes))
-    return Schedule(tile=(min(widest, _round_up(-(-n // threads), lanes)),), lane_map=LaneMap("simd", (lanes,)))
+    widest = max(lanes, _round_down(ROWS_SUMS_BYTES // (4 * max(m, 1)), lanes))
+    return Schedule(tile=(min(widest, max(lanes, _round_up(-(-n // threads), lanes))),),
+                    lane_map=LaneMap("simd", (lanes,)))
 
 
 def check_gemm_schedule(problem: Problem, caps: Capabilities, s: Schedule) -> None:
