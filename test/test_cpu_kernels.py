@@ -282,6 +282,10 @@ def test_streaming_schedule_needs_w_as_it_lies():
             tile=(LANES,), lane_map=td.LaneMap("simd", (LANES,)))))
     with pytest.raises(tracea.CompileError, match="streaming GEMM computes x @ W with neither operand transposed"):
         tracea.compile(fn)
+    fn = td.function(td.tensor((64, 8)), td.tensor((8, 8)))(
+        lambda a, b: td.gemm(a, b, schedule=td.Schedule(tile=(LANES,), lane_map=td.LaneMap("simd", (LANES,)))))
+    with pytest.raises(tracea.CompileError, match="streaming GEMM takes at most 16 rows .this one has 64"):
+        tracea.compile(fn)
 
 
 def test_register_tile_too_large_is_an_error():

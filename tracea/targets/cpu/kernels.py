@@ -451,6 +451,9 @@ def _rows_check(p: Problem, caps: Capabilities, s: Schedule) -> None:
                       f"{lanes} SIMD lanes, and no warp_tile; got tile {s.tile}, warp_tile {s.warp_tile}")
     if p.transpose_a or p.transpose_b:
         raise OpError("the streaming GEMM computes x @ W with neither operand transposed")
+    if p.m is not None and p.m > 2 * ROWS_MAX_ROWS:  # each row is written out in the kernel's code
+        raise OpError(f"the streaming GEMM takes at most {2 * ROWS_MAX_ROWS} rows (this one has {p.m}); "
+                      "use the packed kernel's schedule (tile [MC, NC, KC], warp_tile [MR, NR, 1])")
 
 
 def _gemm_default(schedule_fn):
