@@ -7,6 +7,7 @@ cannot take runs eagerly, with one warning per distinct reason.
 from __future__ import annotations
 
 import logging
+import re
 import threading
 import time
 
@@ -47,7 +48,6 @@ def _layer_calls(gm) -> None:
     trace of a model is tagged (torch_import.module_paths), so that its repeated layers are
     imported and compiled once (layers.py): from Dynamo's nn_module_stack, whose paths read
     "L['self'].transformer.h.1" (a path met again after another call at its depth is a new call)."""
-    import re
     calls: dict[str, int] = {}
     previous: tuple[str, ...] = ()
     for node in gm.graph.nodes:
@@ -64,10 +64,9 @@ def _layer_calls(gm) -> None:
 
 def _interpreted(gm):
     """A module running `gm` node by node (torch.fx.Interpreter): traced under
-    preserve_node_meta, each op it records keeps the tags of the node it came from."""
+    preserve_node_meta, each op it records keeps the tags of the node it came from (_layer_calls)."""
     import torch
     from torch import fx
-    _layer_calls(gm)
 
     class Interpreted(torch.nn.Module):
         def __init__(self):
@@ -201,6 +200,7 @@ def tracea_backend(gm, example_inputs):
                   "under torch.no_grad() or torch.inference_mode()")
     if reason is not None:
         return _fall_back(gm, reason)
+    _layer_calls(gm)  # once per graph, however many shapes it is compiled for
     if any(isinstance(x, torch.SymInt) for x in example_inputs):
         try:
             return _Symbolic(gm, example_inputs)  # compiled at its first call

@@ -355,11 +355,12 @@ def drop_metadata_asserts(graph_module) -> None:
     for node in list(graph.nodes):
         if node.users:
             continue
-        condition = node.args[0].meta.get("val") if node.args and isinstance(node.args[0], torch.fx.Node) else None
-        if isinstance(condition, torch.SymBool) and free_unbacked_symbols(condition):
-            continue  # a check of values read from tensors (x.item() > 3): it must still fail
-        if (node.op == "call_function" and node.target in asserts) or \
-                (node.op == "call_module" and node.target == "_guards_fn"):  # export's check of its inputs
+        if node.op == "call_function" and node.target in asserts:
+            condition = node.args[0].meta.get("val") if isinstance(node.args[0], torch.fx.Node) else None
+            if isinstance(condition, torch.SymBool) and free_unbacked_symbols(condition):
+                continue  # a check of values read from tensors (x.item() > 3): it must still fail
+            graph.erase_node(node)
+        elif node.op == "call_module" and node.target == "_guards_fn":  # export's check of its inputs
             graph.erase_node(node)
     graph_module.recompile()
 

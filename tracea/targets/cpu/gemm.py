@@ -1060,11 +1060,12 @@ def gemm_rows_kernel_text(name: str, v: OpView, location: str, threads: int = 1)
     value = t.op(f"vector.load {S}[%er, %ej] : {S_t}, {vf32}", "x")
     out.store_vector(value, "%er", t.add("%jb", "%ej"), "v")
     t.close()
-    if n % L:
-        t.for_("%ec", whole, width, t.c(1))
-        out._store(t.op(f"memref.load {S}[%er, %ec] : {S_t}", "x"), None, "%er", t.add("%jb", "%ec"), "edge")
-        t.close()
     t.close()  # er
+    if n % L:
+        tail_t = f"memref<{m}x{L}xf32, strided<[{NB}, 1], offset: ?>>"
+        tail = t.op(f"memref.subview {S}[0, {whole}] [{m}, {L}] [1, 1] : {S_t} to {tail_t}", "m")
+        out.store_elements(tail, tail_t, t.c(0), t.add("%jb", whole), t.c(m),
+                           t.op(f"arith.subi {width}, {whole} : index", "i"))
     t.close_parallel()  # jb
     t.close()  # bb
     return t.function_text(name, params, out.full, v.result, location)

@@ -172,9 +172,9 @@ ROWS_MAX_ROWS = 8
 ROWS_SUMS_BYTES = 16 << 10  # a column chunk's sums: half of a 32 KiB L1
 
 
-def rows_gemm_schedule(m: int, n: int, host: CPU, threads: int) -> Schedule:
+def rows_gemm_schedule(m: int, n: int, k: int, host: CPU, threads: int) -> Schedule:
     """The streaming kernel's column chunk: its sums in ROWS_SUMS_BYTES, and at least one chunk
-    per thread."""
+    per thread (K does not matter: W streams through)."""
     lanes = host.f32_lanes
     widest = max(lanes, _round_down(ROWS_SUMS_BYTES // (4 * max(m, 1)), lanes))
     return Schedule(tile=(min(widest, max(lanes, _round_up(-(-n // threads), lanes))),),
@@ -428,12 +428,6 @@ def _streams_rows(p: Problem, caps: Capabilities) -> bool | None:
         return None
     return not p.transpose_a and not p.transpose_b and p.m <= ROWS_MAX_ROWS and \
         all(d in ("f32", "f16", "bf16") for d in (p.dtypes or (p.dtype,))[:2])
-
-
-def _rows_default(p: Problem, caps: Capabilities, threads: int | None) -> Schedule | None:
-    if p.schedule is not None or not known(p.m, p.n):
-        return p.schedule
-    return rows_gemm_schedule(p.m, p.n, caps.cpu, threads or caps.cpu.cores)
 
 
 def _rows_space(p: Problem, caps: Capabilities) -> SearchSpace:
@@ -722,7 +716,7 @@ for _variant in (
         f"x @ W (W as it lies, [K, N]) with at most {ROWS_MAX_ROWS} rows, or a schedule of tile [NB] alone",
         _streams_rows, preference=True)), 35,
         "W's rows streamed once into an L1 buffer of sums per column chunk, nothing packed (decoding steps)",
-        frozenset({"simd"}), _rows_default, _rows_space, _rows_check),
+        frozenset({"simd"}), _gemm_default(rows_gemm_schedule), _rows_space, _rows_check),
     Variant("cpu.gemm.packed", "cpu", GEMMS, (ON_CPU, SIMD, Rule("no schedule, or one on SIMD lanes with warp_tile "
                                                         "[MR, NR, 1]", _packed)), 20,
             "BLIS-style cache blocks, packed panels, an MR x NR register tile of FMAs", frozenset({"simd"}),
