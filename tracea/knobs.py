@@ -75,7 +75,7 @@ def share_cores() -> bool:
     they do not spin on the cores Tracea's kernels run on: OpenBLAS (numpy's) runs its jobs on
     Tracea's OpenMP threads once a threaded kernel is loaded, and GNU OpenMP (torch's) runs
     Tracea's kernels too (loaded by `import tracea` when torch is installed and not loaded yet, and
-    then spinning ~70 us instead of ~7 ms before its idle threads sleep; runtime/blas_threads.py,
+    then spinning ~1 ms instead of ~7 ms before its idle threads sleep; runtime/blas_threads.py,
     gnu_openmp.py)."""
     return _flag("TRACEA_SHARE_CORES", True)
 

@@ -23,12 +23,18 @@ on the cores Tracea's next kernels run on. So while its jobs are shared, OpenBLA
 settings with OPENBLAS_THREAD_TIMEOUT=4 (16 cycles: they sleep at once), unless the user set it.
 
 GNU OpenMP (torch's intra-op threads) has no such hook: its idle threads spin GOMP_SPINCOUNT
-(300,000 pauses, ~7 ms on Zen 3) before they sleep, and a Tracea kernel called after a torch op
-shared a core with one (2 threads, GEMM 1024^3 interleaved with torch: 0.60x of torch's speed;
-with 3,000: 0.96x, torch's own speed unchanged). libgomp reads the count when it loads, so
-`import tracea` sets GOMP_SPINCOUNT=3000 when libgomp is not loaded yet and the user set neither
-it nor OMP_WAIT_POLICY, and then loads torch's libgomp when torch is installed, so that Tracea's
-kernels run on torch's threads in either import order (`share_gnu_openmp`, gnu_openmp.py).
+(300,000 pauses, ~7 ms at ~24 ns a pause on Zen 3 to Zen 5) before they sleep, and a Tracea kernel
+on its own threads called after a torch op shared a core with one (2 threads, GEMM 1024^3
+interleaved with torch: 0.60x of torch's speed). So `import tracea` loads torch's libgomp when
+torch is installed but not loaded yet, so that Tracea's kernels run on torch's threads in either
+import order (`share_gnu_openmp`, gnu_openmp.py): its spinning threads are then the ones the next
+kernel needs. libgomp reads the count when it loads; `import tracea` first sets GOMP_SPINCOUNT to
+~1 ms (libomp's setting too, runtime/libraries.py) when the user set neither it nor
+OMP_WAIT_POLICY: long enough that a kernel called right after a torch op finds the threads
+awake, short enough to leave the cores soon after. With 3,000 (~70 us, the earlier setting, from
+before the threads were shared) a short kernel after a torch op met sleeping threads and paid
+their wake-up (Zen 5, 2 threads, one-row GEMMs of 50-70 us: 0.55-0.77x of their speed after
+themselves; with 40,000: 0.95-0.99x).
 TRACEA_SHARE_CORES=0 does none of this.
 """
 from __future__ import annotations
@@ -187,7 +193,7 @@ def _callback(team: str, libomp: ctypes.CDLL | None) -> int:
     return _callbacks[team][1]
 
 
-GOMP_SPINCOUNT = "3000"
+GOMP_SPINCOUNT = "40000"  # ~1 ms of pauses (see above)
 _gnu_openmp = "not set: TRACEA_SHARE_CORES=0"  # what share_gnu_openmp found and did
 gnu_openmp_library: str | None = None  # the libgomp Tracea's threaded kernels run on (gnu_openmp.py)
 
@@ -207,7 +213,7 @@ def share_gnu_openmp() -> None:
         _gnu_openmp = f"yours: {', '.join(chosen)}"
     else:
         os.environ["GOMP_SPINCOUNT"] = GOMP_SPINCOUNT
-        _gnu_openmp = f"GOMP_SPINCOUNT={GOMP_SPINCOUNT}, set by tracea (~70 us of spinning)"
+        _gnu_openmp = f"GOMP_SPINCOUNT={GOMP_SPINCOUNT}, set by tracea (~1 ms of spinning)"
     try:
         keep_libomp = knobs.openmp_runtime() == "llvm"
     except ValueError:  # a bad value is reported where kernels are compiled, not by `import tracea`
