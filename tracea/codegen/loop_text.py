@@ -164,3 +164,15 @@ class LoopText:
 
 def memref_text(shape, dtype: str) -> str:
     return "memref<" + "".join(f"{d}x" for d in shape) + dtype + ">"
+
+
+def busiest_thread(items: list[int], threads: int) -> int:
+    """The most work one thread runs when a parallel loop over `items` (each its work) runs on
+    `threads` threads: OpenMP's static schedule gives each an equal contiguous run of the items,
+    the first len(items) % threads one item more. Unequal items or a count the threads do not
+    divide leave one thread the longest."""
+    share, extra = divmod(len(items), threads)
+    ends = [0]
+    for i in range(threads):
+        ends.append(ends[-1] + share + (i < extra))
+    return max(sum(items[ends[i]:ends[i + 1]]) for i in range(threads))

@@ -26,7 +26,7 @@ from dataclasses import dataclass
 
 from ...codegen.conv_gather import ColumnGather, ConvGather
 from ...codegen.kernel_text import fused_epilogue
-from ...codegen.loop_text import LoopText, memref_text
+from ...codegen.loop_text import LoopText, busiest_thread, memref_text
 from ...dialects.ops import ACCUMULATOR_DTYPE, Epilogue, OpView
 
 
@@ -54,10 +54,7 @@ def column_chunk(m: int, n: int, mc: int, nc: int, nr: int, threads: int) -> int
         return strips * nr
 
     def busiest(chunk: int) -> int:
-        items = [min(chunk, strips - j) for j in range(0, strips, chunk)] * m_blocks
-        share, extra = divmod(len(items), threads)  # the first `extra` threads run one item more
-        runs = [share + (i < extra) for i in range(threads)]
-        return max(sum(items[sum(runs[:i]):sum(runs[:i + 1])]) for i in range(threads))
+        return busiest_thread([min(chunk, strips - j) for j in range(0, strips, chunk)] * m_blocks, threads)
 
     wanted = -(-4 * threads // m_blocks)  # chunks per M block
     return nr * min(range(1, strips + 1), key=lambda c: (busiest(c), abs(-(-strips // c) - wanted)))
