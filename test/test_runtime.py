@@ -131,6 +131,22 @@ def test_results_are_independent_arrays(kernel, rng):
     ref.assert_close(second, ref.gemm(a * 2, b), "f32", 8)
 
 
+def test_results_start_on_a_cache_line(kernel, rng):
+    """Results are 64-byte aligned (numpy's own arrays start 16 bytes in), so that the next
+    kernel reading one loads whole lines (vectors across two lines: a depthwise conv 1.85x
+    slower); they stay ordinary arrays, and hold their data after the call returns."""
+    from tracea.runtime.kernel import aligned_empty
+    a, b = ref.random(rng, (4, 8)), ref.random(rng, (8, 3))
+    results = [kernel(a, b) for _ in range(8)]
+    for got in results:
+        assert got.ctypes.data % 64 == 0 and got.flags.c_contiguous and got.flags.writeable
+        ref.assert_close(got, ref.gemm(a, b), "f32", 8)
+    for shape, dtype in [((), np.float32), ((3, 7), np.float16), ((5,), np.bool_), ((2, 3), np.int64), ((0, 5), np.float32)]:
+        empty = aligned_empty(shape, dtype)
+        assert empty.shape == shape and empty.dtype == dtype and empty.flags.c_contiguous
+        assert empty.size == 0 or empty.ctypes.data % 64 == 0
+
+
 def test_compiles_from_several_threads(rng):
     """Kernels compiled concurrently from Python threads are all correct, and no compiler child
     hangs: one thread forking while another is inside LLVM (linking a kernel) once left the

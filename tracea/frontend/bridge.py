@@ -39,12 +39,12 @@ class TensorBridge:
         self.shapes = shapes if shapes is not None and shapes.dynamic else None
 
     def __call__(self, tensors) -> list:
-        import numpy as np
+        from ..runtime.kernel import aligned_empty
         arrays = [_to_numpy(t, d) for t, d in zip(tensors, self.in_dtypes)]
         out = None
         if self.shapes is not None:
             env = self.shapes.bind([a.shape for a in arrays])
-            out = [np.empty(shape, d) for shape, d in zip(self.shapes.output_shapes(env), self.np_out_dtypes)]
+            out = [aligned_empty(shape, d) for shape, d in zip(self.shapes.output_shapes(env), self.np_out_dtypes)]
         outputs = self.kernel(*arrays, out=out)
         outputs = outputs if isinstance(outputs, tuple) else (outputs,)
         return [_to_torch(o, d) for o, d in zip(outputs, self.out_dtypes)]
