@@ -93,6 +93,18 @@ MUTATIONS = {
     "dynamo-graphs-not-by-layers": (
         "tracea/frontend/dynamo.py", "    _layer_calls(gm)  # once per graph", "    # once per graph",
         ["test/test_layers.py", "-k", "torch_compile"]),
+    "depthwise-run-ignores-stride": (  # a run's pixels read columns as if the stride were 1
+        "tracea/targets/cpu/conv.py", "if q * sw + kw * dw == d]", "if q + kw * dw == d]",
+        ["test/test_cpu_kernels.py", "-k", "depthwise_nhwc_runs"]),
+    "conv-runs-unbalanced": (  # the direct conv's runs of segments as few as fit, whatever the split
+        "tracea/targets/cpu/conv.py", "range(fewest, min(q_segs, 2 * fewest) + 1)", "range(fewest, fewest + 1)",
+        ["test/test_cpu_kernels.py", "-k", "direct_conv_tasks"]),
+    "results-unaligned": (
+        "tracea/runtime/kernel.py", "outputs = [aligned_empty(s.shape, d)", "outputs = [np.empty(s.shape, d)",
+        ["test/test_runtime.py", "-k", "cache_line"]),
+    "gnu-openmp-spin-short": (
+        "tracea/runtime/blas_threads.py", 'GOMP_SPINCOUNT = "40000"', 'GOMP_SPINCOUNT = "3000"',
+        ["test/test_blas_threads.py", "-k", "awake"]),
 }
 
 

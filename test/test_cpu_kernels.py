@@ -939,6 +939,32 @@ def test_stride_2_rows_split_into_column_planes(w, left, groups):
     ref.assert_close(out, ref.conv2d(x, f, None, (2, 2), pads, (1, 1), groups, "nchw"), "f32", 15 * 6 // groups)
 
 
+@pytest.mark.parametrize("profile", ["zen3-avx2", "skylake-avx512"])
+@pytest.mark.parametrize("hw,c,kernel,stride,dilation,pads", [
+    ((9, 29), 128, 3, 1, 1, (1, 1, 1, 1)),  # runs of 4 pixels and edges; 8 (AVX2: 16) channel vectors
+    ((6, 23), 20, 3, 2, 1, (1, 0, 0, 2)),  # stride 2 (a run's pixels share every other column), a masked vector
+    ((7, 30), 200, 7, 1, 1, (3, 3, 3, 3)),  # ConvNeXt's 7x7: blocks of channel vectors and a remainder
+    ((5, 26), 40, 3, 1, 2, (2, 2, 2, 2)),  # dilation: columns 2 apart
+    ((4, 5), 24, 3, 1, 1, (1, 1, 1, 1)),  # too narrow for a run: every pixel alone
+    ((3, 17), 48, 5, 2, 1, (0, 2, 2, 0))])
+def test_depthwise_nhwc_runs_of_pixels(profile, monkeypatch, hw, c, kernel, stride, dilation, pads):
+    """The depthwise NHWC kernel loads each input column once for the run of pixels that read it
+    and keeps the filter row in registers: every column tap of a run's pixels (strides and
+    dilations that make pixels share columns, or not), the edge pixels alone, channel blocks
+    sized to each ISA's registers with a masked last vector, the bias and an activation; against
+    the reference at f32 precision, inputs of scale 3 through relu's bend."""
+    monkeypatch.setenv("TRACEA_CPU", profile)
+    rng = np.random.default_rng(c + kernel)
+    x, f, b = ref.random(rng, (2, *hw, c), scale=3.0), ref.random(rng, (kernel, kernel, 1, c)), ref.random(rng, (c,))
+    fn = td.function(td.tensor(x.shape), td.tensor(f.shape), td.tensor(b.shape))(
+        lambda a, w, bias: td.conv2d(a, w, bias, stride=stride, padding=pads, dilation=dilation, groups=c,
+                                     layout="nhwc", epilogue=[td.relu()]))
+    got = tracea.compile(on_variant(fn, "cpu.conv2d.depthwise_nhwc"), threads=2)(x, f, b)
+    expected = ref.epilogue(ref.conv2d(x, f, b, (stride, stride), pads, (dilation, dilation), c, "nhwc"),
+                            [("relu", None)])
+    ref.assert_close(got, expected, "f32", kernel * kernel)
+
+
 @pytest.mark.parametrize("variant,x_shape,f_shape,padding,groups,layout", [
     ("cpu.conv2d.direct_nchw", (2, 5, 11, 13), (6, 5, 3, 3), 1, 1, "nchw"),
     ("cpu.conv2d.depthwise_nchw", (2, 6, 11, 13), (6, 1, 5, 5), 2, 6, "nchw"),

@@ -794,7 +794,7 @@ def _emit(module: ir.Operation, op: ir.Operation, v: OpView, variant_id: str, in
     elif variant_id == "cpu.conv2d.depthwise_nhwc":
         cpu = host_cpu()
         inline_kernel(op, conv_depthwise_nhwc_kernel_text(f"__tracea_conv_{index}", v, str(op.location),
-                                                          cpu.f32_lanes, cpu.vector_registers // 2, threads))
+                                                          cpu.f32_lanes, cpu.vector_registers, threads))
     elif variant_id in CONV_LOWERINGS:
         writer = KernelWriter(f"__tracea_conv_{index}", v.operands, v.result)
         lower = CONV_LOWERINGS[variant_id]
