@@ -96,8 +96,8 @@ MUTATIONS = {
     "depthwise-run-ignores-stride": (  # a run's pixels read columns as if the stride were 1
         "tracea/targets/cpu/conv.py", "if q * sw + kw * dw == d]", "if q + kw * dw == d]",
         ["test/test_cpu_kernels.py", "-k", "depthwise_nhwc_runs"]),
-    "conv-runs-unbalanced": (  # the direct conv's runs of segments as few as fit, whatever the split
-        "tracea/targets/cpu/conv.py", "range(fewest, min(q_segs, 2 * fewest) + 1)", "range(fewest, fewest + 1)",
+    "conv-runs-unbalanced": (  # the direct conv's runs as long as fit, a last short one left as it falls
+        "tracea/targets/cpu/conv.py", "    per_task = -(-q_segs // min(", "    per_task = per_task or -(-q_segs // min(",
         ["test/test_cpu_kernels.py", "-k", "direct_conv_tasks"]),
     "results-unaligned": (
         "tracea/runtime/kernel.py", "outputs = [aligned_empty(s.shape, d)", "outputs = [np.empty(s.shape, d)",
