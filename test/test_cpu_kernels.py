@@ -494,7 +494,8 @@ def _conv_view(fn):
 @pytest.mark.parametrize("profile", ["zen3-avx2", "skylake-avx512"])
 def test_convs_read_in_place_take_register_tiles_of_few_rows(profile):
     """A base pointer per row of the tile: the default in-place conv keeps at most 4 rows (6-8
-    ran at half speed on Zen 4); a packed one keeps the GEMM's height."""
+    ran at half speed on Zen 4), and then as many columns as the registers hold (of the 64
+    filters); a packed one keeps the GEMM's height."""
     from tracea.doctor.capabilities import CPU_PROFILES
     from tracea.targets.cpu.kernels import DIRECT_MAX_MR, conv_gemm_schedule
     cpu = CPU_PROFILES[profile]
@@ -502,9 +503,12 @@ def test_convs_read_in_place_take_register_tiles_of_few_rows(profile):
         fn = td.function(td.tensor((1, hw, hw, 64)), td.tensor((3, 3, 64, 64)))(
             lambda a, f: td.conv2d(a, f, padding=1, layout="nhwc"))
         s = conv_gemm_schedule(_conv_view(fn), cpu, 2)
-        mr = s.warp_tile[0]
+        mr, nr = s.warp_tile[:2]
         assert (mr <= DIRECT_MAX_MR) if in_place else (mr > DIRECT_MAX_MR), (hw, s)
-        assert s.tile[0] % mr == 0
+        assert s.tile[0] % mr == 0 and s.tile[1] % nr == 0
+        if in_place:  # fewer rows, wider: the accumulators the registers hold (4 x 2 vectors: 0.86x torch)
+            nv = nr // cpu.f32_lanes
+            assert mr * nv + nv + 1 <= cpu.vector_registers < mr * (2 * nv) + 2 * nv + 1 or nr == 64, (profile, s)
 
 
 @pytest.mark.parametrize("profile", ["zen3-avx2", "skylake-avx512"])
