@@ -7,6 +7,7 @@ into caller-allocated arrays (destination passing), so no memory crosses the bou
 from __future__ import annotations
 
 import ctypes
+import math
 import os
 import threading
 from dataclasses import dataclass, field
@@ -116,9 +117,9 @@ def aligned_empty(shape, dtype) -> np.ndarray:
     vectors that straddle two lines (a depthwise conv on inputs 16 bytes off a line: 1.85x
     slower on Zen 5, AVX-512)."""
     dtype = np.dtype(dtype)
-    size = int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
+    size = math.prod(shape) * dtype.itemsize  # math.prod and data_address: ~3 us less a call than np.prod and .ctypes
     raw = np.empty(size + RESULT_ALIGNMENT, np.uint8)
-    start = -raw.ctypes.data % RESULT_ALIGNMENT
+    start = -data_address(raw) % RESULT_ALIGNMENT
     return raw[start:start + size].view(dtype).reshape(shape)
 
 @dataclass
@@ -159,6 +160,7 @@ class Kernel:
         self._entry = ctypes.CFUNCTYPE(ctypes.c_int32, ctypes.c_void_p)(entry_address)
         self._in_dtypes = [to_numpy(s.dtype) for s in signature.inputs]
         self._out_dtypes = [to_numpy(s.dtype) for s in signature.outputs]
+        self._dynamic_outputs = [i for i, s in enumerate(signature.outputs) if None in s.shape]
         self._frames = threading.local()  # one CallFrame per calling thread
         libomp = [path for path in self.runtime_libraries if Path(path).name == "libomp.so"]
         # libomp's team is placed (runtime/placement.py); GNU OpenMP's threads are torch's own
@@ -220,8 +222,7 @@ class Kernel:
         inputs = [self._check(i, a, s, d, "argument")
                   for i, (a, s, d) in enumerate(zip(args, sig.inputs, self._in_dtypes))]
         if out is None:
-            dynamic = [i for i, s in enumerate(sig.outputs) if None in s.shape]
-            if dynamic:
+            if dynamic := self._dynamic_outputs:
                 raise ArgumentError(f"{sig.name}: result #{dynamic[0]} has a dynamic shape ({sig.outputs[dynamic[0]]}); "
                                     "pass arrays of the result shapes with out=")
             outputs = [aligned_empty(s.shape, d) for s, d in zip(sig.outputs, self._out_dtypes)]
