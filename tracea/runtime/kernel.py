@@ -107,7 +107,6 @@ class CallFrame:
         return self.packed
 
 
-
 RESULT_ALIGNMENT = 64  # bytes: a cache line, an AVX-512 vector
 
 
@@ -121,6 +120,7 @@ def aligned_empty(shape, dtype) -> np.ndarray:
     raw = np.empty(size + RESULT_ALIGNMENT, np.uint8)
     start = -data_address(raw) % RESULT_ALIGNMENT
     return raw[start:start + size].view(dtype).reshape(shape)
+
 
 @dataclass
 class Signature:
