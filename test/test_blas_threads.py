@@ -92,25 +92,6 @@ BUSY = textwrap.dedent("""
             busy, paused = busy + on_cpu_ns() - before, paused + time.perf_counter_ns() - start
         return round(busy / paused, 3)
 
-    def sleeps_between(work, pause, rounds):
-        # How often the other threads went to sleep (voluntary context switches, from /proc) per
-        # call of `work` with `pause` between calls: ~0 while a pool spins through the pauses.
-        def switches():
-            me, total = str(threading.get_native_id()), 0
-            for task in os.listdir("/proc/self/task"):
-                try:
-                    status = open(f"/proc/self/task/{task}/status").read() if task != me else ""
-                except OSError:
-                    continue
-                total += sum(int(line.split()[1]) for line in status.splitlines()
-                             if line.startswith("voluntary_ctxt_switches"))
-            return total
-        work()
-        before = switches()
-        for _ in range(rounds):
-            work()
-            time.sleep(pause)
-        return round((switches() - before) / rounds, 3)
 """)
 
 SPINNERS = BUSY + textwrap.dedent("""
@@ -145,26 +126,27 @@ TORCH_SPINNERS = BUSY + textwrap.dedent("""
     x = torch.randn(1, 32, 64, 64)
     w = torch.randn(32, 32, 3, 3)
     conv = lambda: torch.nn.functional.conv2d(x, w, padding=1)
-    # GNU OpenMP's default spin lasts ~7 ms; with Tracea's setting ~1 ms: a worker spinning the
-    # whole 20 ms after the op gives 1, 1 ms of them 0.05. With ops 0.3 ms apart its worker never
-    # sleeps; with the ~70 us of GOMP_SPINCOUNT=3000 it slept after each (and the next op or kernel
-    # waited for it to wake)
-    print(os.environ.get("GOMP_SPINCOUNT"), sleeps_between(conv, 0.0003, 50), busy_after(conv, 0.02, 7))
+    # GNU OpenMP's default spin lasts ~7 ms, Tracea's ~1 ms (~70 us at GOMP_SPINCOUNT=3000): of
+    # the 20 ms after each op, a worker spins 0.35, 0.05 (0.005). A spin is a count of pauses, so
+    # its CPU time holds on a loaded machine too, where a worker waiting for a core loses no spins
+    print(os.environ.get("GOMP_SPINCOUNT"), busy_after(conv, 0.02, 7))
 """)
 
 
 @pytest.mark.parametrize("share", ["1", "0"])
 def test_torch_threads_stay_awake_for_the_next_kernel_then_sleep(share):
     """Tracea's kernels run on torch's GNU OpenMP threads: right after a torch op they must still
-    be spinning (a kernel of 50-70 us after a torch op lost a third of its speed waking them, Zen 5,
-    2 threads), and soon after asleep (not spinning on the cores for ~7 ms, GNU OpenMP's default)."""
+    be spinning for a while (with ~70 us, a kernel of 50-70 us after a torch op lost a third of
+    its speed waking them, Zen 5, 2 threads), and soon after asleep (not spinning on the cores
+    for ~7 ms, GNU OpenMP's default). Measured as the CPU time torch's other threads take in
+    the 20 ms after an op (from /proc), not by timing."""
     pytest.importorskip("torch")
-    spin_count, sleeps, busy = _run(TORCH_SPINNERS, TRACEA_SHARE_CORES=share, GOMP_SPINCOUNT=None,
-                                   OMP_WAIT_POLICY=None).split()[-3:]
+    spin_count, busy = _run(TORCH_SPINNERS, TRACEA_SHARE_CORES=share, GOMP_SPINCOUNT=None,
+                            OMP_WAIT_POLICY=None).split()[-2:]
     if share == "1":
         assert spin_count == blas_threads.GOMP_SPINCOUNT
-        assert float(sleeps) < 0.3, f"torch's threads slept {float(sleeps)} times per op with ops 0.3 ms apart: " \
-                                    "they sleep before the next kernel comes"
+        assert float(busy) > 0.02, f"torch's threads ran {float(busy) * 20:.2f} ms after its op returned: " \
+                                   "they sleep before the next kernel comes (~1 ms of spinning wanted)"
         assert float(busy) < 0.2, f"torch's threads ran {float(busy):.0%} of the 20 ms after its op returned"
     else:
         assert spin_count == "None"
