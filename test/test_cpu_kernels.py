@@ -529,7 +529,7 @@ def test_direct_conv_tasks_balance_the_threads(profile, shape, filters, kernel, 
     v = _conv_view(fn)
     s = direct_nchw_schedule(v, cpu.f32_lanes, cpu.vector_registers * 3 // 4, threads, cpu.l2_bytes)
     mr, seg = s.warp_tile
-    (oh, ow), pad = v.result.shape[2:], kernel // 2
+    oh, pad = v.result.shape[2], kernel // 2
     q_segs = -(-oh * -(-(shape[3] + 2 * pad) // stride) // seg)  # the kernel's positions: rows x pitch
     per_task = min(s.tile[1] // seg, q_segs)
     runs = [min(per_task, q_segs - r) for r in range(0, q_segs, per_task)]
