@@ -754,13 +754,13 @@ def test_symbolic_sizes_evaluate_as_sympy_does():
     torch's own floor, ceiling and modular divisions, at sizes 1 and up."""
     import sympy
     from torch.utils._sympy.functions import CeilDiv, FloorDiv, ModularIndexing
-    from tracea.frontend.dynamic import _size
+    from tracea.frontend.dynamic import _size_at
     s0, s1 = sympy.symbols("s0 s1", integer=True, positive=True)
     for expr in [s0 + 1, 2 * s0 + 32, s0 * s1, FloorDiv(s0 + 7, 8), CeilDiv(s0, 3), ModularIndexing(s0 * s1, 2, 5),
                  sympy.Max(s0 - 4, 1), s0 ** 2 - s1]:
         for env in ({s0: 1, s1: 1}, {s0: 33, s1: 4}, {s0: 1000, s1: 7}):
-            assert _size(expr, env) == int(expr.subs(env)), (expr, env)
-            assert type(_size(expr, env)) is int
+            assert _size_at(env)(expr) == int(expr.subs(env)), (expr, env)
+            assert type(_size_at(env)(expr)) is int
 
 
 def test_dynamic_dims_compile_once_for_every_size():

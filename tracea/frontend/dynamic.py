@@ -20,11 +20,13 @@ def _dims(value) -> list:
     return [d.node.expr if isinstance(d, torch.SymInt) else int(d) for d in value.shape]
 
 
-def _size(expr, env: dict) -> int:
-    """A size expression at the sizes `env` binds. xreplace, 15-25x cheaper than subs: a GPT-2
-    decoding step's result sizes took 5 ms of subs under cProfile, a third of the step."""
+def _size_at(env: dict):
+    """expr -> its size at the sizes `env` binds (converted to sympy once for all of a call's
+    dims). xreplace, 15-25x cheaper than subs: a GPT-2 decoding step's result sizes took 5 ms of
+    subs under cProfile, a third of the step."""
     import sympy
-    return int(expr.xreplace({symbol: sympy.Integer(size) for symbol, size in env.items()}))
+    values = {symbol: sympy.Integer(size) for symbol, size in env.items()}
+    return lambda expr: int(expr.xreplace(values))
 
 
 class SymbolicShapes:
@@ -51,11 +53,12 @@ class SymbolicShapes:
                     if env.setdefault(want, size) != size:
                         raise ArgumentError(f"input #{i} has size {size} in dim {d}, but another input's size "
                                             f"there is {env[want]}: the model needs them equal")
+        size_of = _size_at(env)
         for i, (shape, dims) in enumerate(zip(shapes, self.inputs)):  # sizes derived from others
             for d, (size, want) in enumerate(zip(shape, dims)):
                 if isinstance(want, int) or want.is_Symbol or want.free_symbols - env.keys():
                     continue
-                if (needed := _size(want, env)) != size:
+                if (needed := size_of(want)) != size:
                     raise ArgumentError(f"input #{i} has size {size} in dim {d}; the model needs {needed}")
         for symbol, size in env.items():
             bounds = self.ranges.get(symbol)
@@ -66,7 +69,8 @@ class SymbolicShapes:
 
     def output_shapes(self, env) -> list[tuple]:
         """The result shapes for the sizes `env` binds."""
-        return [tuple(d if isinstance(d, int) else _size(d, env) for d in dims) for dims in self.outputs]
+        size_of = _size_at(env)
+        return [tuple(d if isinstance(d, int) else size_of(d) for d in dims) for dims in self.outputs]
 
 
 def program_shapes(program) -> SymbolicShapes:
