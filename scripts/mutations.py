@@ -99,6 +99,12 @@ MUTATIONS = {
     "conv-runs-unbalanced": (  # the direct conv's runs as long as fit, a last short one left as it falls
         "tracea/targets/cpu/conv.py", "    per_task = -(-q_segs // min(", "    per_task = per_task or -(-q_segs // min(",
         ["test/test_cpu_kernels.py", "-k", "direct_conv_tasks"]),
+    "in-place-rows-spill": (  # 6 in-place rows on 32 registers too: LLVM spills the tile
+        "tracea/targets/cpu/kernels.py", "DIRECT_MAX_MR = 4", "DIRECT_MAX_MR = 6",
+        ["test/test_cpu_kernels.py", "-k", "in_place_conv_keeps"]),
+    "in-place-rows-avx2-four": (  # AVX2's in-place tile cut to 4 x 2 vectors (0.85x of 6 x 2)
+        "tracea/targets/cpu/kernels.py", "mr > DIRECT_MAX_MR and host.vector_registers > 16:",
+        "mr > DIRECT_MAX_MR:", ["test/test_cpu_kernels.py", "-k", "in_place_take"]),
     "results-unaligned": (
         "tracea/runtime/kernel.py", "outputs = [aligned_empty(s.shape, d)", "outputs = [np.empty(s.shape, d)",
         ["test/test_runtime.py", "-k", "cache_line"]),

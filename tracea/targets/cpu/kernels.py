@@ -51,9 +51,11 @@ def _round_up(x: int, multiple: int) -> int:
 # 14: 1 thread +2-6 %, 2 threads 1024^3 2.2x and 2048^3 1.45x (the spills' reloads stalled there
 # on GNU OpenMP's threads), no shape slower. 16 registers (AVX2) keep 6 rows.
 MAX_MR = 8
-# Rows of the register tile when the micro-kernel reads A from the image in place: a base pointer
-# per row. Measured on Zen 4 (3x3 C64 56x56 NHWC, 1 thread, interleaved with torch): 4 rows 107
-# GFLOP/s (AVX2 code on the same host: 98), 6 or 8 rows 53-59 (71); packing instead 96.
+# Rows of the register tile when the micro-kernel reads A from the image in place (a base pointer
+# per row), on 32 vector registers: LLVM's schedule of that loop spills 6 or 8 rows (72-170 vector
+# stack moves on 1 thread; Zen 4 and 5, 3x3 C64 56x56 NHWC: 4 x 4 vectors 1.06x torch, 6 x 2 0.76x).
+# On 16 (AVX2) the GEMM's 6 x 2 vectors do not spill since the k loop has no remainder (k_unroll):
+# on Zen 5, AVX2 code, 1.12-1.18x faster than 4 x 2 (which Zen 4 had measured faster, at 64 spills).
 DIRECT_MAX_MR = 4
 FEW_ROWS, FEW_ROWS_KC = 160, 1024  # GEMMs of at most this many rows: one M block, K up to this in one block
 
@@ -223,7 +225,7 @@ def conv_gemm_schedule(v: OpView, host: CPU, threads: int) -> Schedule:
             max([d for d in range(c, budget + 1, c) if row % d == 0] or [c])
     kc = min(kc, k)
     mr, nr, _ = schedule.warp_tile
-    if gather.direct_segment(kc, lanes) is not None and mr > DIRECT_MAX_MR:
+    if gather.direct_segment(kc, lanes) is not None and mr > DIRECT_MAX_MR and host.vector_registers > 16:
         mr = DIRECT_MAX_MR
         mc = _round_up(mc, mr)
         # Fewer rows, so as many columns as the registers then hold (mr x nv accumulators, nv
