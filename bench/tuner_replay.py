@@ -56,6 +56,12 @@ def _on_host(table: dict) -> str:
     return f" on {found.group(1)}" if found else ""
 
 
+def _tag(table: dict) -> str:
+    """The machine kind the table was recorded on (", zen5"), where the recording named it."""
+    tag = table["machine"].get("tag")
+    return f", {tag}" if tag else ""
+
+
 def evaluations_to_reach(table: dict, strategy: str, seed: int, cap: int, within: float = 0.05,
                          default: str | None = None) -> int | None:
     from tracea.tuner.search import Evaluation, search
@@ -132,7 +138,7 @@ def main() -> int:
         ran = [r["seconds"] for r in table["configs"].values() if r["seconds"] is not None]
         default = table["configs"].get(table.get("default") or "", {}).get("seconds")
         result = {"table": os.path.basename(path), "label": table["label"], "variant": table["variant"],
-                  "threads": table["threads"], "isa": recorded_caps(table).cpu.isa + _on_host(table), "configs": len(table["configs"]), "failed": len(table["configs"]) - len(ran),
+                  "threads": table["threads"], "isa": recorded_caps(table).cpu.isa + _on_host(table) + _tag(table), "configs": len(table["configs"]), "failed": len(table["configs"]) - len(ran),
                   "best_ms": min(ran) * 1e3, "default_ms": default * 1e3 if default else None,
                   "random_expected": random_expectation(table)}
         today = todays_default(table)

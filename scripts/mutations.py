@@ -105,6 +105,10 @@ MUTATIONS = {
     "in-place-rows-avx2-four": (  # AVX2's in-place tile cut to 4 x 2 vectors (0.85x of 6 x 2)
         "tracea/targets/cpu/kernels.py", "mr > DIRECT_MAX_MR and host.vector_registers > 16:",
         "mr > DIRECT_MAX_MR:", ["test/test_cpu_kernels.py", "-k", "in_place_take"]),
+    "conv-space-packed-k-blocks": (  # the conv's space fits K blocks to runs of channels only
+        "tracea/targets/cpu/kernels.py", "            kc = conv_k_block_of(gather, k, kc, lanes)",
+        "            kc = conv_k_block(gather.unit(lanes), k, kc)",
+        ["test/test_tuner.py", "-k", "starts_from_the_default"]),
     "results-unaligned": (
         "tracea/runtime/kernel.py", "outputs = [aligned_empty(s.shape, d)", "outputs = [np.empty(s.shape, d)",
         ["test/test_runtime.py", "-k", "cache_line"]),

@@ -4,8 +4,9 @@ data bench/tuner_replay.py replays the tuner and random search on (issue 25, ite
     .venv/bin/python scripts/record_tuning_space.py gemm-512 --threads 1
     .venv/bin/python scripts/record_tuning_space.py all --threads 1      # every problem below
     .venv/bin/python scripts/record_tuning_space.py gemm-512 --device vulkan:0   # on a Vulkan device
+    .venv/bin/python scripts/record_tuning_space.py all --tag zen5   # names the machine kind
 
-Writes bench/tuning_spaces/<problem>-<threads>t-<isa>.json (avx2, avx512, ...: the host's
+Writes bench/tuning_spaces/<problem>-<threads>t-<isa>[-<tag>].json (avx2, avx512, ...: the host's
 vectors; <isa>-on-<host's isa> when TRACEA_CPU plans for a narrower ISA than the host's, e.g.
 TRACEA_CPU=zen3-avx2 on an AVX-512 host, the table's machine then naming both; <problem>-vulkan.json on a Vulkan device): the machine (CPU record, model name, kernel; the device and its driver), the date, the space, and per configuration its time (the lower of two passes' medians,
 the second pass in reverse order) with each pass's samples, or its error. Takes minutes per
@@ -67,10 +68,10 @@ def narrower_than_host() -> str | None:
     return found.isa if planned.arch == found.arch and planned.isa != found.isa else None
 
 
-def record(name: str, threads: int, workers: int, device: str = "cpu") -> str:
+def record(name: str, threads: int, workers: int, device: str = "cpu", tag: str = "") -> str:
     from tracea.codegen.variants import variant
     from tracea.doctor import plan
-    from tracea.tuner.autotuner import AutoTuner
+    from tracea.tuner.autotuner import AutoTuner, configuration_of
     from tracea.tuner.measure import TuningProblem
     from tracea.tuner.space import config_key
 
@@ -104,15 +105,17 @@ def record(name: str, threads: int, workers: int, device: str = "cpu") -> str:
         ran = [p["seconds"] for p in row["passes"] if p["seconds"] is not None]
         row["seconds"] = min(ran) if len(ran) == len(row["passes"]) else None
         row["error"] = next((p["error"] for p in row["passes"] if p["error"]), None)
-    default = next((config_key(c) for c in configs if complete(space.schedule(c)) == decision.schedule), None)
+    default = configuration_of(space, complete, decision.schedule)
+    default = config_key(default) if default is not None else None
     data = {"problem": name, "label": tp.label, "variant": chosen.id, "threads": threads,
-            "machine": machine(tuner.caps),
+            "machine": machine(tuner.caps) | ({"tag": tag} if tag else {}),
             "date": datetime.date.today().isoformat(), "space": space.describe(), "default": default,
             "seconds": round(time.perf_counter() - began, 1), "configs": table}
     os.makedirs(OUT, exist_ok=True)
     cpu = tuner.caps.backend == "cpu"
     on = f"-on-{narrower_than_host()}" if cpu and narrower_than_host() else ""
-    path = os.path.join(OUT, f"{name}-{threads}t-{tuner.caps.cpu.isa}{on}.json" if cpu else f"{name}-vulkan.json")
+    suffix = f"-{tag}" if tag else ""
+    path = os.path.join(OUT, f"{name}-{threads}t-{tuner.caps.cpu.isa}{on}{suffix}.json" if cpu else f"{name}-vulkan{suffix}.json")
     with open(path, "w") as f:
         json.dump(data, f, indent=1, sort_keys=True)
     return path
@@ -124,9 +127,11 @@ def main() -> int:
     parser.add_argument("--threads", type=int, default=1, help="threads the kernels run on (default 1)")
     parser.add_argument("--workers", type=int, default=2, help="compile worker processes (default 2)")
     parser.add_argument("--device", default="cpu", help="cpu (default) or a Vulkan device of this machine, vulkan:N")
+    parser.add_argument("--tag", default="", help="the machine kind (zen5, ...): named in the table and its file, so "
+                        "tables of several machines of one ISA sit side by side")
     args = parser.parse_args()
     for name in (list(problems()) if args.problem == "all" else [args.problem]):
-        print(record(name, args.threads, args.workers, args.device))
+        print(record(name, args.threads, args.workers, args.device, args.tag))
     return 0
 
 

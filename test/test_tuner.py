@@ -153,6 +153,29 @@ def test_nhwc_conv_space_has_only_k_blocks_the_gather_can_fill(channels):
     assert len(k_blocks) > 1
 
 
+@pytest.mark.parametrize("profile", ["host", "zen3-avx2", "skylake-avx512", "sapphire-rapids-avx512"])
+def test_the_search_starts_from_the_default(monkeypatch, profile):
+    """Every default is a configuration of its variant's space, so the tuner tries it first. The
+    in-place NHWC conv's space had fitted K blocks to whole runs of channels only: its default's
+    two kernel rows (384 with a 48 KiB L1d) became 320, a packed schedule, and the search started
+    elsewhere."""
+    from tracea.doctor import plan
+    from tracea.tuner.autotuner import AutoTuner, configuration_of, kernel_problems
+    if profile != "host":
+        monkeypatch.setenv("TRACEA_CPU", profile)
+    programs = [_gemm(512, 512, 512), _gemm(128, 1024, 1024)] + [
+        td.function(td.tensor((1, hw, hw, c)), td.tensor((3, 3, c, c)))(
+            lambda x, f: td.conv2d(x, f, padding=1, layout="nhwc")) for c, hw in [(64, 56), (128, 28), (256, 14)]]
+    tuner = AutoTuner("cpu", threads=1, progress=False)
+    for program in programs:
+        for tp in kernel_problems(program):
+            decision = plan(tp.problem, tuner.caps, 1, tuned=False)
+            chosen = variant(decision.variant_id)
+            space = tuner._space(chosen, tp).include(decision.schedule)
+            assert configuration_of(space, tuner._completer(chosen, tp), decision.schedule) is not None, \
+                (tp.label, decision.schedule)
+
+
 def test_small_image_nchw_conv_is_tuned_on_its_gemm():
     """im2col_nchw's space is the packed GEMM's on (filters x positions x taps): blocks cut to
     that GEMM, every configuration passes the variant's check, and a tuned one computes the conv."""

@@ -85,6 +85,12 @@ class TunedSchedule:
         return f"{self.label} on {self.variant_id}: {self.schedule.as_dict()} {time_text}{gain} ({where})"
 
 
+def configuration_of(space: SearchSpace, complete, schedule: Schedule | None) -> dict | None:
+    """The configuration of `space` whose schedule, as the variant completes it, is `schedule`:
+    where a search starts from the default."""
+    return next((c for c in space.configurations() if complete(space.schedule(c)) == schedule), None)
+
+
 class AutoTuner:
     """Tunes kernel ops on `device` ("cpu" / None: this machine's CPU; a Capabilities: a machine
     whose measurements come from elsewhere, see campaign.py). budget: new evaluations per op;
@@ -164,7 +170,7 @@ class AutoTuner:
                 return measurer.compare([(c, complete(space.schedule(c))) for c in configs])
 
             prior = [] if retune else self._prior(entry, env, space, evaluate)
-            first = next((c for c in space.configurations() if complete(space.schedule(c)) == default), None)
+            first = configuration_of(space, complete, default)
             result = search(space, evaluate, budget=self.budget, seconds=self.seconds, initial=self.initial,
                             batch=max(1, self.workers), seed=self.seed, first=first, prior=prior,
                             confirm=compare, tolerance=TOLERANCE, progress=self._printer(tp, started))

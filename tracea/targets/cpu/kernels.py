@@ -216,14 +216,7 @@ def conv_gemm_schedule(v: OpView, host: CPU, threads: int) -> Schedule:
     mc, nc, _ = schedule.tile
     lanes = schedule.lane_map.shape[-1]
     budget = host.l1d_bytes // (schedule.warp_tile[1] * 4)
-    kc = conv_k_block(gather.unit(lanes), k, budget)
-    row, c = gather.kernel[1] * gather.image.shape[3], gather.image.shape[3]
-    if gather.direct_segment(kc, lanes) is None and gather.direct_segment(row, lanes) is not None:
-        # K blocks of whole kernel rows (or parts of one), which the micro-kernel reads from the
-        # image itself where the pixels are inside it (no packing): 3x3 C128 at 384, not 640
-        kc = row * max(1, budget // row) if row <= budget else \
-            max([d for d in range(c, budget + 1, c) if row % d == 0] or [c])
-    kc = min(kc, k)
+    kc = conv_k_block_of(gather, k, budget, lanes)
     mr, nr, _ = schedule.warp_tile
     if gather.direct_segment(kc, lanes) is not None and mr > DIRECT_MAX_MR and host.vector_registers > 16:
         mr = DIRECT_MAX_MR
@@ -235,6 +228,18 @@ def conv_gemm_schedule(v: OpView, host: CPU, threads: int) -> Schedule:
         nr = lanes * max([v for v in range(1, vectors + 1) if vectors % v == 0
                           and mr * v + v + 1 <= host.vector_registers] + [nr // lanes])
     return replace(schedule, tile=(mc, nc, kc), warp_tile=(mr, nr, 1))
+
+
+def conv_k_block_of(gather, k: int, kc: int, lanes: int) -> int:
+    """The conv's K block near `kc`: whole runs of the gather (conv_k_block), or where the image can
+    be read in place but those runs cannot, whole kernel rows (or a part of one in whole runs of
+    channels), which the micro-kernel reads from the image itself where the pixels are inside it
+    (no packing): 3x3 C128 at 384, not 640."""
+    block = conv_k_block(gather.unit(lanes), k, kc)
+    row, c = gather.kernel[1] * gather.image.shape[3], gather.image.shape[3]
+    if gather.direct_segment(block, lanes) is None and gather.direct_segment(row, lanes) is not None:
+        block = row * max(1, kc // row) if row <= kc else max([d for d in range(c, kc + 1, c) if row % d == 0] or [c])
+    return min(block, k)
 
 
 def conv_gemm_view(v: OpView, a: TensorSpec, b: TensorSpec, product: tuple[int, ...], schedule: Schedule,
@@ -479,8 +484,8 @@ def _gemm_space(p: Problem, caps: Capabilities) -> SearchSpace:
         mc, nc = _round_up(mc, mr), _round_up(nc, nr)
         if known(m, n, k):
             mc, nc, kc = min(mc, _round_up(m, mr)), min(nc, _round_up(n, nr)), min(kc, _round_up(k, 8))
-        if gather is not None:  # a conv's K blocks hold whole runs of the gather (see _conv_check)
-            kc = conv_k_block(gather.unit(lanes), k, kc)
+        if gather is not None:  # a conv's K blocks as its default's are made (see _conv_check)
+            kc = conv_k_block_of(gather, k, kc, lanes)
         elif known(k) and k % (blocks := -(-k // kc)) == 0:
             kc = k // blocks  # as many K blocks, all of one length (default_gemm_schedule says why)
         return replace(s, tile=(mc, nc, kc))
