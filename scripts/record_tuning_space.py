@@ -19,6 +19,7 @@ import datetime
 import json
 import os
 import platform
+import re
 import sys
 import time
 
@@ -121,14 +122,20 @@ def record(name: str, threads: int, workers: int, device: str = "cpu", tag: str 
     return path
 
 
+def _tag(text: str) -> str:
+    if not re.fullmatch(r"[A-Za-z0-9_.-]*", text) or text.startswith("."):
+        raise argparse.ArgumentTypeError(f"{text!r}: a tag is a word of letters, digits, '_', '-' or '.' (it ends the file's name)")
+    return text
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("problem", choices=[*problems(), "all"])
     parser.add_argument("--threads", type=int, default=1, help="threads the kernels run on (default 1)")
     parser.add_argument("--workers", type=int, default=2, help="compile worker processes (default 2)")
     parser.add_argument("--device", default="cpu", help="cpu (default) or a Vulkan device of this machine, vulkan:N")
-    parser.add_argument("--tag", default="", help="the machine kind (zen5, ...): named in the table and its file, so "
-                        "tables of several machines of one ISA sit side by side")
+    parser.add_argument("--tag", default="", type=_tag, help="the machine kind (zen5, ...): named in the table and its "
+                        "file, so tables of several machines of one ISA sit side by side")
     args = parser.parse_args()
     for name in (list(problems()) if args.problem == "all" else [args.problem]):
         print(record(name, args.threads, args.workers, args.device, args.tag))
