@@ -52,10 +52,11 @@ def _round_up(x: int, multiple: int) -> int:
 # on GNU OpenMP's threads), no shape slower. 16 registers (AVX2) keep 6 rows.
 MAX_MR = 8
 # Rows of the register tile when the micro-kernel reads A from the image in place (a base pointer
-# per row), on 32 vector registers: LLVM's schedule of that loop spills 6 or 8 rows (72-170 vector
-# stack moves on 1 thread; Zen 4 and 5, 3x3 C64 56x56 NHWC: 4 x 4 vectors 1.06x torch, 6 x 2 0.76x).
-# On 16 (AVX2) the GEMM's 6 x 2 vectors do not spill since the k loop has no remainder (k_unroll):
-# on Zen 5, AVX2 code, 1.12-1.18x faster than 4 x 2 (which Zen 4 had measured faster, at 64 spills).
+# per row), on more than 16 vector registers: LLVM's schedule of that loop spills 6 or 8 rows (72-170
+# vector stack moves on 1 thread). 3x3 C64 56x56 NHWC, 1 thread, against torch: Zen 4, 6-8 rows at
+# half the speed of 4; Zen 5, 4 x 4 vectors 1.06x, 6 x 2 0.76x. On 16 registers (AVX2) the GEMM's
+# 6 x 2 vectors stay: they no longer spill since the k loop lost its remainder (k_unroll), and on
+# Zen 5 (AVX2 code) they run 1.12-1.18x faster than 4 x 2 (Zen 4 had 4 x 2 faster, at 64 spills).
 DIRECT_MAX_MR = 4
 FEW_ROWS, FEW_ROWS_KC = 160, 1024  # GEMMs of at most this many rows: one M block, K up to this in one block
 
