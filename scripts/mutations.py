@@ -109,6 +109,9 @@ MUTATIONS = {
         "tracea/targets/cpu/kernels.py", "            kc = conv_k_block_of(gather, k, kc, lanes)",
         "            kc = conv_k_block(gather.unit(lanes), k, kc)",
         ["test/test_tuner.py", "-k", "starts_from_the_default"]),
+    "ei-without-margin": (  # expected improvement from the best itself: evaluations spent on ties
+        "tracea/tuner/search.py", "yz.min() - math.log1p(tolerance) / scale)", "yz.min())",
+        ["test/test_tuner.py", "-k", "spend_evaluations_on_ties"]),
     "results-unaligned": (
         "tracea/runtime/kernel.py", "outputs = [aligned_empty(s.shape, d)", "outputs = [np.empty(s.shape, d)",
         ["test/test_runtime.py", "-k", "cache_line"]),
