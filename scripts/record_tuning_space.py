@@ -106,8 +106,8 @@ def record(name: str, threads: int, workers: int, device: str = "cpu", tag: str 
         ran = [p["seconds"] for p in row["passes"] if p["seconds"] is not None]
         row["seconds"] = min(ran) if len(ran) == len(row["passes"]) else None
         row["error"] = next((p["error"] for p in row["passes"] if p["error"]), None)
-    default = configuration_of(space, complete, decision.schedule)
-    default = config_key(default) if default is not None else None
+    found = configuration_of(space, complete, decision.schedule)
+    default = config_key(found) if found is not None else None
     data = {"problem": name, "label": tp.label, "variant": chosen.id, "threads": threads,
             "machine": machine(tuner.caps) | ({"tag": tag} if tag else {}),
             "date": datetime.date.today().isoformat(), "space": space.describe(), "default": default,
