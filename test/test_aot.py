@@ -34,6 +34,7 @@ def test_load_in_a_fresh_process(library):
         import numpy as np
         import tracea
         k = tracea.Kernel.load({str(library)!r})
+        assert k._entry_on_arrays is not None  # the library's entry taking arrays was found
         rng = np.random.default_rng(0)
         x, w, b = (rng.standard_normal(s).astype(np.float32) for s in ((37, 29), (29, 45), (45,)))
         err = np.abs(k(x, w, b) - np.maximum(x.astype(np.float64) @ w + b, 0)).max()

@@ -1,6 +1,7 @@
 """Compiled kernels as callables: argument checking, results, caching, stages."""
 from __future__ import annotations
 
+import copy
 import time
 
 import ml_dtypes
@@ -121,6 +122,38 @@ def test_unknown_target():
     fn = td.function(td.tensor((3,)))(lambda x: td.softmax(x))
     with pytest.raises(ValueError, match="unknown target 'tpu'; available: cpu"):
         tracea.compile(fn, target="tpu")
+
+
+def test_data_address_is_where_numpy_keeps_the_data():
+    """The address the entry taking arrays reads from the array object is numpy's own, for every
+    kind of array a kernel is given: views into other arrays, read-only, bf16 / f16, 0-d, empty."""
+    from tracea.runtime.kernel import DATA_OFFSET, data_address
+    assert DATA_OFFSET is not None  # CPython + numpy: found, so kernels take their arrays directly
+    base = np.arange(80, dtype=np.float32).reshape(10, 8)
+    read_only = np.frombuffer(np.arange(6, dtype=np.float64).tobytes(), np.float64)
+    arrays = [base, base[3:7], base[:, 2:], read_only, np.zeros((3, 5), ml_dtypes.bfloat16),
+              np.ones(7, np.float16), np.array(2.5, np.float32), np.zeros((0, 4), np.float32)]
+    for a in arrays:
+        assert data_address(a) == a.ctypes.data
+
+
+def test_each_call_reads_the_arrays_it_is_given(kernel, rng):
+    """The entry taking arrays (targets/cpu/native.py: objects_entry) points the kernel at each
+    call's arrays: views starting inside another array, read-only inputs, arrays freed and made
+    anew between calls; the descriptor path it replaces gives the same results."""
+    assert kernel._entry_on_arrays is not None
+    big = ref.random(rng, (12, 8))
+    b = ref.random(rng, (8, 3))
+    read_only = np.frombuffer(ref.random(rng, (8, 3)).tobytes(), np.float32).reshape(8, 3)
+    for start in range(0, 8, 3):
+        a = big[start:start + 4]
+        ref.assert_close(kernel(a, b), ref.gemm(a, b), "f32", 8)
+        ref.assert_close(kernel(a, read_only), ref.gemm(a, read_only), "f32", 8)
+        ref.assert_close(kernel(a * 1, b * 1), ref.gemm(a, b), "f32", 8)  # temporaries, freed after
+    fast = kernel(big[2:6], b)
+    slow_path = copy.copy(kernel)
+    slow_path._entry_on_arrays = None  # as a kernel cached before the entry existed runs
+    np.testing.assert_array_equal(slow_path(big[2:6], b), fast)
 
 
 def test_results_are_independent_arrays(kernel, rng):

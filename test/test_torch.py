@@ -874,6 +874,31 @@ def resnet_like():
                          nn.Flatten(), nn.Linear(48, 10))
 
 
+def test_a_compiled_model_sees_its_weights_change():
+    """The weights' numpy views are made once and kept while each weight keeps its storage: an
+    update in place shows through them, a weight given new storage (`.data =`, a copy that
+    changes its layout) is read anew, and a weight that is not contiguous is copied each call."""
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(24, 40), torch.nn.GELU(), torch.nn.Linear(40, 8)).eval()
+    x = torch.randn(5, 24)
+    compiled = tracea.compile(model, (x,))
+    with torch.no_grad():
+        torch.testing.assert_close(compiled(x), model(x), rtol=1e-5, atol=1e-5)
+        views = dict(compiled._run._weight_arrays)
+        assert len(views) == 4
+        compiled(x)
+        assert all(compiled._run._weight_arrays[i][1] is views[i][1] for i in views)  # reused
+        model[0].weight.mul_(-2.0)
+        model[2].bias.add_(1.0)
+        torch.testing.assert_close(compiled(x), model(x), rtol=1e-5, atol=1e-5)
+        model[2].weight.data = torch.randn(40, 8).T  # new storage, and not contiguous
+        torch.testing.assert_close(compiled(x), model(x), rtol=1e-5, atol=1e-5)
+        model[2].weight.data.mul_(3.0)  # the copy made of a non-contiguous weight is made each call
+        torch.testing.assert_close(compiled(x), model(x), rtol=1e-5, atol=1e-5)
+        model[0].weight.data = model[0].weight.data.clone() * 0.5
+        torch.testing.assert_close(compiled(x), model(x), rtol=1e-5, atol=1e-5)
+
+
 def test_cnn_runs_channels_last_and_sees_weight_updates(monkeypatch):
     """A ResNet-style model runs NHWC (tracea-channels-last): every conv is NHWC or a GEMM, the
     residual adds are GEMM epilogues, only the image and the pooled features are transposed. The

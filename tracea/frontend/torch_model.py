@@ -96,8 +96,10 @@ class CompiledModel:
     def __call__(self, *inputs):
         tensors = self._check(inputs)
         # read now: in-place updates are seen (also by the weights laid out anew, on a change)
-        weights = self.weight_layouts([w.detach() for w in self.exported.weights])
-        return self.exported.outputs.rebuild(self._run(weights + tensors))
+        if self.kernel is None:
+            return self.exported.outputs.rebuild(self._run([w.detach() for w in self.exported.weights] + tensors))
+        weights = self.weight_layouts(list(self.exported.weights))  # detached where made into arrays
+        return self.exported.outputs.rebuild(self._run(weights + tensors, weights=len(weights)))
 
 
 def _program_runner(program, graph):

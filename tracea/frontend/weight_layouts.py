@@ -30,7 +30,7 @@ class WeightLayouts:
             source = (w.data_ptr(), w._version, tuple(w.shape), w.dtype)
             made = self._laid_out.get(i)
             if made is None or made[0] != source:
-                made = self._laid_out[i] = (source, w.permute(perm).contiguous())
+                made = self._laid_out[i] = (source, w.detach().permute(perm).contiguous())
             weights[i] = made[1]
         return weights
 

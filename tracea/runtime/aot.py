@@ -152,6 +152,7 @@ class Library:
     meta: dict
     handle: ctypes.CDLL
     address: int
+    objects_address: int | None  # the entry taking arrays (targets/cpu/native.py), if it has one
 
 
 def read(path: str | Path, expect: dict | None = None) -> Library:
@@ -185,7 +186,9 @@ def read(path: str | Path, expect: dict | None = None) -> Library:
         address = ctypes.cast(getattr(library, meta["packed_symbol"]), ctypes.c_void_p).value
     except AttributeError:
         raise TraceaError(f"{path} has no symbol {meta['packed_symbol']}") from None
-    return Library(path, meta, library, address)
+    from ..targets.cpu.native import OBJECTS_PREFIX, PACKED_PREFIX
+    objects = getattr(library, OBJECTS_PREFIX + meta["packed_symbol"].removeprefix(PACKED_PREFIX), None)
+    return Library(path, meta, library, address, objects and ctypes.cast(objects, ctypes.c_void_p).value)
 
 
 _private_copies: dict[str, str] = {}  # digest -> the path it is mapped from

@@ -353,9 +353,12 @@ class CpuTarget(Target):
         symbol = f"_mlir_ciface_{ENTRY_PREFIX}{entry}"
         packed = native.PACKED_PREFIX + symbol
         on_gnu = _on_gnu_openmp(code, options.threads)
-        library = native.JitLibrary(code, [packed], also=[gnu_openmp.shim_object()] if on_gnu else ())
+        objects = native.OBJECTS_PREFIX + symbol
+        exported = [packed] + ([objects] if objects.encode() in code else [])  # not in older cached code
+        library = native.JitLibrary(code, exported, also=[gnu_openmp.shim_object()] if on_gnu else ())
         kernel = Kernel(build.signature, library.addresses[packed], library, self.name, build.stages, build.seconds,
                         symbol, [str(lib) for lib in libraries], code, options.threads,
-                        openmp="gnu" if on_gnu else "llvm" if b"__kmpc_fork_call" in code else None)
+                        openmp="gnu" if on_gnu else "llvm" if b"__kmpc_fork_call" in code else None,
+                        objects_address=library.addresses.get(objects))
         kernel.plan = build.plan
         return kernel
