@@ -121,6 +121,12 @@ MUTATIONS = {
     "weight-views-never-renewed": (  # a compiled model keeps a weight's first numpy view for ever
         "tracea/frontend/bridge.py", "if made is not None and made[0] == storage:", "if made is not None:",
         ["test/test_torch.py", "-k", "sees_its_weights"]),
+    "dot-prefetch-ignored": (  # the inner-product kernel never asks for B's rows ahead
+        "tracea/targets/cpu/gemm.py", 'ahead_of_use = v.attrs["schedule"].stages >= 2', "ahead_of_use = False",
+        ["test/test_cpu_kernels.py", "-k", "weights_ahead"]),
+    "dot-line-steps-same-k": (  # a cache line's steps of the inner-product kernel all read its first k's
+        "tracea/targets/cpu/gemm.py", "accs = products(accs, t.add(k, t.c(u * L)) if u else k, None,",
+        "accs = products(accs, k, None,", ["test/test_cpu_kernels.py", "-k", "inner_product_gemm"]),
     "gnu-openmp-spin-short": (
         "tracea/runtime/blas_threads.py", 'GOMP_SPINCOUNT = "40000"', 'GOMP_SPINCOUNT = "3000"',
         ["test/test_blas_threads.py", "-k", "awake"]),
