@@ -228,7 +228,8 @@ def test_default_schedules_choose_the_inner_product_kernel_for_few_rows():
 def test_few_rows_ask_for_weights_ahead_where_they_stay_in_cache(monkeypatch, profile):
     """A decoding step's x @ W^T asks for W's rows ahead of use (stages 2, 4 rows of W at a time)
     where W's share per thread fits half of L3 and stays there between calls (1.07-1.23x on Zen
-    5), and leaves W streaming from memory to the hardware prefetchers (8 rows at a time)."""
+    5), and leaves W streaming from memory to the hardware prefetchers (8 rows at a time); it
+    reads W's rows whole."""
     if profile != "host":
         monkeypatch.setenv("TRACEA_CPU", profile)
     for (m, n, k), threads, ahead in [((1, 2304, 768), 1, True), ((1, 3072, 2048), 2, True),
@@ -239,6 +240,9 @@ def test_few_rows_ask_for_weights_ahead_where_they_stay_in_cache(monkeypatch, pr
         assert ("prefetcht0" in ref.machine_code(kernel)) == ahead, (m, n, k, threads)
         schedule = dot_gemm_schedule(m, n, k, host_cpu(), threads)
         assert (schedule.stages, schedule.warp_tile[1]) == ((2, 4) if ahead else (1, 8))
+        assert schedule.tile[2] == k  # one row: whole rows of W, not pieces of 1024
+    # more rows than a register tile's: each block of W is read by every group of rows, from L1
+    assert dot_gemm_schedule(16, 2048, 2048, host_cpu(), 1).tile[2] == 1024
 
 
 def test_inner_product_tile_needs_transposed_b():
