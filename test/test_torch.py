@@ -897,6 +897,12 @@ def test_a_compiled_model_sees_its_weights_change():
         torch.testing.assert_close(compiled(x), model(x), rtol=1e-5, atol=1e-5)
         model[0].weight.data = model[0].weight.data.clone() * 0.5
         torch.testing.assert_close(compiled(x), model(x), rtol=1e-5, atol=1e-5)
+        square = torch.nn.Linear(6, 6, bias=False).eval()
+        y = torch.randn(3, 6)
+        compiled_square = tracea.compile(square, (y,))
+        compiled_square(y)
+        square.weight.data = square.weight.data.t()  # the same storage and shape, other strides
+        torch.testing.assert_close(compiled_square(y), square(y), rtol=1e-5, atol=1e-5)
 
 
 def test_cnn_runs_channels_last_and_sees_weight_updates(monkeypatch):

@@ -41,9 +41,9 @@ class TensorBridge:
 
     def _weight_array(self, i: int, weight):
         """Weight i as a numpy array: the view made on an earlier call while the weight keeps its
-        storage, shape and dtype (an update in place shows through it). Converting every weight
-        anew cost ~1.5 us each per call (a 12-layer GPT-2 takes ~150)."""
-        storage = (weight.data_ptr(), weight.shape, weight.dtype)
+        storage, shape, strides and dtype (an update in place shows through it). Converting every
+        weight anew cost ~1.5 us each per call (a 12-layer GPT-2 takes ~150)."""
+        storage = (weight.data_ptr(), weight.shape, weight.stride(), weight.dtype)
         made = self._weight_arrays.get(i)
         if made is not None and made[0] == storage:
             return made[1]

@@ -851,8 +851,9 @@ def gemm_kernel_text(name: str, v: OpView, location: str, gather: ConvGather | N
 
 
 # How far ahead the inner-product kernel asks for B's rows with stages = 2 (6 lines: OpenBLAS's
-# Haswell sgemv_t figure). In-process A/B on Zen 5 (1 row, 4 rows of B at a time, 1 and 2
-# threads): 384 bytes 1.07-1.23x faster than none where B comes from L3, 768 bytes 1.18-1.20x.
+# Haswell sgemv_t figure). In-process A/B on Zen 5, 1x2304x768 (B from L3), 4 rows of B at a
+# time, 1 and 2 threads: 384 bytes 1.20-1.22x faster than no prefetch with AVX2 code and
+# 1.06-1.07x with AVX-512; 768 bytes 1.17-1.19x with AVX2 code.
 DOT_PREFETCH_BYTES = 384
 
 
