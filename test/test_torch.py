@@ -877,7 +877,8 @@ def resnet_like():
 def test_a_compiled_model_sees_its_weights_change():
     """The weights' numpy views are made once and kept while each weight keeps its storage: an
     update in place shows through them, a weight given new storage (`.data =`, a copy that
-    changes its layout) is read anew, and a weight that is not contiguous is copied each call."""
+    changes its layout) is read anew, and a weight that is not contiguous is copied each call;
+    under torch.compile too, where the parameters are the graph's inputs."""
     torch.manual_seed(0)
     model = torch.nn.Sequential(torch.nn.Linear(24, 40), torch.nn.GELU(), torch.nn.Linear(40, 8)).eval()
     x = torch.randn(5, 24)
@@ -903,6 +904,17 @@ def test_a_compiled_model_sees_its_weights_change():
         compiled_square(y)
         square.weight.data = square.weight.data.t()  # the same storage and shape, other strides
         torch.testing.assert_close(compiled_square(y), square(y), rtol=1e-5, atol=1e-5)
+
+    # under torch.compile the parameters are the graph's inputs: their views are kept the same way
+    torch._dynamo.reset()
+    dynamic = torch.compile(model, backend="tracea")
+    with torch.no_grad():
+        torch.testing.assert_close(dynamic(x), model(x), rtol=1e-5, atol=1e-5)
+        model[0].weight.mul_(0.5)
+        model[2].bias.sub_(2.0)
+        torch.testing.assert_close(dynamic(x), model(x), rtol=1e-5, atol=1e-5)
+        model[0].weight.data = model[0].weight.data.clone() + 1.0
+        torch.testing.assert_close(dynamic(x), model(x), rtol=1e-5, atol=1e-5)
 
 
 def test_cnn_runs_channels_last_and_sees_weight_updates(monkeypatch):

@@ -38,6 +38,8 @@ class TensorBridge:
         self.out_dtypes = out_dtypes or [None] * len(kernel.signature.outputs)
         self.shapes = shapes if shapes is not None and shapes.dynamic else None
         self._weight_arrays: dict[int, tuple] = {}  # weight number -> (its storage, its numpy view)
+        import torch
+        self._parameter = torch.nn.Parameter
 
     def _weight_array(self, i: int, weight):
         """Weight i as a numpy array: the view made on an earlier call while the weight keeps its
@@ -53,10 +55,12 @@ class TensorBridge:
         return array
 
     def __call__(self, tensors, weights: int = 0) -> list:
-        """The first `weights` tensors are the model's weights, the same from call to call."""
+        """The first `weights` tensors are the model's weights, the same from call to call, as
+        are the parameters among the others (a graph Dynamo captured takes them as inputs)."""
         from ..runtime.kernel import aligned_empty
-        arrays = [self._weight_array(i, t) for i, t in enumerate(tensors[:weights])]
-        arrays += [_to_numpy(t, d) for t, d in zip(tensors[weights:], self.in_dtypes[weights:])]
+        parameter = self._parameter
+        arrays = [self._weight_array(i, t) if i < weights or isinstance(t, parameter) else _to_numpy(t, d)
+                  for i, (t, d) in enumerate(zip(tensors, self.in_dtypes))]
         out = None
         if self.shapes is not None:
             env = self.shapes.bind([a.shape for a in arrays])
