@@ -127,6 +127,10 @@ MUTATIONS = {
     "dot-line-steps-same-k": (  # a cache line's steps of the inner-product kernel all read its first k's
         "tracea/targets/cpu/gemm.py", "accs = products(accs, t.add(k, t.c(u * L)) if u else k, None,",
         "accs = products(accs, k, None,", ["test/test_cpu_kernels.py", "-k", "inner_product_gemm"]),
+    "small-c-packed": (  # convs with fewer channels than a vector (the stem) packed again
+        "tracea/codegen/conv_gather.py", 'if self.image.dtype != "f32" or self.dilation[1] != 1 or kc % segment',
+        'if self.image.dtype != "f32" or self.dilation[1] != 1 or self.wide(lanes) or kc % segment',
+        ["test/test_cpu_kernels.py", "-k", "reads_the_image_directly"]),
     "gnu-openmp-spin-short": (
         "tracea/runtime/blas_threads.py", 'GOMP_SPINCOUNT = "40000"', 'GOMP_SPINCOUNT = "3000"',
         ["test/test_blas_threads.py", "-k", "awake"]),

@@ -475,7 +475,7 @@ def test_implicit_gemm_conv_k_blocks(c, k, layout, rng):
 DIRECT_READ = "memref<?xf32, strided<[1], offset: ?>>"  # the micro-kernel's A: the image, or the packed strip
 
 
-@given(n=st.integers(1, 2), c=st.sampled_from([LANES, 2 * LANES, 3 * LANES, 40]), k=st.integers(1, 20),
+@given(n=st.integers(1, 2), c=st.sampled_from([2, 3, 5, LANES, 2 * LANES, 3 * LANES, 40]), k=st.integers(1, 20),
        hw=st.tuples(st.integers(16, 26), st.integers(16, 30)), kernel=st.sampled_from([(3, 3), (1, 3), (3, 1), (5, 5)]),
        stride=st.sampled_from([(1, 1), (2, 2), (1, 2)]), dy=st.integers(1, 2), pads=st.tuples(*[st.integers(0, 2)] * 4),
        blocks=st.sampled_from(["default", "rows", "part of a row", "whole K"]), bias=st.booleans(),
@@ -484,7 +484,8 @@ def test_implicit_gemm_conv_reads_the_image_directly(n, c, k, hw, kernel, stride
     """Strips of pixels whose taps lie inside the image are read by the micro-kernel from the
     image itself, the others packed (zeros for the padding): strips crossing rows and images,
     M blocks, K blocks of several kernel rows, of part of one and of the whole K, asymmetric
-    padding, strides, a y dilation; large values so that a read off by one pixel shows."""
+    padding, strides, a y dilation, fewer channels than a vector (a stem's C = 3); large values
+    so that a read off by one pixel shows."""
     (kh, kw), (h, w) = kernel, hw
     rng = np.random.default_rng(n + c * 10 + k * 1000 + h * 7 + w)
     x, f, b = 100 * ref.random(rng, (n, h, w, c)), ref.random(rng, (kh, kw, c, k)), ref.random(rng, (k,))
