@@ -165,7 +165,10 @@ def test_the_search_starts_from_the_default(monkeypatch, profile):
         monkeypatch.setenv("TRACEA_CPU", profile)
     programs = [_gemm(512, 512, 512), _gemm(128, 1024, 1024)] + [
         td.function(td.tensor((1, hw, hw, c)), td.tensor((3, 3, c, c)))(
-            lambda x, f: td.conv2d(x, f, padding=1, layout="nhwc")) for c, hw in [(64, 56), (128, 28), (256, 14)]]
+            lambda x, f: td.conv2d(x, f, padding=1, layout="nhwc")) for c, hw in [(64, 56), (128, 28), (256, 14)]] + [
+        # few rows on the inner-product kernel: W from L3 (asked for ahead) and from memory, whole rows
+        td.function(td.tensor((m, k)), td.tensor((n, k)))(lambda x, w: td.gemm(x, w, transpose_b=True))
+        for m, n, k in [(1, 2304, 768), (1, 8192, 4096), (3, 1000, 3000), (16, 2048, 2048)]]
     tuner = AutoTuner("cpu", threads=1, progress=False)
     for program in programs:
         for tp in kernel_problems(program):
