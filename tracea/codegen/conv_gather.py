@@ -45,8 +45,9 @@ class ConvGather:
         runs, or lying inside one, is read run by run, a row's base pointer into the image
         standing in for its packed copy. f32 images, small C too: ResNet's 7x7/s2 stem on C = 3
         (runs of 21 floats) ran 1.17-1.38x faster read in place than packed with AVX-512 and
-        1.07-1.16x with AVX2 code (Zen 5, 1 and 8 images, 1 and 2 threads; 3x3 on C = 3, 4 and 8:
-        1.0-1.36x), the packing of its short runs having cost more than the products."""
+        1.07-1.16x with AVX2 code (Zen 5, 1 and 8 images, 1 and 2 threads; 3x3 on C = 3 and 8,
+        5x5/s2 on C = 4: 1.0-1.36x; 3x3 on C = 12 with AVX-512: 0.96x, within its noise), the
+        packing of its short runs having cost more than the products."""
         row = self.kernel[1] * self.image.shape[3]
         segment = min(kc, row)
         if self.image.dtype != "f32" or self.dilation[1] != 1 or kc % segment or row % segment \
