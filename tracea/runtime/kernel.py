@@ -9,6 +9,7 @@ from __future__ import annotations
 import ctypes
 import math
 import os
+import platform
 import threading
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -61,7 +62,10 @@ def descriptor_type(rank: int) -> type:
 def _array_data_offset() -> int | None:
     """Where a numpy array object keeps its data pointer, in bytes from the object's start (16 on
     CPython: after the reference count and the type; numpy's PyArray_DATA reads it there), found
-    on probe arrays; None if no offset holds it for all of them (then nothing relies on it)."""
+    on probe arrays; None if no offset holds it for all of them (then nothing relies on it), or
+    off CPython, where id() is not an object's address."""
+    if platform.python_implementation() != "CPython":
+        return None
     probes = [np.empty(n, np.float32) for n in (3, 5)] + [np.arange(4.0)[1:]]
     for offset in range(8, 64, 8):
         if all(ctypes.c_void_p.from_address(id(a) + offset).value == a.ctypes.data for a in probes):
