@@ -500,7 +500,9 @@ def test_implicit_gemm_conv_reads_the_image_directly(n, c, k, hw, kernel, stride
     ref.assert_close(out, ref.conv2d(x, f, b if bias else None, stride, pads, (dy, 1), 1, "nhwc"), "f32", c * kh * kw)
     oh, ow = out.shape[1:3]
     gather = ConvGather(TensorSpec(x.shape, "f32"), kernel, (oh, ow), stride, (dy, 1), (pads[0], pads[2]))
-    if gather.interior_share() >= DIRECT_MIN_INTERIOR and kh * kw > 1:
+    padded_first = stride == (1, 1) and any(pads)  # kernels.pads_first: a zero-padded copy, read in place
+    assert ("tensor.pad" in compiled.stages["linalg"]) == padded_first
+    if (padded_first or gather.interior_share() >= DIRECT_MIN_INTERIOR) and kh * kw > 1:
         assert DIRECT_READ in compiled.stages["linalg"], "this conv should read its inner pixels from the image"
 
 
@@ -520,21 +522,56 @@ def _conv_view(fn):
 def test_convs_read_in_place_take_register_tiles_of_few_rows(profile):
     """A base pointer per row of the tile: on 32 registers the default in-place conv keeps at most
     4 rows (6-8 spilled, at 0.5-0.8x), and then as many columns as the registers hold (of the 64
-    filters); on 16 (AVX2) and when packed it keeps the GEMM's height."""
+    filters); on 16 (AVX2) and when packed (a strided conv on a small image: most of its pixels
+    near the border) it keeps the GEMM's height."""
     from tracea.doctor.capabilities import CPU_PROFILES
     from tracea.targets.cpu.kernels import DIRECT_MAX_MR, conv_gemm_schedule
     cpu = CPU_PROFILES[profile]
-    for hw, in_place in [(56, True), (7, False)]:
+    for hw, stride, in_place in [(56, 1, True), (7, 1, True), (14, 2, False)]:
         fn = td.function(td.tensor((1, hw, hw, 64)), td.tensor((3, 3, 64, 64)))(
-            lambda a, f: td.conv2d(a, f, padding=1, layout="nhwc"))
+            lambda a, f: td.conv2d(a, f, stride=stride, padding=1, layout="nhwc"))
         s = conv_gemm_schedule(_conv_view(fn), cpu, 2)
         mr, nr = s.warp_tile[:2]
         few_rows = in_place and cpu.vector_registers > 16
-        assert (mr <= DIRECT_MAX_MR) if few_rows else (mr > DIRECT_MAX_MR), (hw, s)
+        assert (mr <= DIRECT_MAX_MR == 4) if few_rows else (mr > DIRECT_MAX_MR), (hw, s)
         assert s.tile[0] % mr == 0 and s.tile[1] % nr == 0
         if few_rows:  # fewer rows, wider: the accumulators the registers hold (4 x 2 vectors: 0.86x torch)
             nv = nr // cpu.f32_lanes
             assert mr * nv + nv + 1 <= cpu.vector_registers < mr * (2 * nv) + 2 * nv + 1 or nr == 64, (profile, s)
+
+
+@pytest.mark.parametrize("profile", ["zen3-avx2", "skylake-avx512", "sapphire-rapids-avx512"])
+def test_padded_convs_of_stride_1_read_a_padded_copy_in_place_in_blocks_of_kernel_rows(profile):
+    """A padded stride-1 f32 conv zero-pads its image first, so every strip is read in place
+    (ResNet's 3x3 convs, 8 images, 2 threads, AVX-512: 1.04-1.13x), in K blocks of whole kernel
+    rows, as many as keep B's micro-panel in L2 and the same in each block: ResNet-50's 3x3 convs
+    in one K block, but C512 (B's panel of the whole K 1.2 MB: 0.89x torch) a row at a time on
+    1 MiB of L2. Strided, x-dilated, unpadded and f16 convs read the image as it is."""
+    from tracea.doctor.capabilities import CPU_PROFILES
+    from tracea.targets.cpu.kernels import conv_gemm_schedule, cpu_implicit_gemm, pads_first
+    cpu = CPU_PROFILES[profile]
+    lanes = cpu.f32_lanes
+    for hw, c in [(56, 64), (28, 128), (14, 256), (7, 512)]:
+        fn = td.function(td.tensor((8, hw, hw, c)), td.tensor((3, 3, c, c)))(
+            lambda a, f: td.conv2d(a, f, padding=1, layout="nhwc"))
+        v = _conv_view(fn)
+        assert pads_first(v) == (1, 1, 1, 1)
+        _, _, k, gather = cpu_implicit_gemm(v)
+        assert gather.image.shape == (8, hw + 2, hw + 2, c) and gather.interior_share() == 1.0
+        s = conv_gemm_schedule(v, cpu, 2)
+        kc, nr = s.tile[2], s.warp_tile[1]
+        row = 3 * c
+        assert gather.direct_segment(kc, lanes) == row and k % kc == 0, (hw, s)
+        assert kc * nr * 4 <= cpu.l2_bytes and (kc == k or (kc + row) * nr * 4 > cpu.l2_bytes
+                                                 or k % (kc + row)), (hw, s)
+    for opts, shape in [(dict(stride=2, padding=1), (8, 56, 56, 128)), (dict(padding=2, dilation=(1, 2)), (1, 14, 14, 64)),
+                        (dict(padding=0), (1, 14, 14, 64))]:
+        fn = td.function(td.tensor(shape), td.tensor((3, 3, shape[3], 64)))(
+            lambda a, f: td.conv2d(a, f, layout="nhwc", **opts))
+        assert pads_first(_conv_view(fn)) is None, opts
+    fn = td.function(td.tensor((1, 14, 14, 64), "f16"), td.tensor((3, 3, 64, 64), "f16"))(
+        lambda a, f: td.conv2d(a, f, padding=1, layout="nhwc"))
+    assert pads_first(_conv_view(fn)) is None
 
 
 @pytest.mark.parametrize("profile", ["host", "zen3-avx2"])
@@ -597,9 +634,10 @@ def test_im2col_keeps_the_filters_in_one_block_for_few_strips(shape, filters, ke
 
 
 def test_small_images_keep_packing():
-    """Where few pixels have all their taps inside (7x7, padding 1: half), every strip is packed."""
-    fn = td.function(td.tensor((1, 7, 7, 64)), td.tensor((3, 3, 64, 64)))(
-        lambda a, f: td.conv2d(a, f, padding=1, layout="nhwc"))
+    """Where few pixels have all their taps inside and the image is not padded first (a strided
+    conv from 14x14: 73 %), every strip is packed."""
+    fn = td.function(td.tensor((1, 14, 14, 64)), td.tensor((3, 3, 64, 64)))(
+        lambda a, f: td.conv2d(a, f, stride=2, padding=1, layout="nhwc"))
     assert DIRECT_READ not in tracea.compile(fn, keep_stages=True).stages["linalg"]
 
 

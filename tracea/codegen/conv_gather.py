@@ -3,7 +3,7 @@ gather, never materialized. The CPU GEMM packs A through it; the NVIDIA conv loa
 through it."""
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from ..dialects.ops import Conv2dDef, Epilogue, OpView, TensorSpec
 
@@ -32,6 +32,14 @@ class ConvGather:
         """Copy whole kernel rows (KW pixels x C, contiguous when the x dilation is 1): worth it
         when a pixel's C channels are shorter than a vector."""
         return self.dilation[1] == 1 and self.image.shape[3] < lanes
+
+    def padded(self, pads: tuple[int, int, int, int]) -> "ConvGather":
+        """The gather of the image zero-padded first by `pads` (top, bottom, left, right): every
+        tap then lies inside it."""
+        n, h, w, c = self.image.shape
+        top, bottom, left, right = pads
+        return replace(self, image=TensorSpec((n, h + top + bottom, w + left + right, c), self.image.dtype),
+                       top_left=(0, 0))
 
     def unit(self, lanes: int) -> int:
         """The contiguous run the packing copies: C channels, or a whole kernel row."""

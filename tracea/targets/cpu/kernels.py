@@ -57,6 +57,8 @@ MAX_MR = 8
 # half the speed of 4; Zen 5, 4 x 4 vectors 1.06x, 6 x 2 0.76x. On 16 registers (AVX2) the GEMM's
 # 6 x 2 vectors stay: they no longer spill since the k loop lost its remainder (k_unroll), and on
 # Zen 5 (AVX2 code) they run 1.12-1.18x faster than 4 x 2 (Zen 4 had 4 x 2 faster, at 64 spills).
+# Reading a padded copy (pads_first), 6 x 4 vectors no longer spill but ran 0.90x of 4 x 4 on
+# 3x3 C256 14x14, 8 images, 2 threads (8 x 2: 1.0x; both 1.0x on C64 56x56).
 DIRECT_MAX_MR = 4
 FEW_ROWS, FEW_ROWS_KC = 160, 1024  # GEMMs of at most this many rows: one M block, K up to this in one block
 
@@ -225,10 +227,32 @@ def check_gemm_schedule(problem: Problem, caps: Capabilities, s: Schedule) -> No
                       f"(reduce MR or NR)")
 
 
+def pads_first(v: OpView) -> tuple[int, int, int, int] | None:
+    """The padding the CPU implicit GEMM writes around the image before it starts, or None. In a
+    zero-padded copy every strip of A is read in place; on the image as it is, a strip with a
+    pixel at the border is packed. In-process A/B on Zen 5, 2 threads, 3x3 convs: 8 images,
+    AVX-512, C64 56x56 1.10x, C128 28x28 1.13x, C256 14x14 1.04x, C512 7x7 0.99-1.0x; with AVX2
+    code 1.0x, 1.04x, 1.05x, 0.98x; one image 14x14 1.10-1.12x; ResNet-50 (224x224, 8 images)
+    1.024x. Strided convs read 4 pixels of the copy per output: their copies cost more than
+    they saved (ResNet's 7x7/s2 stem 0.98x, 3x3/s2 C128 0.97-0.99x)."""
+    pads = Conv2dDef.pads(v.attrs)
+    if not any(pads) or v.operands["input"].dtype != "f32" or v.attrs["dilation"][1] != 1 \
+            or tuple(v.attrs["stride"]) != (1, 1):
+        return None
+    return pads
+
+
+def cpu_implicit_gemm(v: OpView) -> tuple[int, int, int, ConvGather]:
+    """implicit_gemm, its gather reading the padded image where the kernel pads it first."""
+    m, nf, k, gather = implicit_gemm(v)
+    pads = pads_first(v)
+    return m, nf, k, gather if pads is None else gather.padded(pads)
+
+
 def conv_gemm_schedule(v: OpView, host: CPU, threads: int) -> Schedule:
     """The GEMM's blocking, with K blocks whose B micro-panel fits L1: measured on the 3x3 C64
     conv, blocks of 256-320 ran ~10 % faster than 512-576 (the GEMM's), whose panels spill to L2."""
-    m, nf, k, gather = implicit_gemm(v)
+    m, nf, k, gather = cpu_implicit_gemm(v)
     schedule = default_gemm_schedule(m, nf, k, host, threads, shaped_tile=False)
     mc, nc, _ = schedule.tile
     lanes = schedule.lane_map.shape[-1]
@@ -237,14 +261,29 @@ def conv_gemm_schedule(v: OpView, host: CPU, threads: int) -> Schedule:
     mr, nr, _ = schedule.warp_tile
     if gather.direct_segment(kc, lanes) is not None and mr > DIRECT_MAX_MR and host.vector_registers > 16:
         mr = DIRECT_MAX_MR
-        mc = _round_up(mc, mr)
+        mc = min(_round_up(mc, mr), _round_up(m, mr))
         # Fewer rows, so as many columns as the registers then hold (mr x nv accumulators, nv
         # B vectors and a broadcast), in whole vectors of NC: 4 x 2 vectors, 8 accumulators, left
         # the FMAs' latency uncovered (3x3 C64 NHWC on Zen 5, AVX-512: 4 x 4 1.12x faster)
         vectors = nc // lanes
         nr = lanes * max([v for v in range(1, vectors + 1) if vectors % v == 0
                           and mr * v + v + 1 <= host.vector_registers] + [nr // lanes])
+    if pads_first(v) and gather.direct_segment(kc, lanes) is not None:
+        kc = in_place_k_block(gather, nr, host) or kc
     return replace(schedule, tile=(mc, nc, kc), warp_tile=(mr, nr, 1))
+
+
+def in_place_k_block(gather: ConvGather, nr: int, host: CPU) -> int | None:
+    """K blocks of whole kernel rows for a micro-kernel that reads A in place: as many rows as
+    keep B's micro-panel (KC x NR) in L2, the same in each block; None where one row is more.
+    Each K block costs a pass over C; from the padded image, with 8 images on 2 threads (Zen 5,
+    AVX-512, 4 x 4 vectors, against torch), whole K instead of L1-sized blocks: 3x3 C64 56x56
+    (576 for 384) 0.995x -> 1.013x, C128 28x28 (1152 for 384) 0.982x -> 0.997x, C256 14x14
+    (2304 for 256) 0.953x -> 0.988x; C512 7x7 in rows of 1536 (for 256) 0.988x -> 1.039x,
+    whose whole K (4608, B's panel 1.2 MB) ran 0.894x."""
+    row, rows = gather.kernel[1] * gather.image.shape[3], gather.kernel[0]
+    fit = host.l2_bytes // (4 * nr) // row
+    return max((d for d in range(1, rows + 1) if rows % d == 0 and d <= fit), default=0) * row or None
 
 
 def conv_k_block_of(gather, k: int, kc: int, lanes: int) -> int:
@@ -283,13 +322,16 @@ def conv_as_gemm(w: KernelWriter, v: OpView, name: str, threads: int) -> tuple[s
     Returns the GEMM kernel's function text and the SSA name of the result."""
     x, f = v.operands["input"], v.operands["filter"]
     nchw = v.attrs["layout"] == "nchw"
-    m, nf, k, gather = implicit_gemm(v)
+    m, nf, k, gather = cpu_implicit_gemm(v)
     n, (oh, ow) = gather.image.shape[0], gather.out_hw
     if nchw:
         image = w.transpose(w.arg["input"], [0, 2, 3, 1])
         filt = w.transpose(w.arg["filter"], [2, 3, 1, 0])  # FCHW -> HWCF
     else:
         image, filt = w.arg["input"], w.arg["filter"]
+    if pads := pads_first(v):
+        top, bottom, left, right = pads
+        image = w.pad(image, [0, top, left, 0], [0, bottom, right, 0])
     filt = w.reshape(filt, [[0, 1, 2], [3]], (k, nf))
     schedule = v.attrs.get("schedule") or conv_gemm_schedule(v, host_cpu(), threads)
     gemm_view = conv_gemm_view(v, TensorSpec((m, k), x.dtype), TensorSpec((k, nf), f.dtype), (m, nf), schedule)
@@ -494,7 +536,7 @@ def _gemm_space(p: Problem, caps: Capabilities) -> SearchSpace:
     the problem's collapse into one configuration."""
     lanes = caps.cpu.f32_lanes
     conv = p.op == "conv2d" and p.view is not None
-    m, n, k, gather = implicit_gemm(p.view) if conv else (p.m, p.n, p.k, None)
+    m, n, k, gather = cpu_implicit_gemm(p.view) if conv else (p.m, p.n, p.k, None)
 
     def fit(s: Schedule) -> Schedule:
         (mc, nc, kc), (mr, nr, _) = s.tile, s.warp_tile
@@ -507,9 +549,10 @@ def _gemm_space(p: Problem, caps: Capabilities) -> SearchSpace:
             kc = k // blocks  # as many K blocks, all of one length (default_gemm_schedule says why)
         return replace(s, tile=(mc, nc, kc))
 
+    # a conv read in place also takes K blocks of several kernel rows (in_place_k_block)
+    k_blocks = [64, 128, 256, 384, 512, 768, 1024] + ([1536, 2304, 3072, 4608] if conv else [])
     space = (SearchSpace(adjust=fit).lanes(lanes).warp_m([4, 6, 8, 12]).warp_n([lanes, 2 * lanes, 3 * lanes])
-             .warp_k([1]).tile_m([24, 48, 96, 144, 192, 288]).tile_n([256, 1024, 4096])
-             .tile_k([64, 128, 256, 384, 512, 768, 1024]))
+             .warp_k([1]).tile_m([24, 48, 96, 144, 192, 288]).tile_n([256, 1024, 4096]).tile_k(k_blocks))
     return space.constrain(f"the register tile fits {caps.cpu.vector_registers} vector registers",
                            lambda c, s: c["warp_m"] * c["warp_n"] // lanes + c["warp_n"] // lanes + 1
                            <= caps.cpu.vector_registers)
@@ -544,7 +587,7 @@ def _conv_check(p: Problem, caps: Capabilities, s: Schedule) -> None:
     check_gemm_schedule(p, caps, s)
     if p.view is None:
         return
-    _, _, k, gather = implicit_gemm(p.view)
+    _, _, k, gather = cpu_implicit_gemm(p.view)
     lanes, kc = s.lane_map.shape[-1], s.tile[2]
     unit = gather.unit(lanes)
     if kc < k and kc % unit and unit % kc:
@@ -778,7 +821,7 @@ for _variant in (
     Variant("cpu.conv2d.implicit_gemm", "cpu", ("conv2d",), (ON_CPU, SIMD, Rule(
         "groups = 1", lambda p, caps: None if p.groups is None else p.groups == 1)), 20,
         "the packed GEMM over im2col rows of the NHWC image: read in place where all their taps are inside it, "
-        "packed elsewhere", frozenset({"simd"}),
+        "packed elsewhere (stride 1 with padding: a zero-padded copy, read in place throughout)", frozenset({"simd"}),
         _conv_default, _gemm_space, _conv_check),
     Variant("cpu.attention.flash", "cpu", ("attention",), (ON_CPU, SIMD, Rule(
         "head dims multiples of the SIMD lanes", _attention_fits)), 20,
