@@ -546,7 +546,8 @@ def test_padded_convs_of_stride_1_read_a_padded_copy_in_place_in_blocks_of_kerne
     (ResNet's 3x3 convs, 8 images, 2 threads, AVX-512: 1.04-1.13x), in K blocks of whole kernel
     rows, as many as keep B's micro-panel in L2 and the same in each block: ResNet-50's 3x3 convs
     in one K block, but C512 (B's panel of the whole K 1.2 MB: 0.89x torch) a row at a time on
-    1 MiB of L2. Strided, x-dilated, unpadded and f16 convs read the image as it is."""
+    1 MiB of L2; 1x1 convs, read in place too, take their whole C. Strided, x-dilated, unpadded
+    and f16 convs read the image as it is."""
     from tracea.doctor.capabilities import CPU_PROFILES
     from tracea.targets.cpu.kernels import conv_gemm_schedule, cpu_implicit_gemm, pads_first
     cpu = CPU_PROFILES[profile]
@@ -564,6 +565,9 @@ def test_padded_convs_of_stride_1_read_a_padded_copy_in_place_in_blocks_of_kerne
         assert gather.direct_segment(kc, lanes) == row and k % kc == 0, (hw, s)
         assert kc * nr * 4 <= cpu.l2_bytes and (kc == k or (kc + row) * nr * 4 > cpu.l2_bytes
                                                  or k % (kc + row)), (hw, s)
+    for c in (512, 1024):  # a 1x1 conv's row is its C: whole (4 K blocks of 256 ran 0.94x)
+        fn = td.function(td.tensor((8, 14, 14, c)), td.tensor((1, 1, c, 256)))(lambda a, f: td.conv2d(a, f, layout="nhwc"))
+        assert conv_gemm_schedule(_conv_view(fn), cpu, 2).tile[2] == c
     for opts, shape in [(dict(stride=2, padding=1), (8, 56, 56, 128)), (dict(padding=2, dilation=(1, 2)), (1, 14, 14, 64)),
                         (dict(padding=0), (1, 14, 14, 64))]:
         fn = td.function(td.tensor(shape), td.tensor((3, 3, shape[3], 64)))(
