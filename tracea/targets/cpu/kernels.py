@@ -250,8 +250,10 @@ def cpu_implicit_gemm(v: OpView) -> tuple[int, int, int, ConvGather]:
 
 
 def conv_gemm_schedule(v: OpView, host: CPU, threads: int) -> Schedule:
-    """The GEMM's blocking, with K blocks whose B micro-panel fits L1: measured on the 3x3 C64
-    conv, blocks of 256-320 ran ~10 % faster than 512-576 (the GEMM's), whose panels spill to L2."""
+    """The GEMM's blocking, with K blocks whose B micro-panel fits L1 where strips are packed
+    (measured on the 3x3 C64 conv, blocks of 256-320 ran ~10 % faster than 512-576, the GEMM's,
+    whose panels spill to L2), and of whole kernel rows where every strip is read in place
+    (in_place_k_block)."""
     m, nf, k, gather = cpu_implicit_gemm(v)
     schedule = default_gemm_schedule(m, nf, k, host, threads, shaped_tile=False)
     mc, nc, _ = schedule.tile
@@ -280,8 +282,8 @@ def in_place_k_block(gather: ConvGather, nr: int, host: CPU) -> int | None:
     AVX-512, 4 x 4 vectors, against torch), whole K instead of L1-sized blocks: 3x3 C64 56x56
     (576 for 384) 0.995x -> 1.013x, C128 28x28 (1152 for 384) 0.982x -> 0.997x, C256 14x14
     (2304 for 256) 0.953x -> 0.988x; C512 7x7 in rows of 1536 (for 256) 0.988x -> 1.039x,
-    whose whole K (4608, B's panel 1.2 MB) ran 0.894x. ResNet's 1x1 convs with C >= 512 (one
-    row: the whole C), in-process A/B: 1.04-1.09x (8 images) and 1.05-1.09x (one image) on 2
+    whose whole K (4608, B's panel 1.2 MB) ran 0.894x. 1x1 convs of ResNet's shapes with C >= 512
+    (a row: the whole C), in-process A/B: 1.04-1.09x (8 images) and 1.05-1.09x (one image) on 2
     threads, 0.97-1.15x on 1; with AVX2 code 1.0-1.01x (one 14x14 image: 1.09x)."""
     row, rows = gather.kernel[1] * gather.image.shape[3], gather.kernel[0]
     fit = host.l2_bytes // (4 * nr) // row
