@@ -158,7 +158,7 @@ def test_the_search_starts_from_the_default(monkeypatch, profile):
     """Every default is a configuration of its variant's space, so the tuner tries it first. The
     in-place NHWC conv's space had fitted K blocks to whole runs of channels only: its default's
     two kernel rows (384 with a 48 KiB L1d) became 320, a packed schedule, and the search started
-    elsewhere."""
+    elsewhere (padded stride-1 convs now take whole K; a strided one keeps such blocks)."""
     from tracea.doctor import plan
     from tracea.tuner.autotuner import AutoTuner, configuration_of, kernel_problems
     if profile != "host":
@@ -166,6 +166,9 @@ def test_the_search_starts_from_the_default(monkeypatch, profile):
     programs = [_gemm(512, 512, 512), _gemm(128, 1024, 1024)] + [
         td.function(td.tensor((1, hw, hw, c)), td.tensor((3, 3, c, c)))(
             lambda x, f: td.conv2d(x, f, padding=1, layout="nhwc")) for c, hw in [(64, 56), (128, 28), (256, 14)]] + [
+        # strided: the image as it is, its default's K blocks two kernel rows (384), not whole runs (320)
+        td.function(td.tensor((1, 56, 56, 64)), td.tensor((3, 3, 64, 64)))(
+            lambda x, f: td.conv2d(x, f, stride=2, padding=1, layout="nhwc"))] + [
         # few rows on the inner-product kernel: W from L3 (asked for ahead) and from memory, whole rows
         td.function(td.tensor((m, k)), td.tensor((n, k)))(lambda x, w: td.gemm(x, w, transpose_b=True))
         for m, n, k in [(1, 2304, 768), (1, 8192, 4096), (3, 1000, 3000), (16, 2048, 2048)]]
