@@ -543,7 +543,7 @@ def test_convs_read_in_place_take_register_tiles_of_few_rows(profile):
 @pytest.mark.parametrize("profile", ["zen3-avx2", "skylake-avx512", "sapphire-rapids-avx512"])
 def test_padded_convs_of_stride_1_read_a_padded_copy_in_place_in_blocks_of_kernel_rows(profile):
     """A padded stride-1 f32 conv zero-pads its image first, so every strip is read in place
-    (ResNet's 3x3 convs, 8 images, 2 threads, AVX-512: 1.04-1.13x), in K blocks of whole kernel
+    (ResNet's 3x3 convs, 8 images, 2 threads, AVX-512: 1.03-1.13x, 7x7 1.0x), in K blocks of whole kernel
     rows, as many as keep B's micro-panel in L2 and the same in each block: ResNet-50's 3x3 convs
     in one K block, but C512 (B's panel of the whole K 1.2 MB: 0.89x torch) a row at a time on
     1 MiB of L2; 1x1 convs, read in place too, take their whole C. Strided, x-dilated, unpadded
