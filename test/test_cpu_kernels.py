@@ -19,7 +19,9 @@ from tracea import dialects as td
 from tracea.codegen.conv_gather import DIRECT_MIN_INTERIOR, ConvGather
 from tracea.dialects.ops import TensorSpec
 from tracea.targets.cpu.gemm import column_chunk, k_unroll
-from tracea.targets.cpu.kernels import FEW_ROWS, FEW_ROWS_KC, MAX_MR, default_gemm_schedule, dot_gemm_schedule
+from tracea.targets.cpu.kernels import (FEW_ROWS, FEW_ROWS_KC, MAX_MR, balanced_m_blocks, default_gemm_schedule,
+                                       dot_gemm_schedule)
+from tracea.codegen.loop_text import busiest_thread
 from tracea.targets.cpu.target import openmp_library
 from tracea.doctor import PROFILES, Problem, plan
 from tracea.doctor.capabilities import CPU_PROFILES, host_cpu
@@ -123,6 +125,34 @@ def test_default_schedule_follows_the_host(m, n, k):
     assert items >= 8 and items % 2 == 0
     if m <= mc:  # one M block: the register tile's height wastes less than one row per strip
         assert -(-m // mr) * mr - m < -(-m // mr)
+
+
+def _busiest_strips(m: int, mr: int, mc: int, threads: int) -> int:
+    """The most register-tile strips one thread runs when M blocks of `mc` rows are shared out
+    by OpenMP's static schedule (the last block short)."""
+    blocks = [min(mc, m - i) for i in range(0, m, mc)]
+    return busiest_thread([-(-rows // mr) for rows in blocks], threads)
+
+
+@pytest.mark.parametrize("m, mr, blocks, threads", [(1568, 6, 15, 2), (6272, 6, 62, 2), (1024, 6, 9, 2),
+                                                     (25088, 4, 112, 2), (3000, 8, 12, 3), (777, 6, 16, 4)])
+def test_m_blocks_share_the_strips_evenly(m, mr, blocks, threads):
+    """M blocks in a count that leaves no thread more strips than it must: never more than the
+    count the threads divide (the rule before), and ResNet's
+    3x3 C256 conv on 14x14 x 8 images (262 strips of 6 rows, 2 threads) as 22 blocks of 72 rows
+    (132 and 130 strips; 16 blocks of 102 rows had given one thread 136 for the other's 126)."""
+    chosen = balanced_m_blocks(m, mr, blocks, threads)
+    mc = -(-m // chosen)
+    mc = -(-mc // mr) * mr
+    before = -(-blocks // threads) * threads
+    mc_before = -(-(-(-m // before)) // mr) * mr
+    assert blocks <= chosen <= 2 * blocks
+    assert _busiest_strips(m, mr, mc, threads) <= _busiest_strips(m, mr, mc_before, threads)
+    if (m, mr, blocks, threads) == (1568, 6, 15, 2):
+        assert (chosen, mc, _busiest_strips(m, mr, mc, threads)) == (22, 72, 132)
+        # the GEMM's default blocking takes that count (the conv's implicit GEMM, with AVX2 code)
+        avx2 = CPU_PROFILES["zen3-avx2"]
+        assert default_gemm_schedule(m, 256, 2304, avx2, threads, shaped_tile=False).tile[0] == 72
 
 
 @pytest.mark.parametrize("m, n, tile", [(128, 1024, (4, 24)), (64, 768, (4, 24)), (44, 70, (4, 24)),
