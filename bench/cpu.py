@@ -14,13 +14,16 @@ blocks of calls, a pause before each block (median_times: each library at its be
 with --interleaved call by call, one after the other with no pause (interleaved_samples: each
 call meets the thread pools the previous library left running, as in a program that calls
 numpy, torch and Tracea in turn). The median over all calls is reported, after warm-up.
-With --after, only Tracea's kernel is timed, right after a call of each peer, right after itself
-and after a 1 ms pause (times_after): the share of its stand-alone (back-to-back) speed it keeps
-when it meets the thread pools numpy's OpenBLAS or torch left running (>= 0.9x is the goal). The
-pause is the control: nothing else runs, yet its threads have gone to sleep and must be woken, so
-a short kernel loses there what is no other library's doing; the last column times the peer
-(torch, else numpy) the same way, after itself and after the pause: a loss the peer shares is the
-machine's cold start, not Tracea's.
+With --after, Tracea's kernel is timed right after a call of each peer, right after itself and
+after a 1 ms pause (times_after): the share of its stand-alone (back-to-back) speed it keeps when
+it meets the thread pools numpy's OpenBLAS or torch left running (>= 0.9x is the goal). The peer
+(torch, else numpy) is timed the same way, right after the same calls and right after Tracea's:
+the control, compared in the time a call adds (a fixed loss is a larger share of a faster call).
+A loss the peer shares is the machine's, not Tracea's threads': the caches another
+call filled (its temporaries, its packed copies), or a core left idle long enough to sleep (after
+a pause, or a predecessor's long single-threaded stretch) and slow to come back; on this
+project's Firecracker VMs an idle vCPU halts at once (haltpoll, guest_halt_poll_ns=0) and after
+5 ms idle the next 2-thread call, Tracea's or torch's, took ~2 ms longer.
 Tracea's ratio to each peer is peer time / Tracea time (> 1: Tracea is faster); interleaved, the
 median over the rounds of that ratio within each round (paired_speedups: a slow spell of the VM
 cancels in each round), beside each one's median GFLOP/s. With --tune, the
@@ -306,12 +309,13 @@ def worker(threads: int, only: str | None, rounds: int, mode: str = "blocks", tu
             pause = lambda: time.sleep(0.001)  # noqa: E731
             before = {n: c for n, c in calls.items() if n != "tuned"} | {"pause": pause}
             times = times_after(calls["tracea"], before, rounds)
-            # The control: what the best-known peer itself keeps of its speed after an idle
-            # millisecond (a short kernel's cold start is the machine's, not Tracea's)
+            # The control: the best-known peer timed the same way, right after the same calls (and
+            # right after Tracea's): a loss it shares is the machine's (caches another call filled,
+            # a core left idle long enough to be slow to wake), not Tracea's threads.
             peer = next(p for p in ("torch", "numpy") if p in calls)
-            own = times_after(calls[peer], {peer: calls[peer], "pause": pause}, rounds)
+            own = times_after(calls[peer], before, rounds)
             row = {"case": case.name, "threads": threads, "after_ms": {n: t * 1e3 for n, t in times.items()},
-                   "peer_after_pause": (peer, own[peer] / own["pause"])}
+                   "peer": peer, "peer_after_ms": {n: t * 1e3 for n, t in own.items()}}
             results.append(row)
             print(_format_after_row(row), file=sys.stderr, flush=True)
             continue
@@ -381,21 +385,35 @@ def _format_row(row) -> str:
     return "  ".join(parts)
 
 
+def _after_cells(row) -> dict[str, str]:
+    """Per predecessor: the share of its stand-alone speed Tracea keeps right after it, the time
+    that adds, and the time the same call adds to the peer's (a loss both pay in equal time is the
+    machine's: caches, a core to wake; a ratio would flatter the slower one)."""
+    ours, theirs, peer = row["after_ms"], row["peer_after_ms"], row["peer"]
+    cells = {}
+    for p in (p for p in AFTER if p in ours):
+        control = f"; {peer} {theirs[p] - theirs[peer]:+.3f} ms" if p != peer else ""
+        cells[p] = f"**{ours['tracea'] / ours[p]:.2f}x** ({ours[p] - ours['tracea']:+.3f} ms{control})"
+    return cells
+
+
 def _format_after_row(row) -> str:
-    after, (peer, kept) = row["after_ms"], row["peer_after_pause"]
-    return f"{row['case']:<38} {row['threads']}T  tracea alone {after['tracea']:8.3f} ms  " + "  ".join(
-        f"after {p} x{after['tracea'] / after[p]:.2f}" for p in AFTER if p in after) + f"  ({peer} after pause x{kept:.2f})"
+    peer, theirs = row["peer"], row["peer_after_ms"]
+    return (f"{row['case']:<38} {row['threads']}T  tracea alone {row['after_ms']['tracea']:8.3f} ms  "
+            + "  ".join(f"after {p} {cell.replace('**', '')}" for p, cell in _after_cells(row).items())
+            + f"  ({peer} alone {theirs[peer]:.3f} ms, after tracea {theirs['tracea'] - theirs[peer]:+.3f} ms)")
 
 
 def markdown_after(rows: list[dict]) -> str:
-    lines = ["| case | threads | Tracea alone (after itself) | right after numpy | right after torch | right after IREE "
-             "| after a 1 ms pause | control: the peer after a 1 ms pause |", "| --- | --- | --- | --- | --- | --- | --- | --- |"]
+    lines = ["Each cell: the share of its stand-alone speed Tracea keeps right after that call, the time that "
+             "adds to its call, and the time the same call adds to the peer's (torch, else numpy).", "",
+             "| case | threads | Tracea alone (after itself) | right after numpy | right after torch | right after IREE "
+             "| after a 1 ms pause | the peer alone; right after Tracea |", "| --- | --- | --- | --- | --- | --- | --- | --- |"]
     for row in rows:
-        after, (peer, kept) = row["after_ms"], row["peer_after_pause"]
-        cells = [f"{after[p]:.3f} ms (**{after['tracea'] / after[p]:.2f}x**)" if p in after else "-"
-                 for p in AFTER]
-        lines.append(f"| {row['case']} | {row['threads']} | {after['tracea']:.3f} ms | " + " | ".join(cells)
-                     + f" | {peer} {kept:.2f}x |")
+        cells, peer, theirs = _after_cells(row), row["peer"], row["peer_after_ms"]
+        lines.append(f"| {row['case']} | {row['threads']} | {row['after_ms']['tracea']:.3f} ms | "
+                     + " | ".join(cells.get(p, "-") for p in AFTER)
+                     + f" | {peer} {theirs[peer]:.3f} ms; {theirs['tracea'] - theirs[peer]:+.3f} ms |")
     return "\n".join(lines)
 
 
