@@ -145,9 +145,9 @@ MUTATIONS = {
         "tracea/targets/cpu/kernels.py", "    if gather.interior_share() == 1 and gather.direct_segment(kc, lanes)",
         "    if pads_first(v) and gather.direct_segment(kc, lanes)",
         ["test/test_cpu_kernels.py", "-k", "padded_convs_of_stride_1"]),
-    "m-blocks-rounded-to-threads": (  # the block count rounded up to the threads (one thread 4 % more)
-        "tracea/targets/cpu/kernels.py", "        blocks = balanced_m_blocks(m, mr, blocks, threads)",
-        "        blocks = _round_up(blocks, threads)",
+    "m-blocks-unbalanced": (  # the block count as L2 gives it (one thread 4 % more work)
+        "tracea/targets/cpu/kernels.py", "        blocks = balanced_m_blocks(m, n, (mr, nr), nc, blocks, threads)",
+        "        blocks = blocks",
         ["test/test_cpu_kernels.py", "-k", "m_blocks_share"]),
     "gnu-openmp-spin-short": (
         "tracea/runtime/blas_threads.py", 'GOMP_SPINCOUNT = "40000"', 'GOMP_SPINCOUNT = "3000"',

@@ -127,32 +127,38 @@ def test_default_schedule_follows_the_host(m, n, k):
         assert -(-m // mr) * mr - m < -(-m // mr)
 
 
-def _busiest_strips(m: int, mr: int, mc: int, threads: int) -> int:
-    """The most register-tile strips one thread runs when M blocks of `mc` rows are shared out
-    by OpenMP's static schedule (the last block short)."""
-    blocks = [min(mc, m - i) for i in range(0, m, mc)]
-    return busiest_thread([-(-rows // mr) for rows in blocks], threads)
+def _busiest_work(m: int, n: int, mc: int, nc: int, tile: tuple[int, int], threads: int) -> int:
+    """The most register tiles one thread computes in an NC panel, its work items (M block,
+    column chunk) shared out by OpenMP's static schedule, the last block and chunk short."""
+    mr, nr = tile
+    chunk = column_chunk(m, n, mc, nc, nr, threads)
+    rows = [-(-min(mc, m - i) // mr) for i in range(0, m, mc)]
+    columns = [-(-min(chunk, min(nc, n) - j) // nr) for j in range(0, min(nc, n), chunk)]
+    return busiest_thread([r * c for r in rows for c in columns], threads)
 
 
-@pytest.mark.parametrize("m, mr, blocks, threads", [(1568, 6, 15, 2), (6272, 6, 62, 2), (1024, 6, 9, 2),
-                                                     (25088, 4, 112, 2), (3000, 8, 12, 3), (777, 6, 16, 4)])
-def test_m_blocks_share_the_strips_evenly(m, mr, blocks, threads):
-    """M blocks in a count that leaves no thread more strips than it must: never more than the
-    count the threads divide (the rule before), and ResNet's
-    3x3 C256 conv on 14x14 x 8 images (262 strips of 6 rows, 2 threads) as 22 blocks of 72 rows
-    (132 and 130 strips; 16 blocks of 102 rows had given one thread 136 for the other's 126)."""
-    chosen = balanced_m_blocks(m, mr, blocks, threads)
-    mc = -(-m // chosen)
-    mc = -(-mc // mr) * mr
-    before = -(-blocks // threads) * threads
-    mc_before = -(-(-(-m // before)) // mr) * mr
+@pytest.mark.parametrize("m, n, tile, blocks, threads", [
+    (1568, 256, (6, 16), 15, 2), (392, 512, (6, 16), 4, 2), (6272, 128, (6, 16), 62, 2), (1024, 1024, (6, 16), 9, 2),
+    (1000, 3000, (8, 32), 5, 2), (784, 128, (8, 32), 7, 2), (25088, 64, (4, 64), 112, 2), (777, 200, (6, 16), 6, 4)])
+def test_m_blocks_share_the_work_evenly(m, n, tile, blocks, threads):
+    """M blocks in a count that leaves no thread more work than it must: never more than the rule
+    before (a count the threads divide, from 4 blocks a thread; fewer left as they were), and
+    ResNet's 3x3 C256 conv on 14x14 x 8 images (262 strips of 6 rows, 2 threads) as 22 blocks of
+    72 rows (132 and 130 strips; 16 blocks of 102 rows had given one thread 136 for the other's 126)."""
+    mr = tile[0]
+    nc = -(-n // tile[1]) * tile[1]
+
+    def rows(count: int) -> int:
+        return -(-(-(-m // count)) // mr) * mr
+    chosen = balanced_m_blocks(m, n, tile, nc, blocks, threads)
+    before = blocks if blocks < 4 * threads else -(-blocks // threads) * threads
     assert blocks <= chosen <= 2 * blocks
-    assert _busiest_strips(m, mr, mc, threads) <= _busiest_strips(m, mr, mc_before, threads)
-    if (m, mr, blocks, threads) == (1568, 6, 15, 2):
-        assert (chosen, mc, _busiest_strips(m, mr, mc, threads)) == (22, 72, 132)
+    assert _busiest_work(m, n, rows(chosen), nc, tile, threads) <= _busiest_work(m, n, rows(before), nc, tile, threads)
+    if (m, blocks) == (1568, 15):
+        assert (chosen, rows(chosen), _busiest_work(m, n, rows(chosen), nc, tile, threads)) == (22, 72, 132 * 16)
         # the GEMM's default blocking takes that count (the conv's implicit GEMM, with AVX2 code)
         avx2 = CPU_PROFILES["zen3-avx2"]
-        assert default_gemm_schedule(m, 256, 2304, avx2, threads, shaped_tile=False).tile[0] == 72
+        assert default_gemm_schedule(m, n, 2304, avx2, threads, shaped_tile=False).tile[0] == 72
 
 
 @pytest.mark.parametrize("m, n, tile", [(128, 1024, (4, 24)), (64, 768, (4, 24)), (44, 70, (4, 24)),

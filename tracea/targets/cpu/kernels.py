@@ -27,7 +27,7 @@ from .conv import (check_depthwise_nchw_schedule, check_direct_nchw_schedule, co
                    direct_nchw_schedule, nchw_geometry)
 from ...codegen.conv_gather import ColumnGather, conv_epilogue, implicit_gemm
 from ...codegen.loop_text import busiest_thread
-from .gemm import conv_k_block, gemm_dot_kernel_text, gemm_kernel_text, gemm_rows_kernel_text
+from .gemm import column_chunk, conv_k_block, gemm_dot_kernel_text, gemm_kernel_text, gemm_rows_kernel_text
 from .softmax import softmax_kernel_text
 from ...codegen.kernel_text import KernelWriter
 from ...passes.lower_to_linalg import inline_kernel, windowed_input
@@ -102,30 +102,39 @@ def default_gemm_schedule(m: int, n: int, k: int, host: CPU, threads: int, *, sh
         # few column strips (a narrow N) leave the threads few work items: more M blocks. Zen 4, 2
         # threads, 16 x (256x64x256) against numpy: one block 132 GFLOP/s, blocks of 64 rows 165 (162)
         blocks = min(math.ceil(m / mr), math.ceil(4 * threads / strips))
-    if blocks == 1:  # one block: the register tile's height divides M as evenly as it can
-        mr = math.ceil(m / math.ceil(m / mr))
-    elif threads > 1 and blocks >= 4 * threads:
-        blocks = balanced_m_blocks(m, mr, blocks, threads)
-    mc = _round_up(math.ceil(m / blocks), mr)
     nc = _round_down(host.l3_bytes // 4 // (kc * 4), nr)
     nc = _round_up(math.ceil(n / math.ceil(n / nc)), nr)  # N blocks of equal size
+    if blocks == 1:  # one block: the register tile's height divides M as evenly as it can
+        mr = math.ceil(m / math.ceil(m / mr))
+    elif threads > 1:
+        blocks = balanced_m_blocks(m, n, (mr, nr), nc, blocks, threads)
+    mc = _round_up(math.ceil(m / blocks), mr)
     return Schedule(tile=(mc, nc, kc), warp_tile=(mr, nr, 1), lane_map=LaneMap("simd", (lanes,)))
 
 
-def balanced_m_blocks(m: int, mr: int, blocks: int, threads: int) -> int:
+def balanced_m_blocks(m: int, n: int, tile: tuple[int, int], nc: int, blocks: int, threads: int) -> int:
     """The number of M blocks, from `blocks` (as large as L2 allows) to twice as many, that shares
-    the register tile's strips most evenly among the threads (OpenMP's static schedule: equal
-    contiguous runs of blocks), the fewest blocks among the best. Blocks are whole strips, the last
-    one short, so a count the threads divide can still leave one thread more: 3x3 C256 14x14, 8
-    images (262 strips of 6 rows), 16 blocks of 17 strips gave one thread 136 strips for 126 on
-    the other; 22 blocks of 12 (132 and 130) ran 1.03x faster with AVX2 code on 2 threads."""
-    strips = -(-m // mr)
+    the work most evenly among the threads, the fewest blocks among the best. The work items are
+    an NC panel's (M block, column chunk) pairs (gemm.column_chunk), in whole register tiles, the
+    last block and chunk short; OpenMP's static schedule gives each thread an equal contiguous run
+    of them, so a count the threads divide can still leave one thread more. In-process A/B on
+    Zen 5, 2 threads: with AVX2 code, ResNet's 3x3 C256 conv on 14x14 x 8 images (262 strips of 6
+    rows) in 16 blocks of 17 strips gave one thread 136 strips for the other's 126; in 22 blocks
+    of 12 (132 and 130) it ran 1.03x faster, C128 28x28 1.03x, ResNet-50 (224x224, 8 images)
+    1.05x; GEMMs of few blocks (balanced with their column chunks) 392x512x4608 1.03x, 512^3
+    1.02x; with AVX-512 1000x3000x500 1.02x, 784x128x1152 1.03x, the rest 0.997-1.005x."""
+    mr, nr = tile
+    strips, panel = -(-m // mr), -(-min(nc, n) // nr)
 
     def busiest(count: int) -> int:
         per = -(-strips // count)
-        used = -(-strips // per)
-        return busiest_thread([per] * (used - 1) + [strips - per * (used - 1)], threads)
-    return min(range(blocks, 2 * blocks + 1), key=lambda b: (busiest(b), b))
+        rows = [per] * (-(-strips // per) - 1)
+        rows.append(strips - per * len(rows))
+        chunk = column_chunk(m, n, per * mr, nc, nr, threads) // nr
+        columns = [min(chunk, panel - j) for j in range(0, panel, chunk)]
+        return busiest_thread([r * c for r in rows for c in columns], threads)
+    # up to twice as many blocks; with many, a thread's share is even to within a few blocks anyway
+    return min(range(blocks, min(2 * blocks, blocks + 8 * threads) + 1), key=lambda b: (busiest(b), b))
 
 
 # Rows from which a narrow N gets a register tile as wide as N: with fewer, one strip leaves the
