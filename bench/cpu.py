@@ -23,7 +23,7 @@ A loss the peer shares is the machine's, not Tracea's threads': the caches anoth
 call filled (its temporaries, its packed copies), or a core left idle long enough to sleep (after
 a pause, or a predecessor's long single-threaded stretch) and slow to come back; on this
 project's Firecracker VMs an idle vCPU halts at once (haltpoll, guest_halt_poll_ns=0) and after
-5 ms idle the next 2-thread call, Tracea's or torch's, took ~2 ms longer.
+5 ms idle the next 2-thread call, Tracea's or torch's, took ~2 ms longer (bench/idle_wake.py).
 Tracea's ratio to each peer is peer time / Tracea time (> 1: Tracea is faster); interleaved, the
 median over the rounds of that ratio within each round (paired_speedups: a slow spell of the VM
 cancels in each round), beside each one's median GFLOP/s. With --tune, the
