@@ -149,6 +149,9 @@ MUTATIONS = {
         "tracea/targets/cpu/kernels.py", "        blocks = balanced_m_blocks(m, n, (mr, nr), nc, blocks, threads)",
         "        blocks = blocks",
         ["test/test_cpu_kernels.py", "-k", "m_blocks_share"]),
+    "attention-one-query-tile-threaded": (  # AVX-512 blocks of 8 query rows on 2 threads too (0.96-1.0x)
+        "tracea/targets/cpu/kernels.py", "AVX512_QUERY_TILES_THREADED = 2", "AVX512_QUERY_TILES_THREADED = 1",
+        ["test/test_cpu_kernels.py", "-k", "default_attention_blocks"]),
     "gnu-openmp-spin-short": (
         "tracea/runtime/blas_threads.py", 'GOMP_SPINCOUNT = "40000"', 'GOMP_SPINCOUNT = "3000"',
         ["test/test_blas_threads.py", "-k", "awake"]),

@@ -934,15 +934,17 @@ def test_depthwise_conv(n, c, kh, kw, hw, stride, dilation, pads, bias, threads,
     ref.assert_close(out, ref.conv2d(x, f, b if bias else None, stride, pads, dilation, c, layout), "f32", kh * kw)
 
 
-@pytest.mark.parametrize("arch,keys,tile", [("skylake-avx512", 512, "8, 256"), ("skylake-avx512", 128, "8, 128"),
-                                            ("skylake-avx512", 40, "8, 64"), ("zen3-avx2", 512, "12, 64")])
-def test_default_attention_blocks_follow_the_host(arch, keys, tile):
-    """AVX-512: one register tile of queries against up to 256 keys (the recorded Zen 4 space's
-    best); AVX2: two tiles against 64 keys."""
+@pytest.mark.parametrize("arch,threads,keys,tile", [
+    ("skylake-avx512", 1, 512, "8, 256"), ("skylake-avx512", 1, 128, "8, 128"), ("skylake-avx512", 2, 512, "16, 256"),
+    ("skylake-avx512", 2, 128, "16, 128"), ("skylake-avx512", 2, 40, "16, 64"), ("zen3-avx2", 2, 512, "12, 64"),
+    ("zen3-avx2", 1, 512, "12, 64")])
+def test_default_attention_blocks_follow_the_host(arch, threads, keys, tile):
+    """AVX-512: one register tile of 8 queries against up to 256 keys (the recorded Zen 4 space's
+    best), two tiles on several threads; AVX2: two tiles against 64 keys."""
     from tracea.passes.pipeline import parse_pipeline, run_pipeline
     fn = td.function(td.tensor((1, 2, 16, 64)), td.tensor((1, 2, keys, 64)), td.tensor((1, 2, keys, 64)))(
         lambda q, k, v: td.attention(q, k, v))
-    result = run_pipeline(str(fn), parse_pipeline(f"tracea-select-variant{{arch={arch} threads=2}}"))
+    result = run_pipeline(str(fn), parse_pipeline(f"tracea-select-variant{{arch={arch} threads={threads}}}"))
     assert f"tile = array<i64: {tile}>" in result.text
 
 

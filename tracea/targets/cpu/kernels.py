@@ -748,12 +748,17 @@ def _attention_fits(p: Problem, caps: Capabilities) -> bool | None:
 # or not, S2048 causal -4 to -7 % time, B8 H12 S128 (128 keys) -5 %. AVX2 keeps 2 tiles x 64 keys
 # (Zen 3's recorded default is within 3 % of its best).
 AVX512_KEY_BLOCK = 256
+# On several threads an AVX-512 block takes two register tiles of query rows (16). In-process A/B
+# on Zen 5 against 8 rows, 2 threads: 128 keys 1.02-1.04x (B8 H12, B1 H4, B8 H4 causal), 512-2048
+# keys 1.00-1.01x (the tuner had found 32 rows 1.08x on B8 H12 S128); on one thread 16 rows ran
+# 0.985-1.009x, so one thread keeps one tile.
+AVX512_QUERY_TILES_THREADED = 2
 
 
 def _attention_default(p: Problem, caps: Capabilities, threads: int | None) -> Schedule:
-    """Blocks of queries x keys (AVX2: 2 QK^T register tiles x 64 keys; AVX-512: one x up to 256);
-    the register tile is as many query rows x 2 key vectors as the vector registers hold (AVX2:
-    6 x 16 keys; AVX-512 8 x 32)."""
+    """Blocks of queries x keys (AVX2: 2 QK^T register tiles x 64 keys; AVX-512: one x up to 256
+    keys, two on several threads); the register tile is as many query rows x 2 key vectors as the
+    vector registers hold (AVX2: 6 x 16 keys; AVX-512 8 x 32)."""
     lanes = caps.cpu.f32_lanes
     s = p.schedule
     if s is None:
@@ -761,7 +766,8 @@ def _attention_default(p: Problem, caps: Capabilities, threads: int | None) -> S
         tile = (2 * rows, max(64, 4 * lanes))
         if lanes >= 16:
             keys = p.view.operands["key"].shape[-2] if p.view is not None else AVX512_KEY_BLOCK
-            tile = (rows, min(AVX512_KEY_BLOCK, -(-keys // (2 * lanes)) * 2 * lanes))
+            tiles = AVX512_QUERY_TILES_THREADED if (threads or caps.cpu.cores) > 1 else 1
+            tile = (tiles * rows, min(AVX512_KEY_BLOCK, -(-keys // (2 * lanes)) * 2 * lanes))
         s = Schedule(tile=tile, lane_map=LaneMap("simd", (lanes,)))
     if s.warp_tile is None and s.tile is not None and len(s.tile) == 2 and s.tile[1] % lanes == 0:
         rows, vectors = qk_tile(s.tile[0], s.tile[1], lanes, caps.cpu.vector_registers)
