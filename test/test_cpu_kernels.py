@@ -1026,15 +1026,18 @@ def test_depthwise_nchw_conv_rows_of_several_register_tiles(w, k, stride):
 
 
 @pytest.mark.parametrize("hw,k,stride", [((7, 7), 5, 1), ((14, 14), 5, 1), ((13, 14), 3, 1), ((14, 14), 5, 2),
-                                         ((29, 15), 3, 2), ((3, 9), 3, 1), ((6, 3), 3, 1), ((9, 2), 1, 1)])
+                                         ((29, 15), 3, 2), ((3, 9), 3, 1), ((6, 3), 3, 1), ((9, 2), 1, 1),
+                                         ((28, 28), 3, 1), ((57, 34), 5, 2)])
 def test_depthwise_nchw_conv_tiles_of_several_rows(hw, k, stride):
-    """Short rows take register tiles of several output rows (MobileNetV3's 7x7 and 14x14 images),
-    the rows left over by whole tiles one smaller tile at the end; a row's last vector spills
+    """Rows take register tiles of several output rows (MobileNetV3's 7x7 and 14x14 images, and
+    longer rows: 28 columns of 4 vectors), the rows left over by whole tiles one smaller tile at
+    the end; a row's last vector spills
     into the next row only when that row's stores rewrite all it spilled (rows of 2-3 pixels:
     the next channel's, another thread's, would be overwritten)."""
     from tracea.targets.cpu.conv import depthwise_rows, depthwise_tile
+    from tracea.targets.cpu.kernels import DEPTHWISE_MAX_LANES
     oh, ow = -(-hw[0] // stride), -(-hw[1] // stride)
-    vectors, _ = depthwise_tile(ow, LANES, 12)
+    vectors, _ = depthwise_tile(ow, min(LANES, DEPTHWISE_MAX_LANES), 12)
     assert depthwise_rows(oh, vectors, 12) > 1
     c = 64  # several channels per work item, each thread's first written before the other's last
     x = ref.random(np.random.default_rng(hw[0]), (2, c) + hw) * 30.0
