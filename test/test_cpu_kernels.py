@@ -1031,9 +1031,8 @@ def test_depthwise_nchw_conv_rows_of_several_register_tiles(w, k, stride):
 def test_depthwise_nchw_conv_tiles_of_several_rows(hw, k, stride):
     """Rows take register tiles of several output rows (MobileNetV3's 7x7 and 14x14 images, and
     longer rows: 28 columns of 4 vectors), the rows left over by whole tiles one smaller tile at
-    the end; a row's last vector spills
-    into the next row only when that row's stores rewrite all it spilled (rows of 2-3 pixels:
-    the next channel's, another thread's, would be overwritten)."""
+    the end; a row's last vector spills into the next row only when that row's stores rewrite all
+    it spilled (rows of 2-3 pixels: the next channel's, another thread's, would be overwritten)."""
     from tracea.targets.cpu.conv import depthwise_rows, depthwise_tile
     from tracea.targets.cpu.kernels import DEPTHWISE_MAX_LANES
     oh, ow = -(-hw[0] // stride), -(-hw[1] // stride)
