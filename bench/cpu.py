@@ -385,22 +385,22 @@ def _format_row(row) -> str:
     return "  ".join(parts)
 
 
-def _after_cells(row) -> dict[str, str]:
-    """Per predecessor: the share of its stand-alone speed Tracea keeps right after it, the time
-    that adds, and the time the same call adds to the peer's (a loss both pay in equal time is the
-    machine's: caches, a core to wake; a ratio would flatter the slower one)."""
+def _after_cells(row, bold: str = "") -> dict[str, str]:
+    """Per predecessor: the share of its stand-alone speed Tracea keeps right after it (between
+    `bold` marks), the time that adds, and the time the same call adds to the peer's (a loss both
+    pay in equal time is the machine's: caches, a core to wake; a ratio would flatter the slower one)."""
     ours, theirs, peer = row["after_ms"], row["peer_after_ms"], row["peer"]
     cells = {}
     for p in (p for p in AFTER if p in ours):
         control = f"; {peer} {theirs[p] - theirs[peer]:+.3f} ms" if p != peer else ""
-        cells[p] = f"**{ours['tracea'] / ours[p]:.2f}x** ({ours[p] - ours['tracea']:+.3f} ms{control})"
+        cells[p] = f"{bold}{ours['tracea'] / ours[p]:.2f}x{bold} ({ours[p] - ours['tracea']:+.3f} ms{control})"
     return cells
 
 
 def _format_after_row(row) -> str:
     peer, theirs = row["peer"], row["peer_after_ms"]
     return (f"{row['case']:<38} {row['threads']}T  tracea alone {row['after_ms']['tracea']:8.3f} ms  "
-            + "  ".join(f"after {p} {cell.replace('**', '')}" for p, cell in _after_cells(row).items())
+            + "  ".join(f"after {p} {cell}" for p, cell in _after_cells(row).items())
             + f"  ({peer} alone {theirs[peer]:.3f} ms, after tracea {theirs['tracea'] - theirs[peer]:+.3f} ms)")
 
 
@@ -410,7 +410,7 @@ def markdown_after(rows: list[dict]) -> str:
              "| case | threads | Tracea alone (after itself) | right after numpy | right after torch | right after IREE "
              "| after a 1 ms pause | the peer alone; right after Tracea |", "| --- | --- | --- | --- | --- | --- | --- | --- |"]
     for row in rows:
-        cells, peer, theirs = _after_cells(row), row["peer"], row["peer_after_ms"]
+        cells, peer, theirs = _after_cells(row, bold="**"), row["peer"], row["peer_after_ms"]
         lines.append(f"| {row['case']} | {row['threads']} | {row['after_ms']['tracea']:.3f} ms | "
                      + " | ".join(cells.get(p, "-") for p in AFTER)
                      + f" | {peer} {theirs[peer]:.3f} ms; {theirs['tracea'] - theirs[peer]:+.3f} ms |")
