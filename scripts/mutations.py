@@ -156,6 +156,10 @@ MUTATIONS = {
         "tracea/targets/cpu/conv.py", "    most = max(1, min(oh, accumulators // vectors))",
         "    most = 1 if vectors > 2 else max(1, min(oh, accumulators // vectors))",
         ["test/test_cpu_kernels.py", "-k", "depthwise_nchw_conv_tiles_of_several_rows"]),
+    "rows-chunks-unbalanced": (  # column chunks as wide as the sums allow (4 x 2304 x 768, 2 threads: 0.65x)
+        "tracea/targets/cpu/kernels.py", "    chunks = _round_up(-(-n // widest), threads)",
+        "    chunks = -(-n // widest)",
+        ["test/test_cpu_kernels.py", "-k", "chunks_share"]),
     "gnu-openmp-spin-short": (
         "tracea/runtime/blas_threads.py", 'GOMP_SPINCOUNT = "40000"', 'GOMP_SPINCOUNT = "3000"',
         ["test/test_blas_threads.py", "-k", "awake"]),

@@ -19,8 +19,8 @@ from tracea import dialects as td
 from tracea.codegen.conv_gather import DIRECT_MIN_INTERIOR, ConvGather
 from tracea.dialects.ops import TensorSpec
 from tracea.targets.cpu.gemm import column_chunk, k_unroll
-from tracea.targets.cpu.kernels import (FEW_ROWS, FEW_ROWS_KC, MAX_MR, balanced_m_blocks, default_gemm_schedule,
-                                       dot_gemm_schedule)
+from tracea.targets.cpu.kernels import (FEW_ROWS, FEW_ROWS_KC, MAX_MR, ROWS_SUMS_BYTES, balanced_m_blocks,
+                                       default_gemm_schedule, dot_gemm_schedule, rows_gemm_schedule)
 from tracea.codegen.loop_text import busiest_thread
 from tracea.targets.cpu.target import openmp_library
 from tracea.doctor import PROFILES, Problem, plan
@@ -334,6 +334,22 @@ def test_few_rows_of_x_at_w_stream_w(monkeypatch, profile, m, n, k, variant, rng
     assert f"on cpu.gemm.{variant}" in kernel.plan
     expected = ref.epilogue(ref.gemm(a, b, False, transpose_b), [("bias_add", None), ("relu", None)], bias)
     ref.assert_close(kernel(a, b, bias), expected, "f32", k)
+
+
+@pytest.mark.parametrize("profile", ["skylake-avx512", "zen3-avx2"])
+@pytest.mark.parametrize("threads", [1, 2, 3])
+@pytest.mark.parametrize("m, n", [(1, 3072), (4, 3072), (4, 2304), (3, 2304), (8, 771), (2, 40), (1, 8)])
+def test_streaming_chunks_share_the_columns_evenly(profile, threads, m, n):
+    """The streaming kernel's column chunks keep their sums in ROWS_SUMS_BYTES, and the busiest
+    thread streams no more columns than an even share rounded to whole vectors (4 x 3072 once had
+    3 chunks of 1024 on 2 threads: one thread streamed 2048 columns)."""
+    host = CPU_PROFILES[profile]
+    lanes = host.f32_lanes
+    (nb,) = rows_gemm_schedule(m, n, 768, host, threads).tile
+    assert nb % lanes == 0 and (nb * m * 4 <= ROWS_SUMS_BYTES or nb == lanes)
+    widths = [min(nb, n - j) for j in range(0, n, nb)]
+    # an even share, and at most a vector of rounding per chunk (a chunk is at least a vector)
+    assert busiest_thread(widths, threads) <= max(lanes, -(-n // threads) + len(widths) // threads * lanes), widths
 
 
 def test_streaming_schedule_needs_w_as_it_lies():

@@ -218,12 +218,15 @@ ROWS_SUMS_BYTES = 16 << 10  # a column chunk's sums: half of a 32 KiB L1
 
 
 def rows_gemm_schedule(m: int, n: int, k: int, host: CPU, threads: int) -> Schedule:
-    """The streaming kernel's column chunk: its sums in ROWS_SUMS_BYTES, and at least one chunk
-    per thread (K does not matter: W streams through)."""
+    """The streaming kernel's column chunk: its sums in ROWS_SUMS_BYTES, and as many chunks as
+    a multiple of the threads (K does not matter: W streams through). Chunks only as wide as the
+    sums allow gave 4 x 3072 x 768 three chunks of 1024 for 2 threads, one thread streaming
+    twice the other's share: 4 chunks of 768 ran 1.32x faster (AVX2 code on Zen 5, in-process)."""
     lanes = host.f32_lanes
     widest = max(lanes, _round_down(ROWS_SUMS_BYTES // (4 * max(m, 1)), lanes))
-    return Schedule(tile=(min(widest, max(lanes, _round_up(-(-n // threads), lanes))),),
-                    lane_map=LaneMap("simd", (lanes,)))
+    threads = max(1, threads)
+    chunks = _round_up(-(-n // widest), threads)
+    return Schedule(tile=(max(lanes, _round_up(-(-n // chunks), lanes)),), lane_map=LaneMap("simd", (lanes,)))
 
 
 def check_gemm_schedule(problem: Problem, caps: Capabilities, s: Schedule) -> None:
