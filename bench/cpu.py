@@ -90,9 +90,11 @@ def cases(only: str | None):
             "torch": lambda a, b: _torch_call(lambda ta, tb: __import__("torch").nn.functional.linear(ta, tb), a, b)}))
 
     # A decoding step's GEMMs (a token per sequence: 1 or 4 rows): nn.Linear's weights, and GPT-2's
-    # Conv1D weights as they lie ([K, N]), from L2-sized to an LLM layer's 64 MB
+    # Conv1D weights as they lie ([K, N]; 1280 x 5120: GPT-2 large's MLP), from L2-sized to an LLM
+    # layer's 64 MB
     for m, n, k, transpose_b in [(1, 4096, 4096, True), (1, 2304, 768, True), (4, 2304, 768, True),
-                                 (1, 3072, 768, False), (1, 768, 3072, False), (4, 3072, 768, False)]:
+                                 (1, 3072, 768, False), (1, 768, 3072, False), (4, 3072, 768, False),
+                                 (1, 5120, 1280, False)]:
         def build(m=m, n=n, k=k, transpose_b=transpose_b):
             fn = td.function(td.tensor((m, k)), td.tensor((n, k) if transpose_b else (k, n)), name="gemv")(
                 lambda x, w: td.gemm(x, w, transpose_b=transpose_b))
