@@ -432,6 +432,18 @@ def test_flash_attention_block_shapes(tile, causal):
     ref.assert_close(tracea.compile(fn, threads=2)(q, k, v), ref.attention(q, k, v, None, causal), "f32", 45)
 
 
+@pytest.mark.parametrize("heads", [1, 3])
+@pytest.mark.parametrize("sq", [37, 33])  # 10 and 9 query blocks of 4 rows
+def test_causal_attention_blocks_in_pairs_when_the_threads_split_a_head(heads, sq):
+    """Heads the threads do not divide: the causal query blocks run in the order 0, n-1, 1, n-2,
+    ... (every block computed once, an odd count's middle block too)."""
+    rng = np.random.default_rng(heads * 100 + sq)
+    q, k, v = (ref.random(rng, (heads, sq, 2 * LANES)) for _ in range(3))
+    schedule = td.Schedule(tile=(4, 2 * LANES), lane_map=td.LaneMap("simd", (LANES,)))
+    fn = td.function(*[td.tensor(q.shape)] * 3)(lambda a, b, c: td.attention(a, b, c, causal=True, schedule=schedule))
+    ref.assert_close(tracea.compile(fn, threads=2)(q, k, v), ref.attention(q, k, v, None, True), "f32", sq)
+
+
 @pytest.mark.parametrize("scale", [10.0, 50.0])
 @pytest.mark.parametrize("causal", [False, True])
 def test_flash_attention_at_large_score_scales_with_a_late_dominant_key(scale, causal):
