@@ -5,7 +5,8 @@
     tile's keys, KT[strip, d, keys]; V in strips of a P V tile's columns, VP[strip, key, columns].
     Read in place, a tile's rows were a row of K^T or V apart: with S or D a power of two they fell
     into a few L1 sets and evicted each other (head dim 128: 0.79x -> 0.92x SDPA on 1 thread).
-    for each (batch-head, block of BR queries), in parallel:
+    for each (batch-head, block of BR queries), in parallel (causal blocks in the order 0, n-1, 1,
+    n-2, ... where the threads do not divide the heads, so each thread's run costs the same):
         Qs = scale * Q[block] in f32;  m = -inf, l = 0, O = 0          (per query row)
         for each block of up to BC keys (causal: only keys up to the block's last query):
             S = Qs K^T               register tiles of QR rows x QV vectors of keys
