@@ -147,18 +147,17 @@ def attention_kernel_text(name: str, v: OpView, location: str, threads: int = 1)
     # one flat parallel dimension: async-parallel-for specializes code per extra dimension
     t.parallel("%bq", t.c(0), t.c(batch * n_qblocks), t.c(1))
     t.line(f"%b = arith.divui %bq, {t.c(n_qblocks)} : index")
-    if causal and n_qblocks > 1 and batch % max(1, threads):
-        # A causal block's work grows with its index, and OpenMP's static schedule gives each thread
-        # a contiguous run of items: where the threads do not divide the heads, a run splitting a
-        # head got its cheap or its costly end. In the order 0, n-1, 1, n-2, ... every pair costs
-        # the same. In-process A/B on 2 threads, S 2048 (1024) D64: 1 head 1.44x, 3 heads 1.13x.
-        t.line(f"%qp = arith.remui %bq, {t.c(n_qblocks)} : index")
+    # A causal block's work grows with its index, and OpenMP's static schedule gives each thread a
+    # contiguous run of items: where the threads do not divide the heads, a run splitting a head
+    # got its cheap or its costly end. In the order 0, n-1, 1, n-2, ... every pair costs the same.
+    # In-process A/B on 2 threads, S 2048 (1024) D64: 1 head 1.44x, 3 heads 1.13x.
+    paired = causal and n_qblocks > 1 and batch % max(1, threads)
+    t.line(f"{'%qp' if paired else '%qb'} = arith.remui %bq, {t.c(n_qblocks)} : index")
+    if paired:
         half = t.op(f"arith.divui %qp, {t.c(2)} : index", "i")
         odd = t.cmp("ne", t.op(f"arith.remui %qp, {t.c(2)} : index", "i"), t.c(0))
         t.line(f"%qb = arith.select {odd}, {t.op(f'arith.subi {t.c(n_qblocks - 1)}, {half} : index', 'i')}, "
                f"{half} : index")
-    else:
-        t.line(f"%qb = arith.remui %bq, {t.c(n_qblocks)} : index")
     i0 = t.mul("%qb", t.c(BR))
     (Qs, Qs_t), (P, P_t), (Oacc, Oacc_t), (ML, ML_t) = alloc((BR, d)), alloc((BR, BC)), alloc((BR, dv)), alloc((3, BR))
     scale_v = const(f"dense<{scale!r}> : {vt}")
