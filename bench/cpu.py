@@ -143,15 +143,17 @@ def cases(only: str | None):
         out.append(Case("conv", name.strip() + " " + layout.upper(),
                         2.0 * f * oh * oh * (c // groups) * kk * kk, build, {"torch": torch_conv}))
 
-    for b, h, s, d, causal in [(1, 8, 512, 64, False), (1, 8, 512, 64, True), (1, 8, 512, 128, False),
-                               (8, 12, 128, 64, False), (1, 4, 2048, 64, True)]:
-        def build_attention(b=b, h=h, s=s, d=d, causal=causal):
-            fn = td.function(*[td.tensor((b, h, s, d))] * 3, name="attention")(
+    # (batch, heads, queries, keys, head dim, causal); one query over a KV cache is a decoding step
+    for b, h, sq, s, d, causal in [(1, 8, 512, 512, 64, False), (1, 8, 512, 512, 64, True), (1, 8, 512, 512, 128, False),
+                                   (8, 12, 128, 128, 64, False), (1, 4, 2048, 2048, 64, True),
+                                   (1, 12, 1, 1024, 64, False), (8, 12, 1, 512, 64, False), (1, 32, 1, 2048, 128, False)]:
+        def build_attention(b=b, h=h, sq=sq, s=s, d=d, causal=causal):
+            fn = td.function(td.tensor((b, h, sq, d)), *[td.tensor((b, h, s, d))] * 2, name="attention")(
                 lambda q, k, v: td.attention(q, k, v, causal=causal))
-            return fn, [arr(b, h, s, d) for _ in range(3)]
+            return fn, [arr(b, h, sq, d), arr(b, h, s, d), arr(b, h, s, d)]
 
-        def numpy_attention(q, k, v, s=s, d=d, causal=causal):
-            mask = np.triu(np.full((s, s), -np.inf, np.float32), 1) if causal else np.float32(0)
+        def numpy_attention(q, k, v, sq=sq, s=s, d=d, causal=causal):
+            mask = np.triu(np.full((sq, s), -np.inf, np.float32), 1) if causal else np.float32(0)
 
             def run():
                 scores = q @ k.transpose(0, 1, 3, 2) / np.sqrt(d) + mask
@@ -159,8 +161,9 @@ def cases(only: str | None):
                 return (p / p.sum(-1, keepdims=True)) @ v
             return run
 
-        out.append(Case("attention", f"attention B{b} H{h} S{s} D{d}" + (" causal" if causal else ""),
-                        4.0 * b * h * s * s * d / (2 if causal else 1), build_attention, {
+        shape = f"S{s}" if sq == s else f"Sq{sq} S{s}"
+        out.append(Case("attention", f"attention B{b} H{h} {shape} D{d}" + (" causal" if causal else ""),
+                        4.0 * b * h * sq * s * d / (2 if causal else 1), build_attention, {
             "numpy": numpy_attention,
             "torch": lambda q, k, v, causal=causal: _torch_call(
                 lambda tq, tk, tv: __import__("torch").nn.functional.scaled_dot_product_attention(

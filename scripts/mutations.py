@@ -163,6 +163,9 @@ MUTATIONS = {
     "causal-pairs-off-by-one": (  # the paired order's costly end one block short: the last block never computed
         "tracea/targets/cpu/attention.py", "{t.c(n_qblocks - 1)}, {half}", "{t.c(n_qblocks - 2)}, {half}",
         ["test/test_cpu_kernels.py", "-k", "pairs_when"]),
+    "decode-scores-one-key-late": (  # the in-place scores of a decoding step: each key's score one column off
+        "tracea/targets/cpu/attention.py", "{P}[{t.c(r)}, {t.add('%c', t.c(u))}]", "{P}[{t.c(r)}, {t.add('%c', t.c((u + 1) % U))}]",
+        ["test/test_cpu_kernels.py", "-k", "kv_cache_in_place"]),
     "gnu-openmp-spin-short": (
         "tracea/runtime/blas_threads.py", 'GOMP_SPINCOUNT = "40000"', 'GOMP_SPINCOUNT = "3000"',
         ["test/test_blas_threads.py", "-k", "awake"]),

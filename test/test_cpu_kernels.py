@@ -432,6 +432,24 @@ def test_flash_attention_block_shapes(tile, causal):
     ref.assert_close(tracea.compile(fn, threads=2)(q, k, v), ref.attention(q, k, v, None, causal), "f32", 45)
 
 
+@pytest.mark.parametrize("sq, skv, d", [(1, 1031, 64), (3, 700, 128), (8, 257, 64), (1, 1, 2 * LANES), (9, 300, 64)],
+                         ids=["one-query", "three-queries-d128", "eight-queries", "one-key", "nine-queries-packed"])
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("dtype", ["f32", "f16"])
+def test_decoding_step_attention_reads_the_kv_cache_in_place(sq, skv, d, causal, dtype):
+    """A few queries over a long KV cache (a decoding step): K and V are read where they lie,
+    without the copies (one parallel loop, not two), across several key blocks and a ragged last
+    one; a sharp softmax (scale 20) whose dominant key comes late. 9 queries take the packed path."""
+    rng = np.random.default_rng(sq * 1000 + skv)
+    q, k, v = (ref.random(rng, (2, 3, n, d), dtype) for n in (sq, skv, skv))
+    k[:, :, skv - 2] = q.mean(axis=2)  # aligned with every query: the late, dominant key
+    fn = td.function(*(td.tensor(a.shape, dtype) for a in (q, k, v)))(
+        lambda a, b, c: td.attention(a, b, c, scale=20.0 / d, causal=causal))
+    kernel = tracea.compile(fn, threads=2, keep_stages=True)
+    assert kernel.stages["linalg"].count("scf.parallel") == (1 if sq <= 8 else 2)
+    ref.assert_close(kernel(q, k, v), ref.attention(q, k, v, 20.0 / d, causal), dtype, skv)
+
+
 @pytest.mark.parametrize("heads", [1, 3])
 @pytest.mark.parametrize("sq", [37, 33])  # 10 and 9 query blocks of 4 rows
 def test_causal_attention_blocks_in_pairs_when_the_threads_split_a_head(heads, sq):
