@@ -166,6 +166,9 @@ MUTATIONS = {
     "decode-scores-one-key-late": (  # the in-place scores of a decoding step: each key's score one column off
         "tracea/targets/cpu/attention.py", "{P}[{t.c(r)}, {t.add('%c', t.c(u))}]", "{P}[{t.c(r)}, {t.add('%c', t.c((u + 1) % U))}]",
         ["test/test_cpu_kernels.py", "-k", "kv_cache_in_place"]),
+    "input-updates-taken-for-outputs": (  # the new values of updated inputs read as the model's outputs
+        "tracea/frontend/torch_model.py", "self.exported.outputs.rebuild(results[len(updated):])",
+        "self.exported.outputs.rebuild(results)", ["test/test_torch.py", "-k", "in_place"]),
     "gnu-openmp-spin-short": (
         "tracea/runtime/blas_threads.py", 'GOMP_SPINCOUNT = "40000"', 'GOMP_SPINCOUNT = "3000"',
         ["test/test_blas_threads.py", "-k", "awake"]),

@@ -492,6 +492,63 @@ def test_compiled_model_checks_its_inputs():
         tracea.compile(model)
 
 
+class AddsOne(nn.Module):  # updates its input, then reads it
+    def forward(self, x):
+        x.add_(1)
+        return x * 2
+
+
+class CacheWriter(nn.Module):
+    """A KV cache's update: the new rows written at `position` in place (index_copy_, or an
+    assignment to a slice), then read by what follows."""
+
+    def __init__(self, slice_assignment: bool):
+        super().__init__()
+        self.proj = nn.Linear(16, 16)
+        self.slice_assignment = slice_assignment
+
+    def forward(self, cache, x, position):
+        new = self.proj(x)
+        if self.slice_assignment:
+            cache[:, 3:4] = new
+        else:
+            cache.index_copy_(1, position, new)
+        return cache.softmax(-1).sum(1)
+
+
+@pytest.mark.parametrize("make", [AddsOne, lambda: CacheWriter(False), lambda: CacheWriter(True)],
+                         ids=["add_", "index_copy_", "slice-assignment"])
+def test_a_model_that_updates_its_inputs_in_place_matches_eager(make):
+    """The updated inputs hold what eager leaves in them, and the outputs are eager's: the kernel
+    returns the new values ahead of the outputs (taken for the output, x.add_(1); x * 2 gave
+    x + 1, and the update was lost). Called twice: the second call reads the first's update."""
+    torch.manual_seed(0)
+    model = make().eval()
+    inputs = (torch.randn(2, 8, 16),) + ((torch.randn(2, 1, 16), torch.tensor([3])) if make is not AddsOne else ())
+    compiled = tracea.compile(model, tuple(i.clone() for i in inputs))
+    mine, theirs = [i.clone() for i in inputs], [i.clone() for i in inputs]
+    for _ in range(2):
+        with torch.no_grad():
+            expected = model(*theirs)
+        torch.testing.assert_close(compiled(*mine), expected, rtol=1e-5, atol=1e-5)
+        torch.testing.assert_close(mine[0], theirs[0], rtol=1e-5, atol=1e-5)
+
+
+def test_dynamo_graphs_that_update_a_cache_in_place_leave_it_as_eager_does():
+    """What torch.compile(backend="tracea") gives a static KV cache: the graph takes the cache as
+    an input and writes it in place, step after step."""
+    torch._dynamo.reset()
+    torch.manual_seed(0)
+    model = CacheWriter(False).eval()
+    compiled = torch.compile(model, backend="tracea", dynamic=False)
+    mine, theirs = torch.zeros(2, 8, 16), torch.zeros(2, 8, 16)
+    with torch.no_grad():
+        for step in range(4):
+            x, position = torch.randn(2, 1, 16), torch.tensor([step])
+            torch.testing.assert_close(compiled(mine, x, position), model(theirs, x, position), rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(mine, theirs, rtol=1e-5, atol=1e-5)
+
+
 def test_dynamo_backend_compiles_and_recompiles_per_shape():
     torch.manual_seed(0)
     model = mlp().eval()
@@ -535,11 +592,13 @@ def test_dynamo_backend_splits_graphs_and_warns_once_per_op_kind():
     assert not dynamo.fallbacks  # the graph was split, not given up
 
 
-def test_hugging_face_generate_under_torch_compile_matches_eager():
+@pytest.mark.parametrize("cache", ["dynamic", "static"])
+def test_hugging_face_generate_under_torch_compile_matches_eager(cache):
     """What transformers users do: model.forward compiled, then generate() with its KV cache. The
     prompt's graph and the first decoding steps compile per shape; once Dynamo makes the cache's
-    length symbolic, the steps run one symbolic kernel. Every token as eager's, nothing left to
-    PyTorch."""
+    length symbolic, the steps run one symbolic kernel. A static cache (one length, written in
+    place by each step: its update was lost, and the third token on went wrong) compiles once.
+    Every token as eager's, nothing left to PyTorch but the static cache's index_put."""
     import sys
     sys.path.insert(0, str(Path(__file__).parent))
     import transformers as T
@@ -553,10 +612,12 @@ def test_hugging_face_generate_under_torch_compile_matches_eager():
     compiled.load_state_dict(model.state_dict())
     compiled.forward = torch.compile(compiled.forward, backend="tracea")
     ids = torch.randint(1, 300, (2, 7), generator=torch.Generator().manual_seed(1))
-    with torch.no_grad():
+    options = dict(do_sample=False, pad_token_id=0, **({"cache_implementation": "static"} if cache == "static" else {}))
+    with torch.no_grad(), warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)  # (the static cache's index_put runs in PyTorch)
         for new in (12, 5):  # the second call reuses the kernels, also for a shorter generation
-            want = model.generate(ids, max_new_tokens=new, min_new_tokens=new, do_sample=False, pad_token_id=0)
-            got = compiled.generate(ids, max_new_tokens=new, min_new_tokens=new, do_sample=False, pad_token_id=0)
+            want = model.generate(ids, max_new_tokens=new, min_new_tokens=new, **options)
+            got = compiled.generate(ids, max_new_tokens=new, min_new_tokens=new, **options)
             assert got.shape == (2, 7 + new) and torch.equal(got, want)
     assert not dynamo.fallbacks
 

@@ -74,15 +74,16 @@ class SymbolicShapes:
 
 
 def program_shapes(program) -> SymbolicShapes:
-    """The SymbolicShapes of an ExportedProgram's user inputs and outputs."""
+    """The SymbolicShapes of an ExportedProgram's user inputs and its results: the new values of
+    the inputs it updates in place, then its outputs."""
     from torch.export.graph_signature import InputKind, OutputKind
     graph = program.graph_module.graph
     placeholders = {n.name: n for n in graph.nodes if n.op == "placeholder"}
     inputs = [placeholders[s.arg.name].meta["val"] for s in program.graph_signature.input_specs
               if s.kind == InputKind.USER_INPUT]
     results = graph.output_node().args[0]
-    outputs = [r.meta["val"] for r, s in zip(results, program.graph_signature.output_specs)
-               if s.kind == OutputKind.USER_OUTPUT]
+    outputs = [r.meta["val"] for r, s in zip(results, program.graph_signature.output_specs)  # (updates first)
+               if s.kind in (OutputKind.USER_INPUT_MUTATION, OutputKind.USER_OUTPUT)]
     return SymbolicShapes(inputs, outputs, dict(program.range_constraints))
 
 

@@ -102,6 +102,9 @@ class ExportedGraph:
     weights: list  # torch tensors passed ahead of the user's inputs, in argument order
     outputs: OutputLayout
     input_dtypes: list  # torch dtypes of the user's tensor inputs
+    # the arguments (weights, then inputs) the model updates in place, in the order the program
+    # returns their new values, ahead of its outputs (a KV cache's index_copy_, an add_ on an input)
+    updated: list = field(default_factory=list)
 
 
 @dataclass
@@ -306,10 +309,47 @@ def export_model(model, example_inputs, *, fold_bn: bool = True, dynamic_dims=No
             if "training" in str(e).lower() or model.training:
                 hint = " (is the model in training mode? call model.eval() first)"
             raise CompileError(f"torch.export could not trace the model: {first_line(e)}{hint}") from None
+    program, updated = _functionalized(program)
     _views_as_reshapes(program)
     settle_constant_masks(program.graph_module)
     drop_metadata_asserts(program.graph_module)  # (recompiles the edited graph)
-    return ExportedGraph(program, weights, layout, [x.dtype for x in tensors])
+    return ExportedGraph(program, weights, layout, [x.dtype for x in tensors], updated)
+
+
+def _functionalized(program):
+    """(program, the arguments it updates in place). torch.export leaves in-place ops in the
+    graph (`cache.index_copy_(...)`), and torch-mlir's import returns each updated argument's new
+    value ahead of the outputs; taken for an output, it was a silent wrong answer, and the update
+    was lost (a static KV cache never filled: the third generated token on was wrong). A program
+    with an op that writes an argument (or a view of one) is functionalized, its signature then
+    naming what it updates; others are left as they are (a retrace; in-place ops on values made
+    inside, a ReLU's, are layers.py's to place)."""
+    import torch
+    from torch.export.graph_signature import InputKind, OutputKind
+
+    def written(node):  # the values an op writes, each taken back through the views it is of
+        schema = node.target._schema if isinstance(node.target, torch._ops.OpOverload) else None
+        for argument, value in zip(schema.arguments if schema else [], node.args):
+            if argument.alias_info is not None and argument.alias_info.is_write and isinstance(value, torch.fx.Node):
+                while value.op == "call_function" and isinstance(value.target, torch._ops.OpOverload) \
+                        and value.target._schema.returns and value.target._schema.returns[0].alias_info is not None:
+                    value = value.args[0]
+                yield value
+
+    if not any(value.op == "placeholder" for node in program.graph_module.graph.nodes
+               if node.op == "call_function" for value in written(node)):
+        return program, []
+    program = program.run_decompositions({})
+    signature = program.graph_signature
+    arguments = [spec.arg.name for spec in signature.input_specs if spec.kind == InputKind.USER_INPUT]
+    updated = []
+    for spec in signature.output_specs:
+        if spec.kind == OutputKind.USER_INPUT_MUTATION:
+            updated.append(arguments.index(spec.target))
+        elif spec.kind != OutputKind.USER_OUTPUT:
+            raise CompileError(f"the model changes {spec.target} in place ({spec.kind.name}), which Tracea cannot "
+                               "return")
+    return program, updated
 
 
 def dims_named(dynamic_dims, position: int, rank: int) -> set[int]:

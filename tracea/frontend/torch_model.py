@@ -41,7 +41,9 @@ class CompiledModel:
         if self.shapes.dynamic:  # sizes are checked against the symbols, per call (TensorBridge)
             self._expected = [(None, e[1]) if e[0] != "value" else e for e in self._expected]
         if kernel is not None:
-            self._run = TensorBridge(kernel, exported.outputs.dtypes, self.shapes)
+            dtypes = [w.dtype for w in exported.weights] + exported.input_dtypes
+            self._run = TensorBridge(kernel, [dtypes[i] for i in exported.updated] + exported.outputs.dtypes,
+                                     self.shapes)
         else:
             self._run = runner  # the partitioned graph's
 
@@ -97,9 +99,18 @@ class CompiledModel:
         tensors = self._check(inputs)
         # read now: in-place updates are seen (also by the weights laid out anew, on a change)
         if self.kernel is None:
-            return self.exported.outputs.rebuild(self._run([w.detach() for w in self.exported.weights] + tensors))
-        weights = self.weight_layouts(list(self.exported.weights))  # detached where made into arrays
-        return self.exported.outputs.rebuild(self._run(weights + tensors, weights=len(weights)))
+            results = self._run([w.detach() for w in self.exported.weights] + tensors)
+        else:
+            weights = self.weight_layouts(list(self.exported.weights))  # detached where made into arrays
+            results = self._run(weights + tensors, weights=len(weights))
+        updated = self.exported.updated
+        if updated:  # the new values of what the model updates in place come first: written back
+            import torch
+            arguments = list(self.exported.weights) + tensors
+            with torch.no_grad():
+                for argument, value in zip(updated, results):
+                    arguments[argument].copy_(value)
+        return self.exported.outputs.rebuild(results[len(updated):])
 
 
 def _program_runner(program, graph):
@@ -107,7 +118,8 @@ def _program_runner(program, graph):
     first) and the program's own parameters, buffers and constants; the user outputs picked."""
     from torch.export.graph_signature import InputKind, OutputKind
     signature = program.graph_signature
-    outputs = [i for i, o in enumerate(signature.output_specs) if o.kind == OutputKind.USER_OUTPUT]
+    outputs = [i for i, o in enumerate(signature.output_specs)  # (the updates of inputs first)
+               if o.kind in (OutputKind.USER_INPUT_MUTATION, OutputKind.USER_OUTPUT)]
 
     def run(user_args):
         args = iter(user_args)
