@@ -164,7 +164,8 @@ MUTATIONS = {
         "tracea/targets/cpu/attention.py", "{t.c(n_qblocks - 1)}, {half}", "{t.c(n_qblocks - 2)}, {half}",
         ["test/test_cpu_kernels.py", "-k", "pairs_when"]),
     "decode-scores-one-key-late": (  # the in-place scores of a decoding step: each key's score one column off
-        "tracea/targets/cpu/attention.py", "{P}[{t.c(r)}, {t.add('%c', t.c(u))}]", "{P}[{t.c(r)}, {t.add('%c', t.c((u + 1) % U))}]",
+        "tracea/targets/cpu/attention.py", "{P}[{t.c(r)}, {t.add('%c', t.c(u))}]",
+        "{P}[{t.c(r)}, {t.add('%c', t.c((u + 1) % U))}]",
         ["test/test_cpu_kernels.py", "-k", "kv_cache_in_place"]),
     "input-updates-taken-for-outputs": (  # the new values of updated inputs read as the model's outputs
         "tracea/frontend/torch_model.py", "self.exported.outputs.rebuild(results[len(updated):])",

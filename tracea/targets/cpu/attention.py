@@ -192,7 +192,8 @@ def attention_kernel_text(name: str, v: OpView, location: str, threads: int = 1)
 
     # S = Qs K^T into the scratch P
     if in_place:  # U keys at a time, read where they lie; keys past the end repeat the last (masked below)
-        U = max((u for u in (2, 4, 8) if sub % u == 0 and tile_registers(BR, u) <= tile_registers(QR, QV)), default=1)
+        budget = tile_registers(QR, QV)  # the registers the schedule's QK tile would take
+        U = max((u for u in (2, 4, 8) if sub % u == 0 and tile_registers(BR, u) <= budget), default=1)
         t.for_("%c", t.c(0), width, t.c(U))
         keys = [t.min_(t.add("%j0", t.add("%c", t.c(u))), t.c(skv - 1)) for u in range(U)]
         accs = [[zv] * U for _ in range(BR)]
