@@ -27,6 +27,8 @@ def _functions():
     yield "softmax", td.softmax, (x,), ref.softmax(x), 1
     yield "attention", (lambda p, r, s: td.attention(p, r, s, causal=True)), (q, k, v), \
         ref.attention(q, k, v, None, True), 23
+    step = ref.random(rng, (2, 3, 16))  # a decoding step: three queries over the cache, read in place
+    yield "decoding_attention", td.attention, (step, k, v), ref.attention(step, k, v), 23
     yield "conv2d", (lambda p, r: td.conv2d(p, r, padding=1)), (img, filt), ref.conv2d(img, filt, padding=(1, 1, 1, 1)), 27
     # NHWC with most pixels inside the image: those read by the micro-kernel from the image itself
     img, filt = ref.random(rng, (2, 20, 21, 32), scale=30.0), ref.random(rng, (3, 3, 32, 24))

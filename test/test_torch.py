@@ -386,6 +386,16 @@ class _Chain(nn.Module):
         return -(torch.tanh(torch.sqrt(x.abs()) * 3) + 1)
 
 
+def test_a_model_torch_cannot_decompose_gets_a_compile_error():
+    """prims.squeeze returns a view, which torch's functionalization refuses: a CompileError that
+    names it (it was a RuntimeError from inside torch's decompositions, when the graph was split)."""
+    class Squeeze(nn.Module):
+        def forward(self, x):
+            return torch.ops.prims.squeeze(x, dimensions=[0, 2])
+    with pytest.raises(tracea.CompileError, match="prims::squeeze"):
+        tracea.compile(Squeeze(), (torch.randn(1, 7, 1, 3),))
+
+
 def test_ops_that_fail_only_together_are_the_ones_left_to_pytorch(monkeypatch):
     """A compile that fails only on sqrt and tanh in one kernel (each compiles alone): the
     bisection leaves the shortest failing run (sqrt, mul, tanh) to PyTorch, naming them, and

@@ -440,9 +440,13 @@ def _cumsum_as_triangular_sum(x, dim, dtype=None):
 def decomposed_program(program):
     """The ExportedProgram decomposed with torch-mlir's table, as torch-mlir's own import does
     (make_fx with that table was 3x faster on a ViT-base but decomposed differently: torch-mlir
-    then folded isfinite's x == x to true, wrong for NaN)."""
+    then folded isfinite's x == x to true, wrong for NaN). A CompileError when torch cannot (a
+    prims op returning a view: its functionalization refuses it)."""
     with quiet():
-        program = program.run_decompositions(decomposition_table())
+        try:
+            program = program.run_decompositions(decomposition_table())
+        except Exception as e:  # noqa: BLE001 - torch's decompositions fail in many ways
+            raise CompileError(f"torch could not decompose the model: {first_line(e)}") from None
     drop_metadata_asserts(program.graph_module)
     return program
 
