@@ -339,7 +339,10 @@ def _functionalized(program):
     if not any(value.op == "placeholder" for node in program.graph_module.graph.nodes
                if node.op == "call_function" for value in written(node)):
         return program, []
-    program = program.run_decompositions({})
+    try:
+        program = program.run_decompositions({})
+    except Exception as e:  # noqa: BLE001 - as decomposed_program's
+        raise CompileError(f"torch could not functionalize the model's in-place updates: {first_line(e)}") from None
     signature = program.graph_signature
     arguments = [spec.arg.name for spec in signature.input_specs if spec.kind == InputKind.USER_INPUT]
     updated = []

@@ -115,7 +115,8 @@ class CompiledModel:
 
 def _program_runner(program, graph):
     """Runs a partitioned program's graph: placeholders filled from the user's arguments (weights
-    first) and the program's own parameters, buffers and constants; the user outputs picked."""
+    first) and the program's own parameters, buffers and constants; the new values of the inputs
+    it updates in place, then its outputs, picked."""
     from torch.export.graph_signature import InputKind, OutputKind
     signature = program.graph_signature
     outputs = [i for i, o in enumerate(signature.output_specs)  # (the updates of inputs first)
