@@ -544,6 +544,27 @@ def test_a_model_that_updates_its_inputs_in_place_matches_eager(make):
         torch.testing.assert_close(mine[0], theirs[0], rtol=1e-5, atol=1e-5)
 
 
+def test_a_buffer_the_model_updates_in_place_is_updated_as_in_eager():
+    """A module's buffer is one of the arguments Tracea passes ahead of the inputs: a step
+    counter's add_ reaches the module's own buffer, call after call (and compiling runs none)."""
+    class Counter(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.register_buffer("count", torch.zeros(3))
+
+        def forward(self, x):
+            self.count.add_(1)
+            return x * self.count
+
+    mine, theirs = Counter(), Counter()
+    compiled = tracea.compile(mine, (torch.ones(3),))
+    assert mine.count.sum() == 0
+    for _ in range(3):
+        x = torch.randn(3)
+        torch.testing.assert_close(compiled(x), theirs(x))
+    torch.testing.assert_close(mine.count, theirs.count)
+
+
 def test_dynamo_graphs_that_update_a_cache_in_place_leave_it_as_eager_does():
     """What torch.compile(backend="tracea") gives a static KV cache: the graph takes the cache as
     an input and writes it in place, step after step."""
