@@ -336,8 +336,9 @@ def _functionalized(program):
                     value = value.args[0]
                 yield value
 
-    if not any(value.op == "placeholder" for node in program.graph_module.graph.nodes
-               if node.op == "call_function" for value in written(node)):
+    writes = [value for node in program.graph_module.graph.nodes if node.op == "call_function"
+              for value in written(node)]
+    if not any(value.op == "placeholder" for value in writes):
         return program, []
     try:
         program = program.run_decompositions({})

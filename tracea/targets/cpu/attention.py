@@ -110,8 +110,9 @@ def attention_kernel_text(name: str, v: OpView, location: str, threads: int = 1)
     zv = const(f"dense<0.0> : {vt}", "z")
     ninf_v = const(f"dense<0xFF800000> : {vt}")
 
-    # the P V tile gets the registers the schedule's QK tile uses
-    PR, gs = pv_tile(BR, dv // L, tile_registers(QR, QV))
+    # the P V tile (and a decoding step's scores) get the registers the schedule's QK tile uses
+    registers = tile_registers(QR, QV)
+    PR, gs = pv_tile(BR, dv // L, registers)
     GW = gs * L
     if not in_place:
         # --- K^T in f32, zero-padded to whole key blocks: L x L blocks transposed in registers --
@@ -192,8 +193,7 @@ def attention_kernel_text(name: str, v: OpView, location: str, threads: int = 1)
 
     # S = Qs K^T into the scratch P
     if in_place:  # U keys at a time, read where they lie; keys past the end repeat the last (masked below)
-        budget = tile_registers(QR, QV)  # the registers the schedule's QK tile would take
-        U = max((u for u in (2, 4, 8) if sub % u == 0 and tile_registers(BR, u) <= budget), default=1)
+        U = max((u for u in (2, 4, 8) if sub % u == 0 and tile_registers(BR, u) <= registers), default=1)
         t.for_("%c", t.c(0), width, t.c(U))
         keys = [t.min_(t.add("%j0", t.add("%c", t.c(u))), t.c(skv - 1)) for u in range(U)]
         accs = [[zv] * U for _ in range(BR)]
