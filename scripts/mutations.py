@@ -174,6 +174,13 @@ MUTATIONS = {
         "tracea/targets/cpu/linalg.py", '            if op.name == "memref.copy":\n',
         '            if op.name == "memref.copy" and all(ir.ShapedType(v.type).has_static_shape for v in op.operands):\n',
         ["test/test_torch.py", "-k", "copy_of_symbolic"]),
+    "dynamic-attention-scale-dropped": (  # SDPA over a symbolic key length raised without its scale
+        "tracea/passes/raise_linalg.py", "scale=scale * key_scale * query_scale", "scale=key_scale * query_scale",
+        ["test/test_torch.py", "-k", "symbolic_length_runs"]),
+    "run-time-key-groups-short": (  # K^T packed for a run-time key length: the last partial group of keys left out
+        "tracea/targets/cpu/attention.py", 'n_groups = t.op(f"arith.divui {keys_pad}, {t.c(L)} : index", "i")',
+        'n_groups = t.op(f"arith.divui {keys_n}, {t.c(L)} : index", "i")',
+        ["test/test_cpu_kernels.py", "-k", "known_at_run_time"]),
     "gnu-openmp-spin-short": (
         "tracea/runtime/blas_threads.py", 'GOMP_SPINCOUNT = "40000"', 'GOMP_SPINCOUNT = "3000"',
         ["test/test_blas_threads.py", "-k", "awake"]),

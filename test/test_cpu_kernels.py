@@ -450,6 +450,35 @@ def test_decoding_step_attention_reads_the_kv_cache_in_place(sq, skv, d, causal,
     ref.assert_close(kernel(q, k, v), ref.attention(q, k, v, 20.0 / d, causal), dtype, skv)
 
 
+@pytest.mark.parametrize("sq, d", [(1, 64), (3, 128), (12, 64), (2, 40)],
+                         ids=["one-query", "three-queries-d128", "twelve-queries-packed", "head-dim-40-reference"])
+@pytest.mark.parametrize("causal", [False, True])
+def test_attention_over_a_key_length_known_at_run_time(sq, d, causal):
+    """K and V of any length (`tensor((B, H, None, D))`: a KV cache that grows call by call), one
+    kernel for all: read in place (a few queries), packed into K^T and V strips sized at run time
+    (more), or the reference loops (a head dim off the lanes); lengths below, across and past a
+    key block, a late dominant key in a sharp softmax."""
+    fn = td.function(td.tensor((2, 3, sq, d)), td.tensor((2, 3, None, d)), td.tensor((2, 3, None, d)))(
+        lambda a, b, c: td.attention(a, b, c, scale=20.0 / d, causal=causal))
+    kernel = tracea.compile(fn, threads=2)
+    assert kernel.signature.inputs[1].shape == (2, 3, None, d)
+    for skv in (1, 7, 257, 1031):
+        rng = np.random.default_rng(skv)
+        q, k, v = (ref.random(rng, (2, 3, n, d)) for n in (sq, skv, skv))
+        k[:, :, skv - 1] = q.mean(axis=2)  # aligned with every query: the last key dominates
+        ref.assert_close(kernel(q, k, v), ref.attention(q, k, v, 20.0 / d, causal), "f32", skv)
+
+
+def test_only_the_key_length_of_attention_may_be_dynamic():
+    """A query of run-time length, or K and V of different lengths, are named errors."""
+    with pytest.raises(tracea.OpError, match=r"operand 'query' has a dynamic shape .*tracea ops need static shapes"):
+        td.function(td.tensor((3, None, 16)), td.tensor((3, None, 16)), td.tensor((3, None, 16)))(td.attention)
+    with pytest.raises(tracea.OpError, match=r"'value' has 9 positions but key has \?"):
+        td.function(td.tensor((3, 2, 16)), td.tensor((3, None, 16)), td.tensor((3, 9, 16)))(td.attention)
+    with pytest.raises(tracea.OpError, match=r"only dims \[-2\] of 'key' may be dynamic"):
+        td.function(td.tensor((3, 2, 16)), td.tensor((3, 5, None)), td.tensor((3, 5, 16)))(td.attention)
+
+
 @pytest.mark.parametrize("heads", [1, 3])
 @pytest.mark.parametrize("sq", [37, 33])  # 10 and 9 query blocks of 4 rows
 def test_causal_attention_blocks_in_pairs_when_the_threads_split_a_head(heads, sq):

@@ -84,6 +84,16 @@ def test_decisions_and_their_reasons(device, kernel, facts, variant, rejected):
         assert reasons[other].startswith(why), (other, reasons[other])
 
 
+def test_a_key_length_known_at_run_time_is_the_cpu_kernels_alone():
+    """Attention over a KV cache of run-time length: the CPU flash kernel takes it (its head dims
+    fitting the lanes, else the reference loops); no GPU variant does, and says why."""
+    assert Context("zen3-avx2").plan_kernel("attention", "F32", head_dim=64, dynamic=True).variant_id \
+        == "cpu.attention.flash"
+    assert Context("zen3-avx2").plan_kernel("attention", "F32", head_dim=6, dynamic=True).variant_id == "cpu.reference"
+    with pytest.raises(PlanError, match="needs static shapes"):
+        Context("sm_90a").plan_kernel("attention", "F16", head_dim=64, dynamic=True)
+
+
 def test_a_plan_with_shapes_carries_the_schedule_it_will_use():
     decision = Context("zen3-avx2").plan_kernel("gemm", "F32", m=1024, n=1024, k=1024, threads=2)
     assert decision.schedule.lane_map.shape == (8,) and decision.schedule.warp_tile[1] == 16  # 2 x 8 lanes

@@ -213,16 +213,27 @@ class KernelWriter:
         return self._new(self.types[out], f"linalg.transpose ins({value} : {src}) outs({out} : {self.ty(out)}) "
                                           f"permutation = [{', '.join(map(str, permutation))}]")
 
-    def filled(self, shape: Sequence[int], value: float, dtype: str = ACCUMULATOR_DTYPE) -> str:
-        """A new tensor filled with `value` (the init of a reduction)."""
-        spec = TensorSpec(tuple(shape), dtype)
-        empty = self._new(spec, f"tensor.empty() : {spec}")
+    def filled(self, shape: Sequence[int | None], value: float, dtype: str = ACCUMULATOR_DTYPE,
+               sizes: Sequence[str] = ()) -> str:
+        """A new tensor filled with `value` (the init of a reduction); `sizes` as `empty`'s."""
+        empty = self.empty(shape, dtype, sizes)
+        spec = self.types[empty]
         cst = self._new(None, f"arith.constant {float_literal(value)} : {dtype}")
         return self._new(spec, f"linalg.fill ins({cst} : {dtype}) outs({empty} : {spec}) -> {spec}")
 
-    def empty(self, shape: Sequence[int], dtype: str) -> str:
+    def empty(self, shape: Sequence[int | None], dtype: str, sizes: Sequence[str] = ()) -> str:
+        """A new tensor; `sizes`: the index values of its None (dynamic) dims, in order."""
         spec = TensorSpec(tuple(shape), dtype)
-        return self._new(spec, f"tensor.empty() : {spec}")
+        return self._new(spec, f"tensor.empty({', '.join(sizes)}) : {spec}")
+
+    def dim(self, value: str, axis: int) -> str:
+        """The size of `value`'s dim `axis` at run time (an index)."""
+        index = self._new(None, f"arith.constant {axis} : index")
+        return self._new(None, f"tensor.dim {value}, {index} : {self.ty(value)}")
+
+    def dynamic_sizes(self, like: str) -> list[str]:
+        """The run-time sizes of `like`'s dynamic dims: `sizes` for a tensor of its shape."""
+        return [self.dim(like, i) for i, d in enumerate(self.types[like].shape) if d is None]
 
     def generic(self, ins: list[tuple[str, list[str]]], out: tuple[str, list[str]], n_dims: int,
                 reductions: Sequence[int], body: Callable[[Body], str]) -> str:

@@ -87,7 +87,8 @@ class LoopText:
         rows, cols = spec.shape[-2:]
         if spec.rank == 2:
             flat = memref_text((1, rows, cols), spec.dtype)
-            return self.op(f"memref.expand_shape {mem} [[0, 1], [2]] output_shape [1, {rows}, {cols}] "
+            size = rows if rows is not None else self.op(f"memref.dim {mem}, {self.c(0)} : {mem_t}", "n")
+            return self.op(f"memref.expand_shape {mem} [[0, 1], [2]] output_shape [1, {size}, {cols}] "
                            f": {mem_t} into {flat}", "m"), flat
         flat = memref_text((batch, rows, cols), spec.dtype)
         if spec.rank == 3:
@@ -163,7 +164,7 @@ class LoopText:
 
 
 def memref_text(shape, dtype: str) -> str:
-    return "memref<" + "".join(f"{d}x" for d in shape) + dtype + ">"
+    return "memref<" + "".join(f"{'?' if d is None else d}x" for d in shape) + dtype + ">"
 
 
 def busiest_thread(items: list[int], threads: int) -> int:

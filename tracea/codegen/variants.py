@@ -45,6 +45,7 @@ class Problem:
     depthwise: bool | None = None  # one filter per input channel (groups = channels = filters)
     # softmax: along the last (contiguous) axis
     last_axis: bool | None = None
+    dynamic: bool | None = None  # some operand size is known at run time only (attention's key length)
     schedule: Any = None  # the op's own schedule (dialects.schedule.Schedule), if it has one
     view: Any = field(default=None, compare=False)  # the op (dialects.ops.OpView), when planned from IR
 
@@ -61,6 +62,7 @@ class Problem:
         kind = v.op.name.removeprefix("tracea.")
         first = next(iter(v.operands.values()))
         base = dict(op=kind, dtype=first.dtype, out_dtype=v.result.dtype, schedule=v.attrs.get("schedule"), view=v,
+                    dynamic=any(None in x.shape for x in v.operands.values() if x is not None) or None,
                     dtypes=tuple(x.dtype for x in v.operands.values() if x is not None) + (v.result.dtype,))
         if kind in ("gemm", "fused_gemm"):
             a, b = v.operands["a"], v.operands["b"]
@@ -225,12 +227,15 @@ class Variant:
     default_schedule: Callable | None = field(default=None, compare=False)
     search_space: Callable | None = field(default=None, compare=False)
     check_schedule: Callable | None = field(default=None, compare=False)
+    dynamic: bool = False  # computes problems whose sizes are known at run time only
 
     def rejects(self, problem: Problem, caps: Capabilities, preferences: bool = True) -> str | None:
         """Why this variant cannot compute `problem` on `caps` (or, with `preferences`, should
         not be chosen for it), or None."""
         if problem.op not in self.ops:
             return f"implements {', '.join(self.ops)}, not {problem.op}"
+        if problem.dynamic and not self.dynamic:
+            return "needs static shapes (a size here is known at run time only)"
         for constraint in self.constraints:
             if not preferences and getattr(constraint, "preference", False):
                 continue

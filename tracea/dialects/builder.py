@@ -29,17 +29,19 @@ from mlir.dialects import func
 from ..errors import OpError
 from ..runtime.dtypes import ELEMENT_TYPES
 from .context import make_context
-from .ops import OP_DEFS, SEGMENTS, Epilogue, TensorSpec
+from .ops import OP_DEFS, SEGMENTS, Epilogue, TensorSpec, operand_spec
 from .schedule import Schedule
 
 
 def tensor(shape: Sequence[int] | int, dtype: str = "f32") -> TensorSpec:
-    """A tensor type for function inputs: `tensor((M, K))`, `tensor((M, K), "bf16")`."""
+    """A tensor type for function inputs: `tensor((M, K))`, `tensor((M, K), "bf16")`; None for a size
+    known at run time only (`tensor((B, H, None, D))`: a KV cache of any length), where the ops
+    reading it allow one."""
     shape = (shape,) if isinstance(shape, int) else tuple(shape)
-    if not all(isinstance(s, numbers.Integral) and not isinstance(s, bool) for s in shape):
-        raise OpError(f"tensor shape {list(shape)}: sizes must be whole numbers of elements")
-    shape = tuple(int(s) for s in shape)
-    if any(s < 1 for s in shape):
+    if not all(s is None or isinstance(s, numbers.Integral) and not isinstance(s, bool) for s in shape):
+        raise OpError(f"tensor shape {list(shape)}: sizes must be whole numbers of elements (None: dynamic)")
+    shape = tuple(None if s is None else int(s) for s in shape)
+    if any(s is not None and s < 1 for s in shape):
         raise OpError(f"tensor shape {list(shape)} must have positive sizes")
     if dtype not in ELEMENT_TYPES:
         raise OpError(f"tensor element type {dtype!r} is not one Tracea compiles; use one of {', '.join(ELEMENT_TYPES)}")
@@ -132,7 +134,7 @@ def _create(name: str, operands: dict[str, ir.Value | None], attrs: dict, out_dt
             raise OpError(f"{name}: operand '{operand_name}' must be a value built in a tracea function "
                           f"(an argument or an op result), got {type(value).__name__}")
     try:
-        specs = {n: TensorSpec.from_type(v.type, f"operand '{n}'") for n, v in operands.items()}
+        specs = {n: operand_spec(opdef, n, v.type) for n, v in operands.items()}
         values = {**{k: d.default for k, d in opdef.attrs.items()}, **attrs}
         result = opdef.infer(specs, values, out_dtype)
         encoded = opdef.encode_attrs(attrs)

@@ -26,7 +26,7 @@ ACCUMULATOR_DTYPE = "f32"
 
 @dataclass(frozen=True)
 class TensorSpec:
-    """A static tensor type: its shape and element type name (f32, f16, bf16, ...)."""
+    """A tensor type: its shape (None for a size known at run time only) and element type name (f32, f16, ...)."""
 
     shape: tuple[int, ...]
     dtype: str
@@ -174,6 +174,9 @@ class OpDef(ABC):
     operands: tuple[tuple[str, str], ...] = ()
     attrs: dict[str, AttrDef] = {}
     summary: str = ""
+    # operand name -> the dims (negative: from the end) whose size may be known at run time only
+    # (`?`); every other dim of every operand and the result is static
+    dynamic_dims: dict[str, tuple[int, ...]] = {}
 
     # -- decoding
     def decode_attrs(self, attributes) -> dict[str, Any]:
@@ -403,6 +406,8 @@ class AttentionDef(OpDef):
                "whose scores are all -inf gets 0 (torch's safe softmax)")
     operands = (("query", "single"), ("key", "single"), ("value", "single"))
     attrs = {"scale": FLOAT(None), "causal": BOOL(), "schedule": SCHEDULE}
+    # the key length of a decoding step over a KV cache that grows call by call
+    dynamic_dims = {"key": (-2,), "value": (-2,)}
 
     def infer(self, operands, attrs, result_dtype):
         names = ["query", "key", "value"]
@@ -420,7 +425,8 @@ class AttentionDef(OpDef):
         if k.shape[-1] != q.shape[-1]:
             raise OpError(f"operand 'key' head dim {k.shape[-1]} differs from query's {q.shape[-1]}")
         if v.shape[-2] != k.shape[-2]:
-            raise OpError(f"operand 'value' has {v.shape[-2]} positions but key has {k.shape[-2]}")
+            raise OpError(f"operand 'value' has {v.shape[-2] or '?'} positions but key has {k.shape[-2] or '?'} "
+                          "(a length known at run time only must be so in both)")
         scale = attrs["scale"]
         if scale is not None and not math.isfinite(scale):
             raise OpError(f"attribute 'scale' must be finite, got {scale}")
@@ -450,7 +456,7 @@ class OpView:
 def describe(v: OpView) -> str:
     """One line for a plan: the op, its operand and result shapes, its attributes that differ
     from their defaults (the schedule left out)."""
-    shape = lambda spec: "x".join(map(str, spec.shape)) or "scalar"  # noqa: E731
+    shape = lambda spec: "x".join("?" if d is None else str(d) for d in spec.shape) or "scalar"  # noqa: E731
     notes = []
     for key, value in v.attrs.items():
         spec = v.opdef.attrs.get(key)
@@ -477,7 +483,7 @@ def view(op: ir.Operation) -> OpView:
         raise OpError(f"attribute arrays must be of signless integers (array<i64: ...>), got {odd.group(0)}")
     segments = list(ir.DenseI32ArrayAttr(op.attributes[SEGMENTS])) if SEGMENTS in op.attributes else None
     names = opdef.operand_names(len(op.operands), segments)
-    specs = {name: TensorSpec.from_type(v.type, f"operand '{name}'") for v, name in zip(op.operands, names)}
+    specs = {name: operand_spec(opdef, name, v.type) for v, name in zip(op.operands, names)}
     if len(op.results) != 1:
         raise OpError(f"{op.name} has exactly one result, got {len(op.results)}")
     declared = TensorSpec.from_type(op.results[0].type, "the result")
@@ -486,6 +492,17 @@ def view(op: ir.Operation) -> OpView:
     if inferred != declared:
         raise OpError(f"result type {declared} does not match the inferred type {inferred}")
     return OpView(op, opdef, specs, declared, attrs)
+
+
+def operand_spec(opdef: OpDef, name: str, t: ir.Type) -> TensorSpec:
+    """An operand's spec, `?` allowed only in the dims its op declares dynamic."""
+    spec = TensorSpec.from_type(t, f"operand '{name}'", dynamic=True)
+    allowed = {d % spec.rank for d in opdef.dynamic_dims.get(name, ())}
+    if any(size is None and d not in allowed for d, size in enumerate(spec.shape)):
+        where = (f"only dims {sorted(d - spec.rank for d in allowed)} of '{name}' may be dynamic" if allowed
+                 else "tracea ops need static shapes")
+        raise OpError(f"operand '{name}' has a dynamic shape ({t}); {where}")
+    return spec
 
 
 def irdl_source() -> str:

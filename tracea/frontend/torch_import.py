@@ -12,6 +12,7 @@ are tensors or constants; the traced function returns the tensor leaves as a fla
 from __future__ import annotations
 
 import contextlib
+import functools
 import logging
 import math
 import os
@@ -419,7 +420,29 @@ def decomposition_table() -> dict:
     table = get_decomposition_table()
     table.pop(torch.ops.aten.native_layer_norm.default, None)
     table[torch.ops.aten.cumsum.default] = _cumsum_as_triangular_sum
+    sdpa = torch.ops.aten.scaled_dot_product_attention.default
+    table[sdpa] = functools.partial(_sdpa_kept_when_dynamic, table[sdpa])
     return table
+
+
+def _sdpa_kept_when_dynamic(decompose, query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False,
+                            scale=None, enable_gqa=False):
+    """SDPA over a key length known at run time only (a decoding step over a KV cache that grows)
+    is left whole for torch-mlir, whose own lowering of it (no mask, dropout, causal mask or
+    grouped heads) raise_linalg finds and makes tracea.attention; torch's decomposition, written
+    for static shapes, lowers a symbolic length to broadcasts by tensor.extract and row checks
+    no pattern takes. Grouped heads are repeated first (as the decomposition does)."""
+    import torch
+    plain = attn_mask is None and dropout_p == 0.0 and not is_causal
+    # only the key length may be symbolic: tracea.attention's one dynamic size
+    others = [*query.shape, *key.shape[:-2], key.shape[-1], *value.shape[:-2], value.shape[-1]]
+    if not plain or isinstance(key.shape[-2], int) or not all(isinstance(d, int) for d in others):
+        return decompose(query, key, value, attn_mask, dropout_p, is_causal, scale=scale, enable_gqa=enable_gqa)
+    if enable_gqa and query.shape[-3] != key.shape[-3]:
+        group = query.shape[-3] // key.shape[-3]
+        key, value = (x.repeat_interleave(group, dim=-3) for x in (key, value))
+    return NotImplemented if not enable_gqa else torch.ops.aten.scaled_dot_product_attention.default(
+        query, key, value, scale=scale)
 
 
 # Scans torch-mlir lowers to tm_tensor.scan (no linalg): a model with one was cut in two around it

@@ -98,7 +98,7 @@ def softmax(w: KernelWriter, x: str, axis: int, dtype: str, safe: bool = False) 
     total = w.filled(reduced_shape, 0.0)
     total = w.generic([(x, dims), (mx, reduced)], (total, reduced), spec.rank, (axis,),
                       lambda b: b.add(b.args[2], b.unary("exp", b.sub(b.to_f32(b.args[0]), b.args[1]))))
-    out = w.empty(spec.shape, dtype)
+    out = w.empty(spec.shape, dtype, w.dynamic_sizes(x))
 
     def normalize(b: Body) -> str:
         p = b.div(b.unary("exp", b.sub(b.to_f32(b.args[0]), b.args[1])), b.args[2])
@@ -123,7 +123,8 @@ def attention_reference(w: KernelWriter, v: OpView) -> str:
     batch = _dims(nb)
     i, j, d = f"d{nb}", f"d{nb + 1}", f"d{nb + 2}"
     sq, skv = q.shape[-2], k.shape[-2]
-    scores = w.filled(q.shape[:-2] + (sq, skv), 0.0)
+    sizes = w.dynamic_sizes(w.arg["key"])  # the key length, when known at run time only
+    scores = w.filled(q.shape[:-2] + (sq, skv), 0.0, sizes=sizes)
     scores = w.generic([(w.arg["query"], batch + [i, d]), (w.arg["key"], batch + [j, d])], (scores, batch + [i, j]),
                        nb + 3, (nb + 2,),
                        multiply_accumulate)
@@ -137,7 +138,7 @@ def attention_reference(w: KernelWriter, v: OpView) -> str:
             s = b.select(masked, b.const(float("-inf")), s)
         return s
 
-    logits = w.generic([(scores, batch + [i, j])], (w.empty(q.shape[:-2] + (sq, skv), ACCUMULATOR_DTYPE),
+    logits = w.generic([(scores, batch + [i, j])], (w.empty(q.shape[:-2] + (sq, skv), ACCUMULATOR_DTYPE, sizes),
                                                      batch + [i, j]), nb + 2, (), scale_and_mask)
     probs = softmax(w, logits, nb + 1, ACCUMULATOR_DTYPE, safe=True)
     e = f"d{nb + 1}"

@@ -28,6 +28,7 @@ from mlir.dialects import linalg, tensor
 
 from ..dialects import builder as td
 from ..dialects.ops import Epilogue
+from ..errors import OpError
 from .registry import TraceaPass, register
 
 _CMP = {1: np.equal, 2: np.greater, 3: np.greater_equal, 4: np.less, 5: np.less_equal, 6: np.not_equal,
@@ -552,26 +553,35 @@ def _elementwise(value: ir.Value, name: str) -> list[ir.Value] | None:
     return ins
 
 
-def _raise_softmax(op: ir.Operation) -> bool:
-    ratio = _elementwise(op.results[0], "arith.divf")
+def _softmax_of(value: ir.Value) -> tuple[ir.Value, int] | None:
+    """(x, axis) when `value` is max-subtract / exp / sum / divide of x along one axis (the max
+    may carry an argmax beside it, as torch-mlir's lowering of SDPA writes it)."""
+    ratio = _elementwise(value, "arith.divf")
     if ratio is None or len(ratio) != 2:
-        return False
+        return None
     e, total = ratio
     exp_in = _elementwise(e, "math.exp")
     summed = _reduction(total, "arith.addf")
     if exp_in is None or summed is None or summed[0] != e:
-        return False
+        return None
     diff = _elementwise(exp_in[0], "arith.subf")
     if diff is None or len(diff) != 2:
-        return False
+        return None
     x, peak = diff
     maxed = _reduction(peak, "arith.maximumf|arith.maxnumf")
     if maxed is None or maxed[0] != x or maxed[1] != summed[1] or e.type != x.type:
-        return False
+        return None
     if str(ir.ShapedType(x.type).element_type) not in ("f32", "f16", "bf16"):
-        return False  # f64: the generic lowering keeps its precision
+        return None  # f64: the generic lowering keeps its precision
+    return x, maxed[1]
+
+
+def _raise_softmax(op: ir.Operation) -> bool:
+    found = _softmax_of(op.results[0])
+    if found is None:
+        return False
     with op.location, td.located(op.location), ir.InsertionPoint(op):
-        new = td.softmax(x, axis=maxed[1])
+        new = td.softmax(found[0], axis=found[1])
     op.results[0].replace_all_uses_with(new)
     return True
 
@@ -766,6 +776,41 @@ def _raise_attention(op: ir.Operation) -> bool:
     return True
 
 
+def _plain_batch_matmul(op: ir.Operation | None) -> bool:
+    """A linalg.batch_matmul with its default maps (no transposed operand) into a zero fill."""
+    return op is not None and op.name == "linalg.batch_matmul" and _zero_fill(op.operands[2]) \
+        and (not _maps(op) or [str(m) for m in _maps(op)] == _DEFAULT_MAPS["linalg.batch_matmul"])
+
+
+def _raise_dynamic_attention(op: ir.Operation) -> bool:
+    """op: linalg.batch_matmul(P, V) where P = softmax(Q K^T * scale) over a key length known at
+    run time only: torch-mlir's lowering of SDPA without mask, dropout or causal (a decoding step
+    over a KV cache that grows; see torch_import.decomposition_table). The linalg ops stay
+    unraised there (tracea's gemm and softmax take static shapes), so this matches them directly."""
+    if not _plain_batch_matmul(op):
+        return False
+    probabilities, value = op.operands[0], op.operands[1]
+    found = _softmax_of(_through_reshapes(probabilities))
+    if found is None or found[1] != len(found[0].type.shape) - 1:
+        return False
+    scores, scale = _unscaled(found[0])
+    product = _producer(_through_reshapes(scores))
+    if not _plain_batch_matmul(product):
+        return False
+    with op.location, td.located(op.location), ir.InsertionPoint(op):
+        keyed = _key_of_scores(product.operands[1])
+        if keyed is None:
+            return False
+        key, key_scale = keyed
+        query, query_scale = _query_of_scores(product.operands[0])
+        try:  # (a query of dynamic length, say, is not tracea.attention's)
+            new = td.attention(query, key, value, scale=scale * key_scale * query_scale)
+        except OpError:
+            return False
+    op.results[0].replace_all_uses_with(new)
+    return True
+
+
 def _erase_dead_ops(block: ir.Block) -> None:
     """What a raise left unused, users before producers. Tracea ops declare no side effects to
     MLIR, so canonicalize would keep them (and the linalg ops feeding them)."""
@@ -793,10 +838,13 @@ class RaiseLinalgPass(TraceaPass):
             if func_op.operation.name != "func.func" or not func_op.regions[0].blocks:
                 continue
             block = func_op.regions[0].blocks[0]
+            raised = False
             for op in list(block.operations):
                 op = op.operation
                 if not _static(op):
-                    continue  # tracea ops take static shapes: dynamic ones keep the generic lowering
+                    # tracea ops take static shapes, but attention a dynamic key length
+                    raised |= op.name == "linalg.batch_matmul" and _raise_dynamic_attention(op)
+                    continue  # the rest keeps the generic lowering
                 if op.name in _DEFAULT_MAPS:
                     _raise_gemm(op)
                 elif op.name in ("linalg.conv_2d_nchw_fchw", "linalg.conv_2d_nhwc_hwcf",
@@ -804,7 +852,6 @@ class RaiseLinalgPass(TraceaPass):
                     _raise_conv(op)
                 elif op.name == "linalg.generic":
                     _raise_softmax(op)
-            raised = False
             for op in list(block.operations):
                 if op.operation.name == "tracea.gemm":
                     raised |= _raise_attention(op.operation)

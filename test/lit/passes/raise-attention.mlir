@@ -196,3 +196,85 @@ func.func @zero_bias(%q: tensor<2x4x8xf32>, %k: tensor<2x4x8xf32>, %v: tensor<2x
   %o = linalg.batch_matmul ins(%p, %v : tensor<2x4x4xf32>, tensor<2x4x8xf32>) outs(%of : tensor<2x4x8xf32>) -> tensor<2x4x8xf32>
   return %o : tensor<2x4x8xf32>
 }
+
+// -----
+// torch-mlir's own lowering of SDPA over a key length known at run time only (a decoding step over a
+// KV cache that grows): the scale after Q K^T, a max carrying an argmax. One tracea.attention whose
+// key and value keep their `?` length.
+// CHECK-LABEL: func.func @main
+// CHECK: "tracea.attention"({{.*}}) {scale = 1.250000e-01 : f64} : (tensor<2x1x8xf32>, tensor<2x?x8xf32>, tensor<2x?x8xf32>) -> tensor<2x1x8xf32>
+// CHECK-NOT: linalg.batch_matmul
+// CHECK-NOT: math.exp
+#map = affine_map<(d0, d1, d2, d3) -> (d0, d1, d2, d3)>
+#map1 = affine_map<(d0, d1, d2, d3) -> (d0, d1, d2)>
+#map2 = affine_map<(d0, d1, d2, d3) -> (d0, d1, d2, 0)>
+func.func @main(%arg0: tensor<1x2x1x8xf32>, %arg1: tensor<1x2x?x8xf32>, %arg2: tensor<1x2x?x8xf32>) -> tensor<1x2x1x8xf32> {
+  %c0_i64 = arith.constant 0 : i64
+  %c2 = arith.constant 2 : index
+  %cst = arith.constant 0.000000e+00 : f32
+  %cst_0 = arith.constant 0xFF800000 : f32
+  %cst_1 = arith.constant 1.250000e-01 : f32
+  %dim = tensor.dim %arg1, %c2 : tensor<1x2x?x8xf32>
+  %0 = tensor.empty(%dim) : tensor<1x2x8x?xf32>
+  %transposed = linalg.transpose ins(%arg1 : tensor<1x2x?x8xf32>) outs(%0 : tensor<1x2x8x?xf32>) permutation = [0, 1, 3, 2] 
+  %collapsed = tensor.collapse_shape %arg0 [[0, 1], [2], [3]] : tensor<1x2x1x8xf32> into tensor<2x1x8xf32>
+  %collapsed_2 = tensor.collapse_shape %transposed [[0, 1], [2], [3]] : tensor<1x2x8x?xf32> into tensor<2x8x?xf32>
+  %1 = tensor.empty(%dim) : tensor<2x1x?xf32>
+  %2 = linalg.fill ins(%cst : f32) outs(%1 : tensor<2x1x?xf32>) -> tensor<2x1x?xf32>
+  %3 = linalg.batch_matmul ins(%collapsed, %collapsed_2 : tensor<2x1x8xf32>, tensor<2x8x?xf32>) outs(%2 : tensor<2x1x?xf32>) -> tensor<2x1x?xf32>
+  %expanded = tensor.expand_shape %3 [[0, 1], [2], [3]] output_shape [1, 2, 1, %dim] : tensor<2x1x?xf32> into tensor<1x2x1x?xf32>
+  %4 = tensor.empty(%dim) : tensor<1x2x1x?xf32>
+  %5 = linalg.generic {indexing_maps = [#map, #map], iterator_types = ["parallel", "parallel", "parallel", "parallel"]} ins(%expanded : tensor<1x2x1x?xf32>) outs(%4 : tensor<1x2x1x?xf32>) {
+  ^bb0(%in: f32, %out: f32):
+    %23 = arith.mulf %in, %cst_1 : f32
+    linalg.yield %23 : f32
+  } -> tensor<1x2x1x?xf32>
+  %6 = tensor.empty() : tensor<1x2x1xi64>
+  %7 = linalg.fill ins(%c0_i64 : i64) outs(%6 : tensor<1x2x1xi64>) -> tensor<1x2x1xi64>
+  %8 = tensor.empty() : tensor<1x2x1xf32>
+  %9 = linalg.fill ins(%cst_0 : f32) outs(%8 : tensor<1x2x1xf32>) -> tensor<1x2x1xf32>
+  %10:2 = linalg.generic {indexing_maps = [#map, #map1, #map1], iterator_types = ["parallel", "parallel", "parallel", "reduction"]} ins(%5 : tensor<1x2x1x?xf32>) outs(%9, %7 : tensor<1x2x1xf32>, tensor<1x2x1xi64>) {
+  ^bb0(%in: f32, %out: f32, %out_8: i64):
+    %23 = linalg.index 3 : index
+    %24 = arith.index_cast %23 : index to i64
+    %25 = arith.maximumf %in, %out : f32
+    %26 = arith.cmpf ogt, %in, %out : f32
+    %27 = arith.select %26, %24, %out_8 : i64
+    linalg.yield %25, %27 : f32, i64
+  } -> (tensor<1x2x1xf32>, tensor<1x2x1xi64>)
+  %expanded_3 = tensor.expand_shape %10#0 [[0], [1], [2, 3]] output_shape [1, 2, 1, 1] : tensor<1x2x1xf32> into tensor<1x2x1x1xf32>
+  %11 = linalg.generic {indexing_maps = [#map, #map2, #map], iterator_types = ["parallel", "parallel", "parallel", "parallel"]} ins(%5, %expanded_3 : tensor<1x2x1x?xf32>, tensor<1x2x1x1xf32>) outs(%4 : tensor<1x2x1x?xf32>) {
+  ^bb0(%in: f32, %in_8: f32, %out: f32):
+    %23 = arith.subf %in, %in_8 : f32
+    linalg.yield %23 : f32
+  } -> tensor<1x2x1x?xf32>
+  %12 = linalg.generic {indexing_maps = [#map, #map], iterator_types = ["parallel", "parallel", "parallel", "parallel"]} ins(%11 : tensor<1x2x1x?xf32>) outs(%4 : tensor<1x2x1x?xf32>) {
+  ^bb0(%in: f32, %out: f32):
+    %23 = math.exp %in : f32
+    linalg.yield %23 : f32
+  } -> tensor<1x2x1x?xf32>
+  %13 = tensor.empty() : tensor<1x2x1x1xf32>
+  %14 = linalg.fill ins(%cst : f32) outs(%13 : tensor<1x2x1x1xf32>) -> tensor<1x2x1x1xf32>
+  %15 = linalg.generic {indexing_maps = [#map, #map2], iterator_types = ["parallel", "parallel", "parallel", "reduction"]} ins(%12 : tensor<1x2x1x?xf32>) outs(%14 : tensor<1x2x1x1xf32>) {
+  ^bb0(%in: f32, %out: f32):
+    %23 = arith.addf %in, %out : f32
+    linalg.yield %23 : f32
+  } -> tensor<1x2x1x1xf32>
+  %16 = linalg.generic {indexing_maps = [#map, #map2, #map], iterator_types = ["parallel", "parallel", "parallel", "parallel"]} ins(%12, %15 : tensor<1x2x1x?xf32>, tensor<1x2x1x1xf32>) outs(%4 : tensor<1x2x1x?xf32>) {
+  ^bb0(%in: f32, %in_8: f32, %out: f32):
+    %23 = arith.divf %in, %in_8 : f32
+    linalg.yield %23 : f32
+  } -> tensor<1x2x1x?xf32>
+  %dim_4 = tensor.dim %arg2, %c2 : tensor<1x2x?x8xf32>
+  %17 = arith.index_cast %dim : index to i64
+  %18 = arith.index_cast %dim_4 : index to i64
+  %19 = arith.cmpi eq, %17, %18 : i64
+  cf.assert %19, "mismatching contracting dimension"
+  %collapsed_5 = tensor.collapse_shape %16 [[0, 1], [2], [3]] : tensor<1x2x1x?xf32> into tensor<2x1x?xf32>
+  %collapsed_6 = tensor.collapse_shape %arg2 [[0, 1], [2], [3]] : tensor<1x2x?x8xf32> into tensor<2x?x8xf32>
+  %20 = tensor.empty() : tensor<2x1x8xf32>
+  %21 = linalg.fill ins(%cst : f32) outs(%20 : tensor<2x1x8xf32>) -> tensor<2x1x8xf32>
+  %22 = linalg.batch_matmul ins(%collapsed_5, %collapsed_6 : tensor<2x1x?xf32>, tensor<2x?x8xf32>) outs(%21 : tensor<2x1x8xf32>) -> tensor<2x1x8xf32>
+  %expanded_7 = tensor.expand_shape %22 [[0, 1], [2], [3]] output_shape [1, 2, 1, 8] : tensor<2x1x8xf32> into tensor<1x2x1x8xf32>
+  return %expanded_7 : tensor<1x2x1x8xf32>
+}

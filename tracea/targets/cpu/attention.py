@@ -85,8 +85,7 @@ def attention_kernel_text(name: str, v: OpView, location: str, threads: int = 1)
     for dim in q.shape[:-2]:
         batch *= dim
     sq, d = q.shape[-2:]
-    skv, dv = val.shape[-2:]
-    skv_pad = -(-skv // BC) * BC
+    skv, dv = val.shape[-2:]  # skv None: the key length is read from K at run time
     scale = AttentionDef.scale(v.attrs, d)
     causal = v.attrs["causal"]
     in_place = sq <= IN_PLACE_ROWS
@@ -95,8 +94,10 @@ def attention_kernel_text(name: str, v: OpView, location: str, threads: int = 1)
     vt, it = f"vector<{L}xf32>", f"vector<{L}xi32>"
     t = LoopText(serial=threads == 1)
 
-    def alloc(shape, dtype="f32"):
-        return t.op(f"memref.alloc() {{alignment = 64 : i64}} : {memref_text(shape, dtype)}", "m"), memref_text(shape, dtype)
+    def alloc(shape, dtype="f32", sizes=()):
+        """A buffer of `shape`; `sizes` gives its None dims' sizes, in order."""
+        return (t.op(f"memref.alloc({', '.join(sizes)}) {{alignment = 64 : i64}} : {memref_text(shape, dtype)}", "m"),
+                memref_text(shape, dtype))
 
     def const(text: str, hint: str = "k") -> str:
         return t.op(f"arith.constant {text}", hint)
@@ -104,6 +105,7 @@ def attention_kernel_text(name: str, v: OpView, location: str, threads: int = 1)
     Q, Q_t = t.batched_view(t.to_buffer("%arg0", q), q, batch)
     K, K_t = t.batched_view(t.to_buffer("%arg1", k), k, batch)
     V, V_t = t.batched_view(t.to_buffer("%arg2", val), val, batch)
+    keys_n = t.c(skv) if skv is not None else t.op(f"memref.dim {K}, {t.c(1)} : {K_t}", "n")
     O_full, _ = alloc(out.shape, out.dtype)
     O, O_t = t.batched_view(O_full, out, batch)
     zero = const("0.0 : f32", "z")
@@ -116,13 +118,22 @@ def attention_kernel_text(name: str, v: OpView, location: str, threads: int = 1)
     GW = gs * L
     if not in_place:
         # --- K^T in f32, zero-padded to whole key blocks: L x L blocks transposed in registers --
-        KT, KT_t = alloc((batch, skv_pad // sub, d, sub))
-        VP, VP_t = alloc((batch, dv // GW, skv, GW))
-        n_groups = skv_pad // L
-        t.parallel("%bg", t.c(0), t.c(batch * n_groups), t.c(1))
-        t.line(f"%b = arith.divui %bg, {t.c(n_groups)} : index")
-        j = t.mul(t.op(f"arith.remui %bg, {t.c(n_groups)} : index", "i"), t.c(L))
-        t.open(f"scf.if {t.cmp('sle', t.add(j, t.c(L)), t.c(skv))}")
+        if skv is None:  # K^T's strips and the groups of L keys, counted at run time
+            keys_pad = t.mul(t.op(f"arith.ceildivui {keys_n}, {t.c(BC)} : index", "i"), t.c(BC))
+            strips = t.op(f"arith.divui {keys_pad}, {t.c(sub)} : index", "i")
+            n_groups = t.op(f"arith.divui {keys_pad}, {t.c(L)} : index", "i")
+            KT, KT_t = alloc((batch, None, d, sub), sizes=[strips])
+            VP, VP_t = alloc((batch, dv // GW, None, GW), sizes=[keys_n])
+            items = t.mul(t.c(batch), n_groups)
+        else:
+            skv_pad = -(-skv // BC) * BC
+            KT, KT_t = alloc((batch, skv_pad // sub, d, sub))
+            VP, VP_t = alloc((batch, dv // GW, skv, GW))
+            n_groups, items = t.c(skv_pad // L), t.c(batch * skv_pad // L)
+        t.parallel("%bg", t.c(0), items, t.c(1))
+        t.line(f"%b = arith.divui %bg, {n_groups} : index")
+        j = t.mul(t.op(f"arith.remui %bg, {n_groups} : index", "i"), t.c(L))
+        t.open(f"scf.if {t.cmp('sle', t.add(j, t.c(L)), keys_n)}")
         t.for_("%dd", t.c(0), t.c(d), t.c(L))
         rows = [_load_vector(t, K, K_t, ["%b", t.add(j, t.c(i)), "%dd"], k.dtype, L) for i in range(L)]
         strip = t.op(f"arith.divui {j}, {t.c(sub)} : index", "i")
@@ -132,7 +143,7 @@ def attention_kernel_text(name: str, v: OpView, location: str, threads: int = 1)
         t.close()
         t.else_()  # the last keys, and the padding
         t.for_("%jj", j, t.add(j, t.c(L)), t.c(1))
-        inside = t.cmp("ult", "%jj", t.c(skv))
+        inside = t.cmp("ult", "%jj", keys_n)
         t.for_("%dd", t.c(0), t.c(d), t.c(1))
         t.open(f"%x = scf.if {inside} -> (f32)")
         t.line(f"scf.yield {t.load_f32(K, K_t, ['%b', '%jj', '%dd'], k.dtype)} : f32")
@@ -145,7 +156,7 @@ def attention_kernel_text(name: str, v: OpView, location: str, threads: int = 1)
         t.close()
         t.close()
         # V in strips of the P V tile's columns
-        t.for_("%jv", j, t.min_(t.add(j, t.c(L)), t.c(skv)), t.c(1))
+        t.for_("%jv", j, t.min_(t.add(j, t.c(L)), keys_n), t.c(1))
         for g in range(dv // GW):
             for jj in range(gs):
                 x = _load_vector(t, V, V_t, ["%b", "%jv", t.c(g * GW + jj * L)], val.dtype, L)
@@ -185,7 +196,7 @@ def attention_kernel_text(name: str, v: OpView, location: str, threads: int = 1)
     t.line(f"memref.store {const('0xFF800000 : f32', 'z')}, {ML}[{t.c(0)}, %r] : {ML_t}")
     t.line(f"memref.store {zero}, {ML}[{t.c(1)}, %r] : {ML_t}")
     t.close()
-    kv_end = t.min_(t.add(i0, t.c(BR)), t.c(skv)) if causal else t.c(skv)
+    kv_end = t.min_(t.add(i0, t.c(BR)), keys_n) if causal else keys_n
     t.for_("%j0", t.c(0), kv_end, t.c(BC))
     # this block's width: the keys left, rounded up to whole QK tiles, at most BC
     left = t.op(f"arith.subi {kv_end}, %j0 : index", "i")
@@ -195,7 +206,8 @@ def attention_kernel_text(name: str, v: OpView, location: str, threads: int = 1)
     if in_place:  # U keys at a time, read where they lie; keys past the end repeat the last (masked below)
         U = max((u for u in (2, 4, 8) if sub % u == 0 and tile_registers(BR, u) <= registers), default=1)
         t.for_("%c", t.c(0), width, t.c(U))
-        keys = [t.min_(t.add("%j0", t.add("%c", t.c(u))), t.c(skv - 1)) for u in range(U)]
+        last_key = t.op(f"arith.subi {keys_n}, {t.c(1)} : index", "i")
+        keys = [t.min_(t.add("%j0", t.add("%c", t.c(u))), last_key) for u in range(U)]
         accs = [[zv] * U for _ in range(BR)]
         for dd in range(0, d, L):
             kvec = [_load_vector(t, K, K_t, ["%b", keys[u], t.c(dd)], k.dtype, L) for u in range(U)]
@@ -232,7 +244,7 @@ def attention_kernel_text(name: str, v: OpView, location: str, threads: int = 1)
     # the online softmax, row by row
     iota = const(f"dense<[{', '.join(str(i) for i in range(L))}]> : {it}")
     # only blocks that reach past the sequence's end (or, causal, past a query row) need the mask
-    first_limit = t.min_(t.add(i0, t.c(1)), t.c(skv)) if causal else t.c(skv)
+    first_limit = t.min_(t.add(i0, t.c(1)), keys_n) if causal else keys_n
     needs_mask = t.cmp("sgt", t.add("%j0", width), first_limit)
     t.for_("%r", t.c(0), t.c(BR), t.c(1))
 
@@ -240,7 +252,7 @@ def attention_kernel_text(name: str, v: OpView, location: str, threads: int = 1)
         """Yield the lane-wise max of the row's scores; `masked`: keys at or past the limit (the
         sequence's end, and for causal the keys after the query) become -inf in P first."""
         if masked:
-            limit = t.min_(t.add(t.add(i0, "%r"), t.c(1)), t.c(skv)) if causal else t.c(skv)
+            limit = t.min_(t.add(t.add(i0, "%r"), t.c(1)), keys_n) if causal else keys_n
             limit = t.op(f"arith.index_cast {t.op(f'arith.subi {limit}, %j0 : index', 'i')} : index to i32", "i")
             limit_v = t.op(f"vector.broadcast {limit} : i32 to {it}", "i")
         res, (vmax,) = _for_iter(t, "%c", t.c(0), width, t.c(L), [ninf_v], vt)

@@ -769,7 +769,7 @@ def _attention_default(p: Problem, caps: Capabilities, threads: int | None) -> S
         rows = min(8, (caps.cpu.vector_registers - 3) // 2)
         tile = (2 * rows, max(64, 4 * lanes))
         if lanes >= 16:
-            keys = p.view.operands["key"].shape[-2] if p.view is not None else AVX512_KEY_BLOCK
+            keys = (p.view.operands["key"].shape[-2] if p.view is not None else None) or AVX512_KEY_BLOCK
             tiles = AVX512_QUERY_TILES_THREADED if (threads or caps.cpu.cores) > 1 else 1
             tile = (tiles * rows, min(AVX512_KEY_BLOCK, -(-keys // (2 * lanes)) * 2 * lanes))
         s = Schedule(tile=tile, lane_map=LaneMap("simd", (lanes,)))
@@ -866,14 +866,15 @@ for _variant in (
     Variant("cpu.attention.flash", "cpu", ("attention",), (ON_CPU, SIMD, Rule(
         "head dims multiples of the SIMD lanes", _attention_fits)), 20,
         "flash attention: blocks of queries against blocks of keys, online softmax, S never stored",
-        frozenset({"simd"}), _attention_default, _attention_space, _attention_check),
+        frozenset({"simd"}), _attention_default, _attention_space, _attention_check, dynamic=True),
     Variant("cpu.softmax.online", "cpu", ("softmax",), (ON_CPU, SIMD, Rule(
         "along the last axis", lambda p, caps: None if p.last_axis is None else _softmax_fits(p, caps))), 20,
         "rows in parallel: three passes (one exp per element) for rows in cache, else a running max and sum",
         frozenset({"simd"}),
         lambda p, caps, threads: p.schedule or Schedule(lane_map=LaneMap("simd", (caps.cpu.f32_lanes,)))),
     Variant("cpu.reference", "cpu", OPS, (ON_CPU,), 0,
-            "linalg loops (tracea-lower-to-linalg), split among the threads and vectorized: any shape and dtype"),
+            "linalg loops (tracea-lower-to-linalg), split among the threads and vectorized: any shape and dtype",
+            dynamic=True),
 ):
     register_variant(_variant)
 
