@@ -918,6 +918,40 @@ def test_symbolic_sizes_evaluate_as_sympy_does():
             assert type(_size_at(env)(expr)) is int
 
 
+def test_binding_symbolic_sizes_checks_every_call():
+    """Each call of a symbolic kernel binds its sizes (worked out once per kernel, then plain
+    Python): a symbol's sizes must agree, a derived size must be what it derives from, fixed dims
+    and torch.export's ranges hold; a repeated call's shapes bind from the last."""
+    from tracea.frontend.dynamic import program_shapes
+
+    class Twice(nn.Module):
+        def forward(self, x, y):
+            return x.repeat(2, 1) + y, x * 2
+
+    s = torch.export.Dim("s", min=2, max=10)
+    program = torch.export.export(Twice(), (torch.randn(3, 4), torch.randn(6, 4)),
+                                  dynamic_shapes=({0: s}, {0: 2 * s}))
+    shapes = program_shapes(program)
+    env = shapes.bind([(5, 4), (10, 4)])
+    assert list(env.values()) == [5] and shapes.output_shapes(env) == [(10, 4), (5, 4)]
+    assert shapes.bind([(5, 4), (10, 4)]) is env and list(shapes.bind([(7, 4), (14, 4)]).values()) == [7]
+    for bad, message in [([(5, 4), (11, 4)], "size 11 in dim 0; the model needs 10"),
+                         ([(5, 3), (10, 4)], "size 3 in dim 1, where the model was compiled for 4 only"),
+                         ([(11, 4), (22, 4)], "a dynamic size of 11 is outside the range 2..10"),
+                         ([(5, 4, 1), (10, 4)], "input #0 has 3 dimensions, the model was compiled for 2")]:
+        with pytest.raises(tracea.ArgumentError, match=re.escape(message)):
+            shapes.bind(bad)
+
+    class Sum(nn.Module):
+        def forward(self, x, y):
+            return x + y
+
+    shared = program_shapes(torch.export.export(Sum(), (torch.randn(3, 4), torch.randn(3, 4)),
+                                                dynamic_shapes=({0: s}, {0: s})))
+    with pytest.raises(tracea.ArgumentError, match="input #1 has size 6 in dim 0, but another input's size there is 5"):
+        shared.bind([(5, 4), (6, 4)])
+
+
 def test_dynamic_dims_compile_once_for_every_size():
     """The example shapes get their own kernel; the first other size compiles one kernel with
     symbolic sizes, which serves every later size (batch 1 included: traced from a doubled one)."""

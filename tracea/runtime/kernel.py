@@ -92,7 +92,11 @@ def _fits(shape: tuple, spec_shape: tuple) -> bool:
 
 def _contiguous_strides(shape) -> list[int]:
     """Element strides of a C-contiguous array of `shape`."""
-    return [int(np.prod(shape[d + 1:])) for d in range(len(shape))]
+    strides, stride = [], 1
+    for size in reversed(shape):
+        strides.append(stride)
+        stride *= size
+    return strides[::-1]
 
 
 class CallFrame:
