@@ -181,6 +181,9 @@ MUTATIONS = {
         "tracea/targets/cpu/attention.py", 'n_groups = t.op(f"arith.divui {keys_pad}, {t.c(L)} : index", "i")',
         'n_groups = t.op(f"arith.divui {keys_n}, {t.c(L)} : index", "i")',
         ["test/test_cpu_kernels.py", "-k", "known_at_run_time"]),
+    "mask-row-of-the-first-query": (  # a per-query attention mask read at the first query's row for every query
+        "tracea/targets/cpu/attention.py", "t.c(0) if mask.shape[1] == 1 else mask_row", "t.c(0)",
+        ["test/test_cpu_kernels.py", "-k", "adds_its_mask"]),
     "gnu-openmp-spin-short": (
         "tracea/runtime/blas_threads.py", 'GOMP_SPINCOUNT = "40000"', 'GOMP_SPINCOUNT = "3000"',
         ["test/test_blas_threads.py", "-k", "awake"]),

@@ -469,6 +469,47 @@ def test_attention_over_a_key_length_known_at_run_time(sq, d, causal):
         ref.assert_close(kernel(q, k, v), ref.attention(q, k, v, 20.0 / d, causal), "f32", skv)
 
 
+@pytest.mark.parametrize("sq, d", [(1, 64), (3, 40), (12, 64)], ids=["one-query", "reference", "packed"])
+@pytest.mark.parametrize("per_batch, per_query", [(False, False), (True, False), (False, True), (True, True)],
+                         ids=["shared", "per-batch", "per-query", "per-batch-and-query"])
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("dynamic", [False, True], ids=["static", "run-time-keys"])
+def test_attention_adds_its_mask_operand_to_the_scores(sq, d, per_batch, per_query, causal, dynamic):
+    """The mask operand ([B or 1, Sq or 1, Skv], f32) is added to the scaled scores before the
+    softmax, -inf masking: a 30 % random -inf mask (a row of the per-query masks wholly -inf:
+    its output 0) with finite values beside, one shared or one per (flattened) batch entry and
+    per query; with the causal mask; K, V and mask of a run-time length too."""
+    batch = 6
+    for skv in (5, 257):
+        rng = np.random.default_rng(sq * 7 + skv)
+        q, k, v = (ref.random(rng, (2, 3, n, d)) for n in (sq, skv, skv))
+        shape = (batch if per_batch else 1, sq if per_query else 1, skv)
+        mask = np.where(rng.random(shape) < 0.3, -np.inf, rng.standard_normal(shape)).astype(np.float32)
+        mask[..., 0] = 0.0
+        if per_query:
+            mask[:, -1] = -np.inf  # the last query sees no key
+        keys = None if dynamic else skv
+        fn = td.function(td.tensor(q.shape), td.tensor((2, 3, keys, d)), td.tensor((2, 3, keys, d)),
+                         td.tensor(shape[:-1] + (keys,)))(
+            lambda a, b, c, m: td.attention(a, b, c, scale=3.0 / d, causal=causal, mask=m))
+        scores = ref.f64(q) @ np.swapaxes(ref.f64(k), -1, -2) * (3.0 / d) \
+            + mask.reshape(((2, 3) if per_batch else (1, 1)) + shape[1:])
+        if causal:
+            scores = np.where(np.tril(np.ones((sq, skv), bool)), scores, -np.inf)
+        with np.errstate(invalid="ignore"):
+            want = np.nan_to_num(ref.softmax(scores)) @ ref.f64(v)  # (a row of -inf: 0, torch's safe softmax)
+        ref.assert_close(tracea.compile(fn, threads=2)(q, k, v, mask), want, "f32", skv)
+
+
+def test_attention_mask_operand_errors_name_the_shape_wanted():
+    with pytest.raises(tracea.OpError, match=r"operand 'mask' must be f32 \[6 or 1, 4 or 1, 9\] .*got tensor<6x4x8xf32>"):
+        td.function(td.tensor((2, 3, 4, 16)), td.tensor((2, 3, 9, 16)), td.tensor((2, 3, 9, 16)), td.tensor((6, 4, 8)))(
+            lambda a, b, c, m: td.attention(a, b, c, mask=m))
+    with pytest.raises(tracea.OpError, match=r"operand 'mask' must be f32 .*got tensor<1x1x9xf16>"):
+        td.function(td.tensor((3, 4, 16)), td.tensor((3, 9, 16)), td.tensor((3, 9, 16)), td.tensor((1, 1, 9), "f16"))(
+            lambda a, b, c, m: td.attention(a, b, c, mask=m))
+
+
 def test_only_the_key_length_of_attention_may_be_dynamic():
     """A query of run-time length, or K and V of different lengths, are named errors."""
     with pytest.raises(tracea.OpError, match=r"operand 'query' has a dynamic shape .*tracea ops need static shapes"):

@@ -84,14 +84,19 @@ def test_decisions_and_their_reasons(device, kernel, facts, variant, rejected):
         assert reasons[other].startswith(why), (other, reasons[other])
 
 
-def test_a_key_length_known_at_run_time_is_the_cpu_kernels_alone():
-    """Attention over a KV cache of run-time length: the CPU flash kernel takes it (its head dims
-    fitting the lanes, else the reference loops); no GPU variant does, and says why."""
+def test_a_key_length_known_at_run_time_or_a_mask_is_the_cpu_kernels_alone():
+    """Attention over a KV cache of run-time length, or with a mask operand: the CPU flash kernel
+    takes it (its head dims fitting the lanes, else the reference loops); no GPU variant does,
+    and says why."""
     assert Context("zen3-avx2").plan_kernel("attention", "F32", head_dim=64, dynamic=True).variant_id \
         == "cpu.attention.flash"
     assert Context("zen3-avx2").plan_kernel("attention", "F32", head_dim=6, dynamic=True).variant_id == "cpu.reference"
     with pytest.raises(PlanError, match="needs static shapes"):
         Context("sm_90a").plan_kernel("attention", "F16", head_dim=64, dynamic=True)
+    assert Context("zen3-avx2").plan_kernel("attention", "F32", head_dim=64, masked=True).variant_id \
+        == "cpu.attention.flash"
+    with pytest.raises(PlanError, match="takes no attention mask"):
+        Context("sm_90a").plan_kernel("attention", "F16", head_dim=64, masked=True)
 
 
 def test_a_plan_with_shapes_carries_the_schedule_it_will_use():

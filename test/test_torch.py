@@ -1,6 +1,7 @@
 """PyTorch front end: tracea.compile(model), torch.compile(backend="tracea"), tracea.ops.conv2d."""
 import math
 import re
+import sys
 import warnings
 from pathlib import Path
 
@@ -667,6 +668,48 @@ def test_sdpa_of_symbolic_length_that_the_kernel_cannot_take_stays_right():
     for length in (9, 4, 70):
         torch.testing.assert_close(masked(*inputs(1, length), mask(length)), Masked()(*inputs(1, length), mask(length)))
         torch.testing.assert_close(causal(*inputs(length, length)), Causal()(*inputs(length, length)))
+
+
+@pytest.mark.parametrize("kind", ["bool-shared", "float-per-batch", "bool-per-query"])
+def test_sdpa_with_a_mask_of_the_inputs_is_attention_with_a_mask_operand(kind):
+    """SDPA whose mask the model is given (a padding mask, a static KV cache's filled positions)
+    is tracea.attention with the mask operand, not generic loops: a boolean mask shared by every
+    batch entry and head, a float mask per batch entry (broadcast over the heads), a boolean one
+    per query and batch entry; -inf'd keys and a query that sees none."""
+    class Masked(nn.Module):
+        def forward(self, q, k, v, mask):
+            return F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
+
+    g = torch.Generator().manual_seed(0)
+    q, k, v = torch.randn(2, 2, 5, 32, generator=g), *torch.randn(2, 2, 2, 40, 32, generator=g)
+    shape = {"bool-shared": (1, 1, 1, 40), "float-per-batch": (2, 1, 1, 40), "bool-per-query": (2, 1, 5, 40)}[kind]
+    keep = torch.rand(shape, generator=g) > 0.3
+    keep[..., 0] = True
+    if kind == "bool-per-query":
+        keep[0, 0, 2] = False  # a query that sees no key: 0, as eager's SDPA
+    mask = keep if kind.startswith("bool") else torch.where(keep, torch.randn(shape, generator=g), -torch.inf)
+    compiled = tracea.compile(Masked(), (q, k, v, mask))
+    torch.testing.assert_close(compiled(q, k, v, mask), Masked()(q, k, v, mask), rtol=2e-5, atol=2e-5)
+    plan = compiled.explain()  # (the mask made f32: one loop nest)
+    assert "on cpu.attention.flash" in plan and "softmax" not in plan and "gemm" not in plan, plan
+
+
+def test_hugging_face_bert_with_a_padding_mask_runs_the_attention_kernel():
+    """BERT called as a tokenizer's output is given (input ids and an attention mask with padding):
+    its attention takes the mask operand, the padded positions ignored as eager ignores them."""
+    import transformers as T
+    sys.path.insert(0, str(Path(__file__).parent))
+    from model_zoo import import_torchvision  # noqa: F401 - lets transformers import
+    torch.manual_seed(0)
+    model = T.BertModel(T.BertConfig(hidden_size=64, num_hidden_layers=2, num_attention_heads=2,
+                                     intermediate_size=128, vocab_size=500)).eval()
+    ids, padding = torch.randint(1, 500, (2, 24)), torch.ones(2, 24, dtype=torch.long)
+    padding[0, 15:] = 0
+    compiled = tracea.compile(model, (ids, padding))
+    with torch.no_grad():
+        want = model(ids, attention_mask=padding).last_hidden_state
+    torch.testing.assert_close(compiled(ids, padding).last_hidden_state, want, rtol=1e-4, atol=1e-4)
+    assert compiled.explain().count("on cpu.attention.flash") >= 2, compiled.explain()
 
 
 def test_dynamo_backend_splits_graphs_and_warns_once_per_op_kind():

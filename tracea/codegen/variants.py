@@ -46,6 +46,7 @@ class Problem:
     # softmax: along the last (contiguous) axis
     last_axis: bool | None = None
     dynamic: bool | None = None  # some operand size is known at run time only (attention's key length)
+    masked: bool | None = None  # attention with a mask operand
     schedule: Any = None  # the op's own schedule (dialects.schedule.Schedule), if it has one
     view: Any = field(default=None, compare=False)  # the op (dialects.ops.OpView), when planned from IR
 
@@ -71,7 +72,8 @@ class Problem:
             return Problem(**base, m=m, n=n, k=a.shape[-2] if ta else a.shape[-1], transpose_a=ta, transpose_b=tb,
                            batched_b=b.rank > 2, batch=math.prod(v.result.shape[:-2]))
         if kind == "attention":
-            return Problem(**base, head_dim=v.operands["query"].shape[-1], value_head_dim=v.operands["value"].shape[-1])
+            return Problem(**base, head_dim=v.operands["query"].shape[-1], value_head_dim=v.operands["value"].shape[-1],
+                           masked="mask" in v.operands or None)
         if kind == "conv2d":
             axis = 1 if v.attrs["layout"] == "nchw" else 3  # of the channels
             channels, filters = v.operands["input"].shape[axis], v.result.shape[axis]
@@ -228,6 +230,7 @@ class Variant:
     search_space: Callable | None = field(default=None, compare=False)
     check_schedule: Callable | None = field(default=None, compare=False)
     dynamic: bool = False  # computes problems whose sizes are known at run time only
+    masks: bool = False  # takes attention's mask operand
 
     def rejects(self, problem: Problem, caps: Capabilities, preferences: bool = True) -> str | None:
         """Why this variant cannot compute `problem` on `caps` (or, with `preferences`, should
@@ -236,6 +239,8 @@ class Variant:
             return f"implements {', '.join(self.ops)}, not {problem.op}"
         if problem.dynamic and not self.dynamic:
             return "needs static shapes (a size here is known at run time only)"
+        if problem.masked and not self.masks:
+            return "takes no attention mask"
         for constraint in self.constraints:
             if not preferences and getattr(constraint, "preference", False):
                 continue

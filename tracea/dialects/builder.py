@@ -215,10 +215,11 @@ def conv2d(x: ir.Value, w: ir.Value, bias: ir.Value | None = None, *, stride=1, 
 
 
 def attention(q: ir.Value, k: ir.Value, v: ir.Value, *, scale: float | None = None, causal: bool = False,
-              out_dtype: str | None = None, schedule: Schedule | None = None) -> ir.Value:
-    """softmax(scale * Q K^T) V over [..., S, D]; scale defaults to 1/sqrt(D)."""
+              mask: ir.Value | None = None, out_dtype: str | None = None, schedule: Schedule | None = None) -> ir.Value:
+    """softmax(scale * Q K^T [+ mask]) V over [..., S, D]; scale defaults to 1/sqrt(D); `mask`, f32
+    [B or 1, Sq or 1, Skv] with B the batch dims' product, is added to the scores (-inf masks)."""
     attrs = {"scale": None if scale is None else float(scale), "causal": causal, **_schedule(schedule)}
-    return _create("tracea.attention", {"query": q, "key": k, "value": v}, attrs, out_dtype)
+    return _create("tracea.attention", {"query": q, "key": k, "value": v, "mask": mask}, attrs, out_dtype)
 
 
 # --- functions -----------------------------------------------------------------------------------

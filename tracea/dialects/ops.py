@@ -401,13 +401,15 @@ class Conv2dDef(OpDef):
 
 class AttentionDef(OpDef):
     name = "tracea.attention"
-    summary = ("softmax(scale * Q K^T [causal mask]) V over [..., S, D] operands; scale defaults "
-               "to 1/sqrt(D); causal masks key j > query i (top-left aligned, as torch SDPA); a query "
-               "whose scores are all -inf gets 0 (torch's safe softmax)")
-    operands = (("query", "single"), ("key", "single"), ("value", "single"))
+    summary = ("softmax(scale * Q K^T [+ mask] [causal mask]) V over [..., S, D] operands; scale "
+               "defaults to 1/sqrt(D); mask, f32 [B or 1, Sq or 1, Skv], is added to the scores "
+               "(-inf masks; a padding mask, a static KV cache's unfilled positions); causal masks key "
+               "j > query i (top-left aligned, as torch SDPA); a query whose scores are all -inf gets 0 "
+               "(torch's safe softmax)")
+    operands = (("query", "single"), ("key", "single"), ("value", "single"), ("mask", "optional"))
     attrs = {"scale": FLOAT(None), "causal": BOOL(), "schedule": SCHEDULE}
     # the key length of a decoding step over a KV cache that grows call by call
-    dynamic_dims = {"key": (-2,), "value": (-2,)}
+    dynamic_dims = {"key": (-2,), "value": (-2,), "mask": (-1,)}
 
     def infer(self, operands, attrs, result_dtype):
         names = ["query", "key", "value"]
@@ -427,6 +429,13 @@ class AttentionDef(OpDef):
         if v.shape[-2] != k.shape[-2]:
             raise OpError(f"operand 'value' has {v.shape[-2] or '?'} positions but key has {k.shape[-2] or '?'} "
                           "(a length known at run time only must be so in both)")
+        mask = operands.get("mask")
+        if mask is not None:
+            batch = math.prod(q.shape[:-2])
+            if mask.dtype != "f32" or mask.rank != 3 or mask.shape[0] not in (1, batch) \
+                    or mask.shape[1] not in (1, q.shape[-2]) or mask.shape[2] != k.shape[-2]:
+                raise OpError(f"operand 'mask' must be f32 [{batch} or 1, {q.shape[-2]} or 1, "
+                              f"{k.shape[-2] or '?'}] (the batch dims flattened), got {mask}")
         scale = attrs["scale"]
         if scale is not None and not math.isfinite(scale):
             raise OpError(f"attribute 'scale' must be finite, got {scale}")

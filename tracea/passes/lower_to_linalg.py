@@ -133,12 +133,15 @@ def attention_reference(w: KernelWriter, v: OpView) -> str:
 
     def scale_and_mask(b: Body) -> str:
         s = b.mul(b.args[0], b.const(scale))
+        if "mask" in v.operands:
+            s = b.add(s, b.args[1])
         if causal:  # key j is visible to query i when j <= i (torch's is_causal=True)
             masked = b.cmp_index("ugt", b.index(nb + 1), b.index(nb))
             s = b.select(masked, b.const(float("-inf")), s)
         return s
 
-    logits = w.generic([(scores, batch + [i, j])], (w.empty(q.shape[:-2] + (sq, skv), ACCUMULATOR_DTYPE, sizes),
+    logits = w.generic([(scores, batch + [i, j]), *_mask_operand(w, v)],
+                       (w.empty(q.shape[:-2] + (sq, skv), ACCUMULATOR_DTYPE, sizes),
                                                      batch + [i, j]), nb + 2, (), scale_and_mask)
     probs = softmax(w, logits, nb + 1, ACCUMULATOR_DTYPE, safe=True)
     e = f"d{nb + 1}"
@@ -148,6 +151,25 @@ def attention_reference(w: KernelWriter, v: OpView) -> str:
                     nb + 3, (nb + 2,),
                     multiply_accumulate)
     return finish(w, out, v.result)
+
+
+def _mask_operand(w: KernelWriter, v: OpView) -> list[tuple[str, list[str]]]:
+    """Attention's mask [B or 1, Sq or 1, Skv] as an input of the score loops (the batch dims,
+    then query i, key j): none without one; a per-batch mask unflattened to the batch dims."""
+    mask = v.operands.get("mask")
+    if mask is None:
+        return []
+    q = v.operands["query"]
+    nb = q.rank - 2
+    value, (per_batch, per_query, _) = w.arg["mask"], mask.shape
+    batch = ["0"] if per_batch == 1 else _dims(nb)
+    if per_batch > 1 and nb != 1:  # [B*H, ...] -> [B, H, ...] (rank 2: no batch dims, per_batch is 1)
+        spec = TensorSpec(q.shape[:-2] + mask.shape[1:], mask.dtype)
+        sizes = w.dynamic_sizes(value)
+        groups = f"[{', '.join(map(str, range(nb)))}], [{nb}], [{nb + 1}]"
+        shape = ", ".join(str(d) for d in spec.shape[:-1]) + f", {sizes[0] if sizes else spec.shape[-1]}"
+        value = w.emit(spec, f"tensor.expand_shape {value} [{groups}] output_shape [{shape}] : {mask} into {spec}")
+    return [(value, batch + [f"d{nb}" if per_query > 1 else "0", f"d{nb + 1}"])]
 
 
 # --- conv2d -----------------------------------------------------------------------------------------

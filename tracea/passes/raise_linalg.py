@@ -716,10 +716,43 @@ def _softmax_over_keys(p: ir.Value) -> ir.Operation | None:
     return softmax if axis % rank == rank - 1 else None
 
 
-def _masked_scores(op: ir.Operation | None) -> tuple[ir.Operation, bool] | None:
-    """(the Q K^T gemm, causal) when `op` adds a constant bias to its result that masks nothing
-    (all 0) or is torch's causal mask (0 where key j <= query i, else -inf): how torch-mlir lowers
-    SDPA with is_causal, or with an additive mask."""
+@dataclass
+class _Bias:
+    """A bias added to the scores that depends on the model's inputs (a padding mask, a static KV
+    cache's unfilled positions): `value` read through `amap` over the scores' loops."""
+    value: ir.Value
+    amap: ir.AffineMap
+    scores_shape: list[int]
+
+    def mask(self) -> ir.Value:
+        """It as tracea.attention's mask operand, [batch or 1, Sq or 1, Skv]: broadcast over the
+        batch dims and the queries only where it varies along them, the batch dims flattened."""
+        rank = len(self.scores_shape)
+        used = {e.position for e in self.amap.results if isinstance(e, ir.AffineDimExpr)}
+        per_batch = any(d in used and self.scores_shape[d] > 1 for d in range(rank - 2))
+        per_query = rank - 2 in used and self.scores_shape[rank - 2] > 1
+        shape = [n if per_batch else 1 for n in self.scores_shape[:-2]] + \
+            [self.scores_shape[-2] if per_query else 1, self.scores_shape[-1]]
+        f32 = ir.F32Type.get()
+        out = tensor.empty(shape, f32)
+        identity = ir.AffineMap.get_identity(rank)
+
+        @linalg.generic([self.value], [out], [self.amap, identity], [linalg.IteratorType.parallel] * rank)
+        def copied(x, _):
+            return x
+
+        groups = [list(range(rank - 2)), [rank - 2], [rank - 1]] if rank > 2 else None
+        flat = [math.prod(shape[:-2])] + shape[-2:]
+        if groups is None:  # no batch dims: one of size 1
+            return tensor.expand_shape(ir.RankedTensorType.get(flat, f32), copied, [[0, 1], [2]], [], flat)
+        return tensor.collapse_shape(ir.RankedTensorType.get(flat, f32), copied, groups)
+
+
+def _masked_scores(op: ir.Operation | None) -> tuple[ir.Operation, bool, _Bias | None] | None:
+    """(the Q K^T gemm, causal, a bias of the model's inputs) when `op` adds a bias to its result:
+    a constant that masks nothing (all 0) or is torch's causal mask (0 where key j <= query i, else
+    -inf), or any f32 tensor the model computes (the mask operand): how torch-mlir lowers SDPA with
+    is_causal, or with an additive or boolean mask."""
     if op is None or op.name != "linalg.generic" or len(_ins(op)) != 2 or not _all_parallel(op):
         return None
     add = _producer(_yielded(op)[0])
@@ -730,19 +763,23 @@ def _masked_scores(op: ir.Operation | None) -> tuple[ir.Operation, bool] | None:
     for gemm_side, bias_side in ((0, 1), (1, 0)):
         gemm = _producer(_through_reshapes(_ins(op)[gemm_side]))
         bias_map = _maps(op)[bias_side]
-        if not _scores_gemm(gemm) or str(_maps(op)[gemm_side]) != _identity(rank) \
-                or any(isinstance(e, ir.AffineDimExpr) and e.position < rank - 2 for e in bias_map.results):
+        if not _scores_gemm(gemm) or str(_maps(op)[gemm_side]) != _identity(rank):
             continue
         bias = _constant_tensor(_ins(op)[bias_side])
         if bias is None:
-            return None
+            value = _ins(op)[bias_side]
+            if str(ir.ShapedType(value.type).element_type) != "f32":
+                return None
+            return gemm, False, _Bias(value, bias_map, list(op.results[0].type.shape))
+        if any(isinstance(e, ir.AffineDimExpr) and e.position < rank - 2 for e in bias_map.results):
+            return None  # a constant that differs between heads: not a mask
         queries, keys = op.results[0].type.shape[-2:]
         # the bias depends on the last two dims only: read it on one (query, key) plane
         bias = _gathered(bias, bias_map, np.indices((1,) * (rank - 2) + (queries, keys))).reshape(queries, keys)
         if np.all(bias == 0):
-            return gemm, False
+            return gemm, False, None
         keep = np.tri(queries, keys, dtype=bool)
-        return (gemm, True) if np.all(bias[keep] == 0) and np.all(bias[~keep] == -np.inf) else None
+        return (gemm, True, None) if np.all(bias[keep] == 0) and np.all(bias[~keep] == -np.inf) else None
     return None
 
 
@@ -754,12 +791,12 @@ def _raise_attention(op: ir.Operation) -> bool:
     if softmax is None:
         return False
     scores = _producer(_through_reshapes(softmax.operands[0]))
-    causal = False
+    causal, bias = False, None
     if not _scores_gemm(scores):
         masked = _masked_scores(scores)
         if masked is None:
             return False
-        scores, causal = masked
+        scores, causal, bias = masked
     value = op.operands[1]
     with op.location, td.located(op.location), ir.InsertionPoint(op):
         # K^T absorbed into the gemm (an unscaled q @ k.transpose(-1, -2)), else K^T's producers
@@ -771,7 +808,10 @@ def _raise_attention(op: ir.Operation) -> bool:
         scale *= query_scale
         if not (query.type.shape[:-2] == key.type.shape[:-2] == value.type.shape[:-2]):
             return False
-        new = td.attention(query, key, value, scale=scale, causal=causal)
+        mask = bias.mask() if bias is not None else None
+        if mask is not None and mask.type.shape[0] not in (1, math.prod(query.type.shape[:-2])):
+            return False  # (the scores' batch dims are not the query's)
+        new = td.attention(query, key, value, scale=scale, causal=causal, mask=mask)
     op.results[0].replace_all_uses_with(new)
     return True
 

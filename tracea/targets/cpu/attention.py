@@ -106,6 +106,9 @@ def attention_kernel_text(name: str, v: OpView, location: str, threads: int = 1)
     K, K_t = t.batched_view(t.to_buffer("%arg1", k), k, batch)
     V, V_t = t.batched_view(t.to_buffer("%arg2", val), val, batch)
     keys_n = t.c(skv) if skv is not None else t.op(f"memref.dim {K}, {t.c(1)} : {K_t}", "n")
+    mask = v.operands.get("mask")  # added to the scores: [batch or 1, sq or 1, skv]
+    if mask is not None:
+        M, M_t = t.to_buffer("%arg3", mask), memref_text(mask.shape, mask.dtype)
     O_full, _ = alloc(out.shape, out.dtype)
     O, O_t = t.batched_view(O_full, out, batch)
     zero = const("0.0 : f32", "z")
@@ -247,10 +250,13 @@ def attention_kernel_text(name: str, v: OpView, location: str, threads: int = 1)
     first_limit = t.min_(t.add(i0, t.c(1)), keys_n) if causal else keys_n
     needs_mask = t.cmp("sgt", t.add("%j0", width), first_limit)
     t.for_("%r", t.c(0), t.c(BR), t.c(1))
+    # the mask's row for this query (rows past the end repeat the last, as Qs does)
+    mask_row = t.min_(t.add(i0, "%r"), t.c(sq - 1)) if mask is not None and mask.shape[1] > 1 else None
 
     def max_of_row(masked: bool) -> None:
-        """Yield the lane-wise max of the row's scores; `masked`: keys at or past the limit (the
-        sequence's end, and for causal the keys after the query) become -inf in P first."""
+        """Yield the lane-wise max of the row's scores, the mask operand added to them in P;
+        `masked`: keys at or past the limit (the sequence's end, and for causal the keys after
+        the query) become -inf in P first."""
         if masked:
             limit = t.min_(t.add(t.add(i0, "%r"), t.c(1)), keys_n) if causal else keys_n
             limit = t.op(f"arith.index_cast {t.op(f'arith.subi {limit}, %j0 : index', 'i')} : index to i32", "i")
@@ -261,7 +267,14 @@ def attention_kernel_text(name: str, v: OpView, location: str, threads: int = 1)
             c32 = t.op("arith.index_cast %c : index to i32", "i")
             cols = t.op(f"arith.addi {t.op(f'vector.broadcast {c32} : i32 to {it}', 'i')}, {iota} : {it}", "i")
             keep = t.op(f"arith.cmpi slt, {cols}, {limit_v} : {it}", "p")
+        if mask is not None:  # (past the limit its row may end: those lanes are not read)
+            at = [t.c(0) if mask.shape[0] == 1 else "%b", t.c(0) if mask.shape[1] == 1 else mask_row, t.add("%j0", "%c")]
+            addend = t.op(f"vector.maskedload {M}[{', '.join(at)}], {keep}, {zv} : {M_t}, vector<{L}xi1>, {vt} into {vt}"
+                          if masked else f"vector.load {M}[{', '.join(at)}] : {M_t}, {vt}", "s")
+            sv = t.op(f"arith.addf {sv}, {addend} : {vt}", "s")
+        if masked:
             sv = t.op(f"arith.select {keep}, {sv}, {ninf_v} : vector<{L}xi1>, {vt}", "s")
+        if masked or mask is not None:
             t.line(f"vector.store {sv}, {P}[%r, %c] : {P_t}, {vt}")
         _yield(t, [t.op(f"arith.maxnumf {vmax}, {sv} {NNAN} : {vt}", "s")], vt)
         t.line(f"scf.yield {res}#0 : {vt}")
@@ -340,7 +353,7 @@ def attention_kernel_text(name: str, v: OpView, location: str, threads: int = 1)
     t.close()
     t.close()
     t.close_parallel()
-    params = ", ".join(f"%arg{i}: {spec}" for i, spec in enumerate((q, k, val)))
+    params = ", ".join(f"%arg{i}: {spec}" for i, spec in enumerate((q, k, val, mask) if mask else (q, k, val)))
     return t.function_text(name, params, O_full, out, location)
 
 

@@ -866,7 +866,7 @@ for _variant in (
     Variant("cpu.attention.flash", "cpu", ("attention",), (ON_CPU, SIMD, Rule(
         "head dims multiples of the SIMD lanes", _attention_fits)), 20,
         "flash attention: blocks of queries against blocks of keys, online softmax, S never stored",
-        frozenset({"simd"}), _attention_default, _attention_space, _attention_check, dynamic=True),
+        frozenset({"simd"}), _attention_default, _attention_space, _attention_check, dynamic=True, masks=True),
     Variant("cpu.softmax.online", "cpu", ("softmax",), (ON_CPU, SIMD, Rule(
         "along the last axis", lambda p, caps: None if p.last_axis is None else _softmax_fits(p, caps))), 20,
         "rows in parallel: three passes (one exp per element) for rows in cache, else a running max and sum",
@@ -874,7 +874,7 @@ for _variant in (
         lambda p, caps, threads: p.schedule or Schedule(lane_map=LaneMap("simd", (caps.cpu.f32_lanes,)))),
     Variant("cpu.reference", "cpu", OPS, (ON_CPU,), 0,
             "linalg loops (tracea-lower-to-linalg), split among the threads and vectorized: any shape and dtype",
-            dynamic=True),
+            dynamic=True, masks=True),
 ):
     register_variant(_variant)
 
