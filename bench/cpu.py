@@ -169,6 +169,31 @@ def cases(only: str | None):
                 lambda tq, tk, tv: __import__("torch").nn.functional.scaled_dot_product_attention(
                     tq, tk, tv, is_causal=causal), q, k, v)}))
 
+    # Decoding steps as Hugging Face's generate() makes them: over a static KV cache of 1,024
+    # positions, 700 filled (a mask operand, -inf past them; SDPA with the boolean mask), and over
+    # a growing cache (K and V of a length known at run time only, here 1,024)
+    for b, h, s, d, kind in [(1, 12, 1024, 64, "masked"), (1, 12, 1024, 64, "run-time length")]:
+        filled = np.arange(s) < 700
+
+        def build_step(b=b, h=h, s=s, d=d, kind=kind, filled=filled):
+            keys = None if kind == "run-time length" else s
+            args = [td.tensor((b, h, 1, d)), *[td.tensor((b, h, keys, d))] * 2]
+            inputs = [arr(b, h, 1, d), arr(b, h, s, d), arr(b, h, s, d)]
+            if kind == "masked":
+                args.append(td.tensor((1, 1, s)))
+                inputs.append(np.where(filled, 0.0, -np.inf).astype(np.float32)[None, None])
+            fn = td.function(*args, name="attention")(lambda q, k, v, *m: td.attention(q, k, v, mask=m[0] if m else None))
+            return fn, inputs
+
+        def torch_step(q, k, v, *mask, kind=kind, filled=filled):
+            import torch
+            keep = torch.from_numpy(filled)[None, None, None] if kind == "masked" else None
+            return _torch_call(lambda tq, tk, tv: torch.nn.functional.scaled_dot_product_attention(
+                tq, tk, tv, attn_mask=keep), q, k, v)
+
+        out.append(Case("attention", f"attention B{b} H{h} Sq1 S{s} D{d} {kind}", 4.0 * b * h * s * d, build_step,
+                        {"torch": torch_step}))
+
     # Memory-bound ops: GFLOP/s counts a nominal 5 operations per element; the ratios are what count.
     for rows, cols in [(4096, 1024), (512, 30522)]:
         def build_softmax(rows=rows, cols=cols):
