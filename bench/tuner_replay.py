@@ -18,6 +18,14 @@ W / N bounds what the search alone can do: its first point is chosen knowing not
 space, so it lands within 5 % no more often than random's first draw (W / N). With less than
 half the space within 5 %, its median is then at least 2 evaluations, and being 2x better than
 random is out of reach wherever random's median is below 4.
+
+A warm start from other machines (`search(hints=...)`, what `AutoTuner` passes from tuning-cache
+entries of the same problem on other devices) is measured leave-one-machine-out: replaying a
+table, the hints are the tables of the same problem recorded on other machines. A machine is
+the host the table was recorded on (its zen generation): AVX2 forced on the zen4 host is the
+same machine as zen4's AVX-512 table, so it never hints it. Columns: the search alone with
+hints, and the tuner from today's default with hints, each with random's median over its own.
+`--only COLUMN ...` runs a few columns (JSON out), to iterate quickly.
 """
 from __future__ import annotations
 
@@ -67,8 +75,24 @@ def _tag(table: dict) -> str:
     return f", {tag}" if tag else ""
 
 
+def _machine(table: dict) -> str:
+    """The recorded machine (the host the table was measured on), whatever ISA was forced on it."""
+    m = table["machine"]
+    return m.get("tag") or m.get("host") or m["cpu"]
+
+
+def other_machines(table: dict, tables: dict[str, dict]) -> list[list]:
+    """Hints for replaying `table`, leave-one-machine-out: the evaluations of the same problem
+    recorded on other machines. Strict: a table of the same host with another ISA forced (AVX2 on
+    an AVX-512 host) is the same machine and is left out, as `table` itself is."""
+    from tracea.tuner.search import Evaluation
+    return [[Evaluation(r["config"], r["seconds"], r["error"]) for r in other["configs"].values()]
+            for other in tables.values()
+            if other["problem"] == table["problem"] and _machine(other) != _machine(table)]
+
+
 def evaluations_to_reach(table: dict, strategy: str, seed: int, cap: int, within: float = 0.05,
-                         default: str | None = None) -> int | None:
+                         default: str | None = None, hints=()) -> int | None:
     from tracea.tuner.search import Evaluation, search
     from tracea.tuner.space import config_key
     configs = [row["config"] for row in table["configs"].values()]
@@ -81,7 +105,7 @@ def evaluations_to_reach(table: dict, strategy: str, seed: int, cap: int, within
 
     first = table["configs"][default]["config"] if default else None
     result = search(replay_space(configs), evaluate, budget=cap, seed=seed, strategy=strategy, first=first,
-                    stop_below=best * (1 + within))
+                    stop_below=best * (1 + within), hints=hints)
     return result.evaluations_to_reach(best * (1 + within))
 
 
@@ -136,14 +160,19 @@ def main() -> int:
     parser.add_argument("--seeds", type=int, default=20)
     parser.add_argument("--cap", type=int, default=150, help="evaluations before a run counts as not reaching it")
     parser.add_argument("--markdown", action="store_true")
+    parser.add_argument("--only", nargs="+", metavar="COLUMN", help="run only these columns (gp random tuner "
+                        "tuner_today gp_hints tuner_today_hints), to iterate quickly; output is JSON")
     args = parser.parse_args()
-    paths = args.tables or sorted(glob.glob(os.path.join(HERE, "tuning_spaces", "*.json")))
+    recorded = sorted(glob.glob(os.path.join(HERE, "tuning_spaces", "*.json")))
+    paths = args.tables or recorded
     if not paths:
         print("no recorded tables: run scripts/record_tuning_space.py first", file=sys.stderr)
         return 1
+    # hints for any replayed table come from every recorded one (of other machines)
+    tables = {os.path.abspath(p): json.load(open(p)) for p in sorted(set(recorded) | set(paths))}
     rows = []
     for path in paths:
-        table = json.load(open(path))
+        table = tables[os.path.abspath(path)]
         ran = [r["seconds"] for r in table["configs"].values() if r["seconds"] is not None]
         default = table["configs"].get(table.get("default") or "", {}).get("seconds")
         result = {"table": os.path.basename(path), "label": table["label"], "variant": table["variant"],
@@ -152,12 +181,18 @@ def main() -> int:
                   "random_expected": random_expectation(table), "band": within_band(table)}
         today = todays_default(table)
         result["today_default_ms"] = table["configs"][today]["seconds"] * 1e3 if today else None
-        for column, strategy, default in (("gp", "gp", None), ("random", "random", None),
-                                          ("tuner", "gp", table["default"]), ("tuner_today", "gp", today)):
-            if column == "tuner_today" and today is None:
+        hints = other_machines(table, tables)
+        result["hints_from"] = sorted({_machine(o) for o in tables.values()
+                                       if o["problem"] == table["problem"] and _machine(o) != _machine(table)})
+        result["hint_tables"] = len(hints)
+        for column, strategy, default, given in (
+                ("gp", "gp", None, ()), ("random", "random", None, ()), ("tuner", "gp", table["default"], ()),
+                ("tuner_today", "gp", today, ()), ("gp_hints", "gp", None, hints),
+                ("tuner_today_hints", "gp", today, hints)):
+            if (args.only and column not in args.only) or (column.startswith("tuner_today") and today is None):
                 result[column] = None
                 continue
-            counts = [evaluations_to_reach(table, strategy, seed, args.cap, default=default)
+            counts = [evaluations_to_reach(table, strategy, seed, args.cap, default=default, hints=given)
                       for seed in range(args.seeds)]
             reached = sorted(c if c is not None else args.cap + 1 for c in counts)
             result[column] = {"median": statistics.median(reached), "p90": reached[int(0.9 * (len(reached) - 1))],
@@ -165,11 +200,13 @@ def main() -> int:
             print(f"{result['table']}: {column} median {result[column]['median']} p90 {result[column]['p90']}",
                   file=sys.stderr, flush=True)
         rows.append(result)
-    if args.markdown:
+    if args.markdown and not args.only:
         print("| space (recorded table) | configurations (failed) | within 5 % of the best | default / best "
               "| GP median (p90) | random median (p90) | random expected | random / GP "
-              "| tuner, default first: median (p90) | today's default / best | tuner from today's default: median (p90) |")
-        print("| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |")
+              "| tuner, default first: median (p90) | today's default / best | tuner from today's default: median (p90) "
+              "| hints: tables (machines) | search with hints: median (p90) | random / search with hints "
+              "| tuner from today's default with hints: median (p90) | random / tuner with hints |")
+        print("|" + " --- |" * 16)
         for r in rows:
             ratio = r["random"]["median"] / r["gp"]["median"]
             default = f"{r['default_ms'] / r['best_ms']:.2f}x" if r["default_ms"] else "-"
@@ -178,7 +215,12 @@ def main() -> int:
                   f"{r['gp']['median']:g} ({r['gp']['p90']}) | {r['random']['median']:g} ({r['random']['p90']}) | "
                   f"{r['random_expected']:.1f} | {ratio:.1f}x | {r['tuner']['median']:g} ({r['tuner']['p90']}) | "
                   + (f"{r['today_default_ms'] / r['best_ms']:.2f}x | {r['tuner_today']['median']:g} "
-                     f"({r['tuner_today']['p90']}) |" if r["tuner_today"] else "not in the recorded space | - |"))
+                     f"({r['tuner_today']['p90']}) |" if r["tuner_today"] else "not in the recorded space | - |")
+                  + f" {r['hint_tables']} ({', '.join(r['hints_from'])}) | {r['gp_hints']['median']:g} "
+                    f"({r['gp_hints']['p90']}) | {r['random']['median'] / r['gp_hints']['median']:.1f}x | "
+                  + (f"{r['tuner_today_hints']['median']:g} ({r['tuner_today_hints']['p90']}) | "
+                     f"{r['random']['median'] / r['tuner_today_hints']['median']:.1f}x |" if r["tuner_today_hints"]
+                     else "- | - |"))
     else:
         print(json.dumps(rows, indent=1))
     return 0

@@ -303,6 +303,27 @@ def test_replay_of_a_recorded_space_meets_the_sample_efficiency_goal():
         assert (reached == 1) == near, (table["label"], reached)
 
 
+def test_hints_from_other_machines_are_tried_right_after_the_default():
+    """The same problem measured on other machines: the configurations they rank best follow the
+    default; hints that are damaged, failed or of another space change nothing."""
+    space, floor = _bowl_space(), {"tile_m": 64, "tile_n": 16, "tile_k": 2}
+    default = {"tile_m": 8, "tile_n": 8, "tile_k": 1}
+    other = [Evaluation(c, 2 * _bowl(c)) for c in space.configurations()]  # a slower machine, same ranking
+    evaluate, _ = _evaluate_with(_bowl)
+    hinted = search(space, evaluate, budget=10, seed=0, first=default, hints=[other], stop_below=1e-3 * 1.05)
+    assert hinted.evaluations[0].config == default and hinted.evaluations[1].config == floor
+    assert hinted.evaluations_to_reach(1e-3 * 1.05) == 2 and hinted.stopped == "target"
+    damaged = [[Evaluation("not a configuration", 1.0), Evaluation({"tile_q": 3}, 1e-9), Evaluation(floor, None),
+                Evaluation(floor, "fast"), Evaluation(floor, -1.0), Evaluation(floor, math.nan), None],
+               "not a machine", None, [{"config": floor, "seconds": 1e-9}]]
+    runs = []
+    for hints in ((), damaged):
+        evaluate, _ = _evaluate_with(_bowl)
+        runs.append([config_key(e.config) for e in search(space, evaluate, budget=8, seed=0, first=default,
+                                                           hints=hints).evaluations])
+    assert runs[0] == runs[1]
+
+
 def test_the_search_does_not_spend_evaluations_on_ties():
     """Expected improvement counts from the tolerance below the best: on the 128-row GEMM's AVX2
     table of Zen 4, where the blocks barely matter and the register tile does, the search had
@@ -489,6 +510,51 @@ def test_a_widened_space_reuses_what_was_measured(tuning_dir, monkeypatch):
     assert set(TuningCache().get(first.key).data["configs"]) >= measured
     third = AutoTuner("cpu", budget=3, threads=1, workers=0, progress=False).optimize(_gemm(48, 32, 32))
     assert third.from_cache
+
+
+class _FakeMeasurer:
+    """Times from a table instead of a kernel: nothing compiles or runs."""
+
+    def __init__(self, seconds):
+        self.seconds, self.evaluated = seconds, []
+
+    def evaluate(self, work):
+        self.evaluated += [config_key(c) for c, _ in work]
+        return [Evaluation(c, self.seconds(c)) for c, _ in work]
+
+    compare = evaluate
+
+    def close(self):
+        pass
+
+
+def test_autotuner_passes_other_machines_entries_as_hints(tuning_dir):
+    """An entry of the same problem measured on another machine (another key) is a hint: its
+    best configuration is the second this machine tries; a damaged entry of it is ignored."""
+    from tracea.tuner import AutoTuner
+    from tracea.tuner.cache import problem_key
+    from tracea.tuner.measure import TuningProblem
+    tp = TuningProblem.of(_gemm(64, 64, 64))
+    here, there = named("skylake-avx512"), named("sapphire-rapids-avx512")
+    tuner = AutoTuner(here, budget=6, threads=1, workers=0, progress=False, initial=6)
+    chosen = variant("cpu.gemm.packed")
+    from tracea.doctor.engine import plan
+    space = tuner._space(chosen, tp).include(plan(tp.problem, here, 1, tuned=False).schedule)  # as _tune's
+    target = space.configurations()[-1]
+    fake = _FakeMeasurer(lambda c: 1e-3 if c == target else 2e-3)
+    tuner.measurer = lambda tp, variant_id: fake
+    stored = {config_key(c): {"config": c, "seconds": 1e-4 if c == target else 5e-4}
+              for c in space.configurations()[:5] + [target]}
+    stored["damaged"] = {"config": "not a configuration", "seconds": "fast"}
+    stored["foreign"] = {"config": {"tile_q": 7}, "seconds": 1e-9}
+    TuningCache().update(entry_key(tp.facts, chosen.id, there, 1), lambda old: {
+        "configs": stored, "device": there.describe(), "problem": problem_key(tp.facts, chosen.id)})
+    result = tuner.tune(tp)
+    assert fake.evaluated[0] != config_key(target) and fake.evaluated[1] == config_key(target)  # after the default
+    assert result.seconds == 1e-3 and len(result.evaluations) == 6
+    # what this machine stored is a hint for the next machine of another kind
+    assert TuningCache().get(result.key).data["problem"] == problem_key(tp.facts, chosen.id)
+    assert [e.key for e in TuningCache().others(problem_key(tp.facts, chosen.id), there.describe())] == [result.key]
 
 
 def test_stale_entries_are_rechecked_not_thrown_away(tuning_dir):

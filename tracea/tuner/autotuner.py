@@ -173,7 +173,8 @@ class AutoTuner:
             first = configuration_of(space, complete, default)
             result = search(space, evaluate, budget=self.budget, seconds=self.seconds, initial=self.initial,
                             batch=max(1, self.workers), seed=self.seed, first=first, prior=prior,
-                            confirm=compare, tolerance=TOLERANCE, progress=self._printer(tp, started))
+                            confirm=compare, tolerance=TOLERANCE, progress=self._printer(tp, started),
+                            hints=self._hints(tp, chosen.id))
             best = result.best
             schedule, seconds, default_time = default, None, None
             if best is not None:
@@ -229,6 +230,14 @@ class AutoTuner:
                                             key=lambda c: c["seconds"])[:RECHECK]]
         return evaluate(best) if best else []
 
+    def _hints(self, tp: TuningProblem, variant_id: str) -> list[list[Evaluation]]:
+        """What other machines measured for this problem, per machine: the search tries the
+        configurations they rank best right after the default (bench/tuner_replay.py measures
+        it, leaving the replayed machine out)."""
+        problem = tuning_cache.problem_key(tp.facts, variant_id)
+        return [[Evaluation(c["config"], c.get("seconds"), c.get("error")) for c in other.data["configs"].values()]
+                for other in self.cache.others(problem, self.caps.describe())]
+
     def _printer(self, tp: TuningProblem, started: float):
         if not self.progress:
             return None
@@ -251,6 +260,7 @@ class AutoTuner:
                 configs[config_key(e.config)] = {"config": e.config, "seconds": e.seconds, "error": e.error,
                                                  "samples": len(e.samples)}
             data.update(configs=configs, label=tp.label, variant=variant_id, threads=self.threads,
+                        problem=tuning_cache.problem_key(tp.facts, variant_id),
                         device=self.caps.describe(), environment=env, space=space.describe(),
                         schedule=schedule.as_dict() if schedule is not None else None,
                         default_seconds=default_time, tuned=tuning_cache.now())

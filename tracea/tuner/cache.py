@@ -4,7 +4,9 @@ An entry is one op on one machine: its key hashes the op (name, operand and resu
 attributes: shapes, dtypes, layouts), the variant, the backend and the device's capabilities
 (ISA, lanes, registers, caches, cores; a GPU's architecture), and the thread count. It stores
 every configuration's measured time (or why it failed), so a wider space re-uses what was
-measured, and the best configuration's schedule, which `lookup` returns.
+measured, and the best configuration's schedule, which `lookup` returns. It also stores its
+`problem` (the op and variant without the machine): entries of the same problem from other
+machines (a campaign's, or a copied cache) are hints where a search starts (`others`).
 
 The environment (Tracea's, MLIR's and LLVM's versions, a GPU driver) is stored beside, not in
 the key: an entry measured under another environment is stale. A stale entry is not used for
@@ -73,6 +75,11 @@ def entry_key(facts: tuple, variant_id: str, caps, threads: int | None) -> str:
     threads = threads or (caps.cpu.cores if caps.cpu else 1)
     text = repr((facts, variant_id, caps.backend, repr(device), threads))
     return hashlib.sha256(text.encode()).hexdigest()[:32]
+
+
+def problem_key(facts: tuple, variant_id: str) -> str:
+    """The op and variant alone: the same problem on any machine."""
+    return hashlib.sha256(repr((facts, variant_id)).encode()).hexdigest()[:32]
 
 
 @dataclass
@@ -153,6 +160,12 @@ class TuningCache:
     def get(self, key: str) -> Entry | None:
         data = self.entries().get(key)
         return Entry(key, data) if data is not None else None
+
+    def others(self, problem: str, device: str) -> list[Entry]:
+        """Entries of `problem` measured on other devices than `device` (caps.describe()), stale
+        or not: their ranking of configurations is a hint, not a result."""
+        return [Entry(k, d) for k, d in sorted(self.entries().items())
+                if d.get("problem") == problem and d.get("device") != device]
 
     def lookup(self, key: str, env: dict) -> dict | None:
         """The tuned schedule (Schedule.as_dict form) of a fresh entry, or None."""
