@@ -216,16 +216,18 @@ class IndexMaskedAttention(nn.Module):
 
 
 @pytest.mark.parametrize("kind,raised", [("all", "plain"), ("causal", "causal"), ("causal-additive", "causal"),
-                                         ("window", None), ("bottom-right", None), ("from-input", None)])
+                                         ("window", "masked"), ("bottom-right", "masked"), ("from-input", "masked")])
 def test_masks_from_index_arithmetic_are_settled_at_import(kind, raised):
     """A mask that reads no input is evaluated at import: masking nothing it is dropped, torch's
-    causal triangle becomes is_causal (both then take the flash kernel); any other mask stays."""
+    causal triangle becomes is_causal (both then take the flash kernel without a mask); any other
+    mask (a sliding window, a bottom-right triangle, one of the inputs) is the mask operand."""
     torch.manual_seed(0)
     queries = 16 if kind == "bottom-right" else 24
     q, k, v = torch.randn(2, 3, queries, 32), torch.randn(2, 3, 24, 32), torch.randn(2, 3, 24, 16)
     model = IndexMaskedAttention(kind)
     text = _raised_ops(model, q, k, v)
-    assert text.count('"tracea.attention"') == (raised is not None)
+    attention = [line for line in text.splitlines() if '"tracea.attention"' in line]
+    assert len(attention) == 1 and attention[0].count("tensor<") == 4 + (raised == "masked"), attention
     assert ("causal = true" in text) == (raised == "causal")
     compiled = tracea.compile(model, (q, k, v))
     torch.testing.assert_close(compiled(q, k, v), model(q, k, v), rtol=1e-4, atol=1e-5)

@@ -3,10 +3,10 @@
 Hugging Face models (transformers 5) build the mask they pass to scaled_dot_product_attention
 from index arithmetic in the graph (arange, comparisons, cumsum): all true for an encoder called
 without a padding mask (BERT, ViT), lower-triangular for a decoder (GPT-2, Llama). torch-mlir
-lowers SDPA with any mask to a stored score matrix plus a bias, which Tracea cannot raise to its
-flash-attention kernel. Evaluated once here, an all-true (or all-zero additive) mask is dropped
-and a causal one becomes `is_causal=True`, which the raise recognizes; any other mask is left as
-it is."""
+lowers SDPA with any mask to the scores plus a bias, which the raise would make the flash
+kernel's mask operand (a tensor read per score). Evaluated once here, an all-true (or all-zero
+additive) mask is dropped and a causal one becomes `is_causal=True`, neither then read; any
+other mask is left as it is (and becomes the mask operand)."""
 from __future__ import annotations
 
 import functools

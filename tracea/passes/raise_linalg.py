@@ -718,8 +718,8 @@ def _softmax_over_keys(p: ir.Value) -> ir.Operation | None:
 
 @dataclass
 class _Bias:
-    """A bias added to the scores that depends on the model's inputs (a padding mask, a static KV
-    cache's unfilled positions): `value` read through `amap` over the scores' loops."""
+    """A bias added to the scores (a padding mask, a static KV cache's unfilled positions, a
+    sliding window): `value` read through `amap` over the scores' loops."""
     value: ir.Value
     amap: ir.AffineMap
     scores_shape: list[int]
@@ -741,18 +741,20 @@ class _Bias:
         def copied(x, _):
             return x
 
-        groups = [list(range(rank - 2)), [rank - 2], [rank - 1]] if rank > 2 else None
         flat = [math.prod(shape[:-2])] + shape[-2:]
-        if groups is None:  # no batch dims: one of size 1
+        if rank == 3:
+            return copied
+        if rank == 2:  # no batch dims: one of size 1
             return tensor.expand_shape(ir.RankedTensorType.get(flat, f32), copied, [[0, 1], [2]], [], flat)
-        return tensor.collapse_shape(ir.RankedTensorType.get(flat, f32), copied, groups)
+        return tensor.collapse_shape(ir.RankedTensorType.get(flat, f32), copied,
+                                     [list(range(rank - 2)), [rank - 2], [rank - 1]])
 
 
 def _masked_scores(op: ir.Operation | None) -> tuple[ir.Operation, bool, _Bias | None] | None:
-    """(the Q K^T gemm, causal, a bias of the model's inputs) when `op` adds a bias to its result:
-    a constant that masks nothing (all 0) or is torch's causal mask (0 where key j <= query i, else
-    -inf), or any f32 tensor the model computes (the mask operand): how torch-mlir lowers SDPA with
-    is_causal, or with an additive or boolean mask."""
+    """(the Q K^T gemm, causal, the mask operand's bias) when `op` adds a bias to its result: a
+    constant that masks nothing (all 0) or is torch's causal mask (0 where key j <= query i, else
+    -inf), else any f32 bias (the mask operand: a mask of the inputs, a sliding window): how
+    torch-mlir lowers SDPA with is_causal, or with an additive or boolean mask."""
     if op is None or op.name != "linalg.generic" or len(_ins(op)) != 2 or not _all_parallel(op):
         return None
     add = _producer(_yielded(op)[0])
@@ -766,20 +768,22 @@ def _masked_scores(op: ir.Operation | None) -> tuple[ir.Operation, bool, _Bias |
         if not _scores_gemm(gemm) or str(_maps(op)[gemm_side]) != _identity(rank):
             continue
         bias = _constant_tensor(_ins(op)[bias_side])
-        if bias is None:
-            value = _ins(op)[bias_side]
-            if str(ir.ShapedType(value.type).element_type) != "f32":
-                return None
-            return gemm, False, _Bias(value, bias_map, list(op.results[0].type.shape))
-        if any(isinstance(e, ir.AffineDimExpr) and e.position < rank - 2 for e in bias_map.results):
-            return None  # a constant that differs between heads: not a mask
-        queries, keys = op.results[0].type.shape[-2:]
-        # the bias depends on the last two dims only: read it on one (query, key) plane
-        bias = _gathered(bias, bias_map, np.indices((1,) * (rank - 2) + (queries, keys))).reshape(queries, keys)
-        if np.all(bias == 0):
-            return gemm, False, None
-        keep = np.tri(queries, keys, dtype=bool)
-        return (gemm, True, None) if np.all(bias[keep] == 0) and np.all(bias[~keep] == -np.inf) else None
+        if bias is not None and not any(isinstance(e, ir.AffineDimExpr) and e.position < rank - 2
+                                        for e in bias_map.results):
+            queries, keys = op.results[0].type.shape[-2:]
+            # the bias depends on the last two dims only: read it on one (query, key) plane
+            plane = _gathered(bias, bias_map, np.indices((1,) * (rank - 2) + (queries, keys))).reshape(queries, keys)
+            if np.all(plane == 0):
+                return gemm, False, None
+            keep = np.tri(queries, keys, dtype=bool)
+            if np.all(plane[keep] == 0) and np.all(plane[~keep] == -np.inf):
+                return gemm, True, None
+        # any other bias (of the inputs, or a constant window or per-head bias): the mask operand
+        value = _ins(op)[bias_side]
+        if str(ir.ShapedType(value.type).element_type) != "f32" or not all(
+                isinstance(e, (ir.AffineDimExpr, ir.AffineConstantExpr)) for e in bias_map.results):
+            return None  # (read through index arithmetic: not a broadcast mask)
+        return gemm, False, _Bias(value, bias_map, list(op.results[0].type.shape))
     return None
 
 
