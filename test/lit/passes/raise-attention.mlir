@@ -69,11 +69,13 @@ func.func @causal(%q: tensor<2x4x8xf32>, %k: tensor<2x4x8xf32>, %v: tensor<2x4x8
   return %o : tensor<2x4x8xf32>
 }
 // -----
-// A bias that keeps one key past the diagonal is not torch's causal mask: nothing is raised to
-// attention (the softmax and both gemms stay).
+// A bias that keeps one key past the diagonal is not torch's causal mask: attention with the bias
+// as its mask operand (one plane, [1, Sq, Skv]), not causal; the softmax and both gemms gone.
 // CHECK-LABEL: func.func @shifted
-// CHECK-NOT: tracea.attention
-// CHECK: "tracea.softmax"
+// CHECK-NOT: causal
+// CHECK: "tracea.attention"(%arg0, %arg1, %arg2, %{{.*}}) {scale = 1.000000e+00 : f64} : ({{.*}}, tensor<1x4x4xf32>) -> tensor<2x4x8xf32>
+// CHECK-NOT: tracea.softmax
+// CHECK-NOT: tracea.gemm
 #id = affine_map<(d0, d1, d2) -> (d0, d1, d2)>
 #plane = affine_map<(d0, d1, d2) -> (d1, d2)>
 #row = affine_map<(d0, d1, d2) -> (d0, d1)>
