@@ -626,27 +626,31 @@ def test_a_copy_of_symbolic_size_is_a_loop_of_the_kernel():
     assert compiled.compiles == 2 and "memrefCopy" not in compiled.general.kernel.stages["llvm"]
 
 
-@pytest.mark.parametrize("heads, kv_heads", [(4, 4), (4, 2)], ids=["heads", "grouped-heads"])
-def test_sdpa_over_a_kv_cache_of_symbolic_length_runs_the_attention_kernel(heads, kv_heads):
+@pytest.mark.parametrize("heads, kv_heads, queries", [(4, 4, 1), (4, 2, 1), (6, 2, 2)],
+                         ids=["heads", "grouped-heads", "grouped-heads-two-queries"])
+def test_sdpa_over_a_kv_cache_of_symbolic_length_runs_the_attention_kernel(heads, kv_heads, queries):
     """A decoding step's SDPA over a cache whose length is symbolic (the growing cache of HF's
     generate under torch.compile) is tracea.attention, not generic loops (1 query over 1,024 keys:
-    2,872 us where torch's SDPA takes 128); grouped heads (Llama) too. Scores up to ~16, the last
-    key weighing most (not all: a scale dropped must show), at lengths across the key blocks."""
+    2,872 us where torch's SDPA takes 128); grouped heads (Llama) too, a key head's query heads
+    stacked as its rows (K and V not repeated). Scores up to ~16, the last key weighing most (not
+    all: a scale dropped must show), at lengths across the key blocks."""
     class Step(nn.Module):
         def forward(self, q, k, v):
             return F.scaled_dot_product_attention(q, k, v, scale=0.5, enable_gqa=heads != kv_heads)
 
     def inputs(length):
         g = torch.Generator().manual_seed(length)
-        q, k, v = torch.randn(2, heads, 1, 32, generator=g), *torch.randn(2, 2, kv_heads, length, 32, generator=g)
+        q, k, v = torch.randn(2, heads, queries, 32, generator=g), *torch.randn(2, 2, kv_heads, length, 32, generator=g)
         k[:, :, -1] = q[:, ::heads // kv_heads, 0]  # scores up to ~16: the last key weighs most
         return q, k, v
 
     compiled = tracea.compile(Step(), inputs(300), dynamic_dims={1: 2, 2: 2})
     for length in (300, 5, 257, 1031):
         torch.testing.assert_close(compiled(*inputs(length)), Step()(*inputs(length)), rtol=2e-5, atol=2e-5)
-    assert compiled.compiles == 2 and "attention" in compiled.general.explain() \
-        and "generic loop" not in compiled.general.explain(), compiled.general.explain()
+    plan = compiled.general.explain()
+    assert compiled.compiles == 2 and "generic loop" not in plan, plan
+    # grouped: one attention over the key heads, their query heads as rows
+    assert f"attention {2 * kv_heads}x{heads // kv_heads * queries}x32, {2 * kv_heads}x?x32" in plan, plan
 
 
 def test_sdpa_of_symbolic_length_that_the_kernel_cannot_take_stays_right():

@@ -431,18 +431,24 @@ def _sdpa_kept_when_dynamic(decompose, query, key, value, attn_mask=None, dropou
     is left whole for torch-mlir, whose own lowering of it (no mask, dropout, causal mask or
     grouped heads) raise_linalg finds and makes tracea.attention; torch's decomposition, written
     for static shapes, lowers a symbolic length to broadcasts by tensor.extract and row checks
-    no pattern takes. Grouped heads are repeated first (as the decomposition does)."""
+    no pattern takes. Grouped heads (queries of H heads, keys and values of H / g) become g query
+    rows per key head: every query row attends alone here (no mask, not causal), so K and V are
+    read as they are, once per key head, not repeated g times."""
     import torch
     plain = attn_mask is None and dropout_p == 0.0 and not is_causal
     # only the key length may be symbolic: tracea.attention's one dynamic size
     others = [*query.shape, *key.shape[:-2], key.shape[-1], *value.shape[:-2], value.shape[-1]]
     if not plain or isinstance(key.shape[-2], int) or not all(isinstance(d, int) for d in others):
         return decompose(query, key, value, attn_mask, dropout_p, is_causal, scale=scale, enable_gqa=enable_gqa)
-    if enable_gqa and query.shape[-3] != key.shape[-3]:
-        group = query.shape[-3] // key.shape[-3]
-        key, value = (x.repeat_interleave(group, dim=-3) for x in (key, value))
-    return NotImplemented if not enable_gqa else torch.ops.aten.scaled_dot_product_attention.default(
-        query, key, value, scale=scale)
+    if not enable_gqa:
+        return NotImplemented
+    sdpa = torch.ops.aten.scaled_dot_product_attention.default
+    *batch, heads, queries, _ = query.shape
+    if heads == key.shape[-3]:
+        return sdpa(query, key, value, scale=scale)
+    # head h reads key head h // g (torch's enable_gqa): the g heads of a key head, stacked as rows
+    stacked = query.reshape(*batch, key.shape[-3], heads // key.shape[-3] * queries, query.shape[-1])
+    return sdpa(stacked, key, value, scale=scale).reshape(*batch, heads, queries, value.shape[-1])
 
 
 # Scans torch-mlir lowers to tm_tensor.scan (no linalg): a model with one was cut in two around it
