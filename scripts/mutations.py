@@ -184,6 +184,9 @@ MUTATIONS = {
     "mask-row-of-the-first-query": (  # a per-query attention mask read at the first query's row for every query
         "tracea/targets/cpu/attention.py", "t.c(0) if mask.shape[1] == 1 else mask_row", "t.c(0)",
         ["test/test_cpu_kernels.py", "-k", "adds_its_mask"]),
+    "grouped-mask-rows-interleaved": (  # a per-query mask's rows, stacked for grouped heads, in the wrong order
+        "tracea/frontend/torch_import.py", "mask.repeat(*[1] * (mask.dim() - 2), g, 1)",
+        "mask.repeat_interleave(g, dim=-2)", ["test/test_torch.py", "-k", "grouped_query"]),
     "gnu-openmp-spin-short": (
         "tracea/runtime/blas_threads.py", 'GOMP_SPINCOUNT = "40000"', 'GOMP_SPINCOUNT = "3000"',
         ["test/test_blas_threads.py", "-k", "awake"]),

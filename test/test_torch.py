@@ -676,7 +676,7 @@ def test_sdpa_of_symbolic_length_that_the_kernel_cannot_take_stays_right():
         torch.testing.assert_close(causal(*inputs(length, length)), Causal()(*inputs(length, length)))
 
 
-@pytest.mark.parametrize("kind", ["bool-shared", "float-per-batch", "bool-per-query"])
+@pytest.mark.parametrize("kind", ["bool-shared", "float-per-batch", "bool-per-query", "float-whole"])
 def test_sdpa_with_a_mask_of_the_inputs_is_attention_with_a_mask_operand(kind):
     """SDPA whose mask the model is given (a padding mask, a static KV cache's filled positions)
     is tracea.attention with the mask operand, not generic loops: a boolean mask shared by every
@@ -688,7 +688,8 @@ def test_sdpa_with_a_mask_of_the_inputs_is_attention_with_a_mask_operand(kind):
 
     g = torch.Generator().manual_seed(0)
     q, k, v = torch.randn(2, 2, 5, 32, generator=g), *torch.randn(2, 2, 2, 40, 32, generator=g)
-    shape = {"bool-shared": (1, 1, 1, 40), "float-per-batch": (2, 1, 1, 40), "bool-per-query": (2, 1, 5, 40)}[kind]
+    shape = {"bool-shared": (1, 1, 1, 40), "float-per-batch": (2, 1, 1, 40), "bool-per-query": (2, 1, 5, 40),
+             "float-whole": (2, 2, 5, 40)}[kind]  # (whole: the gemm raise takes it for a residual add)
     keep = torch.rand(shape, generator=g) > 0.3
     keep[..., 0] = True
     if kind == "bool-per-query":
@@ -698,6 +699,29 @@ def test_sdpa_with_a_mask_of_the_inputs_is_attention_with_a_mask_operand(kind):
     torch.testing.assert_close(compiled(q, k, v, mask), Masked()(q, k, v, mask), rtol=2e-5, atol=2e-5)
     plan = compiled.explain()  # (the mask made f32: one loop nest)
     assert "on cpu.attention.flash" in plan and "softmax" not in plan and "gemm" not in plan, plan
+
+
+@pytest.mark.parametrize("queries", [1, 3])
+@pytest.mark.parametrize("mask_shape", [None, (1, 1, 1, 40), (2, 1, "q", 40), (2, 6, "q", 40), (2, 6, 1, 40)],
+                         ids=["none", "shared", "per-query", "per-head-and-query", "per-head"])
+def test_grouped_query_sdpa_reads_each_key_head_once(queries, mask_shape):
+    """SDPA with grouped heads (6 query heads over 2 key heads, enable_gqa) without a causal mask:
+    one attention over the key heads, each key head's 3 query heads stacked as its rows (K and V
+    not repeated per query head), the mask's rows stacked alike, whatever it varies along."""
+    class Grouped(nn.Module):
+        def forward(self, q, k, v, *mask):
+            return F.scaled_dot_product_attention(q, k, v, attn_mask=mask[0] if mask else None, enable_gqa=True)
+
+    g = torch.Generator().manual_seed(queries)
+    q, k, v = torch.randn(2, 6, queries, 32, generator=g), *torch.randn(2, 2, 2, 40, 32, generator=g)
+    mask = () if mask_shape is None else \
+        (torch.rand([queries if d == "q" else d for d in mask_shape], generator=g) > 0.3,)
+    if mask:
+        mask[0][..., 0] = True
+    compiled = tracea.compile(Grouped(), (q, k, v, *mask))
+    torch.testing.assert_close(compiled(q, k, v, *mask), Grouped()(q, k, v, *mask), rtol=2e-5, atol=2e-5)
+    plan = compiled.explain()
+    assert f"attention 4x{3 * queries}x32, 4x40x32, 4x40x32" in plan, plan
 
 
 def test_hugging_face_bert_with_a_padding_mask_runs_the_attention_kernel():

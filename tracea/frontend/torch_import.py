@@ -427,28 +427,53 @@ def decomposition_table() -> dict:
 
 def _sdpa_kept_when_dynamic(decompose, query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False,
                             scale=None, enable_gqa=False):
-    """SDPA over a key length known at run time only (a decoding step over a KV cache that grows)
-    is left whole for torch-mlir, whose own lowering of it (no mask, dropout, causal mask or
-    grouped heads) raise_linalg finds and makes tracea.attention; torch's decomposition, written
-    for static shapes, lowers a symbolic length to broadcasts by tensor.extract and row checks
-    no pattern takes. Grouped heads (queries of H heads, keys and values of H / g) become g query
-    rows per key head: every query row attends alone here (no mask, not causal), so K and V are
-    read as they are, once per key head, not repeated g times."""
+    """SDPA for the attention kernel. Over a key length known at run time only (a decoding step
+    over a KV cache that grows) it is left whole for torch-mlir, whose own lowering of it (no mask,
+    dropout, causal mask or grouped heads) raise_linalg finds and makes tracea.attention; torch's
+    decomposition, written for static shapes, lowers a symbolic length to broadcasts by
+    tensor.extract and row checks no pattern takes. Grouped heads (queries of H heads, keys and
+    values of H / g) without a causal mask become g query rows per key head, their mask rows
+    stacked alike: every query row attends alone, so K and V are read once per key head, not
+    repeated g times (torch's decomposition copies them)."""
     import torch
-    plain = attn_mask is None and dropout_p == 0.0 and not is_causal
+    sdpa = torch.ops.aten.scaled_dot_product_attention.default
+    if enable_gqa and query.dim() >= 3 and dropout_p == 0.0 and not is_causal:
+        heads, groups = query.shape[-3], key.shape[-3]
+        rows = _grouped_rows(query, attn_mask, groups) if isinstance(heads, int) and isinstance(groups, int) else None
+        if heads == groups:
+            return sdpa(query, key, value, attn_mask, scale=scale)
+        if rows is not None:
+            stacked, mask = rows
+            return sdpa(stacked, key, value, mask, scale=scale).reshape(*query.shape[:-1], value.shape[-1])
+    plain = attn_mask is None and dropout_p == 0.0 and not is_causal and not enable_gqa
     # only the key length may be symbolic: tracea.attention's one dynamic size
     others = [*query.shape, *key.shape[:-2], key.shape[-1], *value.shape[:-2], value.shape[-1]]
-    if not plain or isinstance(key.shape[-2], int) or not all(isinstance(d, int) for d in others):
-        return decompose(query, key, value, attn_mask, dropout_p, is_causal, scale=scale, enable_gqa=enable_gqa)
-    if not enable_gqa:
+    if plain and not isinstance(key.shape[-2], int) and all(isinstance(d, int) for d in others):
         return NotImplemented
-    sdpa = torch.ops.aten.scaled_dot_product_attention.default
-    *batch, heads, queries, _ = query.shape
-    if heads == key.shape[-3]:
-        return sdpa(query, key, value, scale=scale)
-    # head h reads key head h // g (torch's enable_gqa): the g heads of a key head, stacked as rows
-    stacked = query.reshape(*batch, key.shape[-3], heads // key.shape[-3] * queries, query.shape[-1])
-    return sdpa(stacked, key, value, scale=scale).reshape(*batch, heads, queries, value.shape[-1])
+    return decompose(query, key, value, attn_mask, dropout_p, is_causal, scale=scale, enable_gqa=enable_gqa)
+
+
+def _grouped_rows(query, mask, groups: int):
+    """(query, mask) of grouped-query attention with each key head's g query heads stacked as its
+    rows ([..., H, Sq, D] -> [..., H / g, g Sq, D]; head h reads key head h // g, as torch's
+    enable_gqa), the mask's rows alike; None where the shapes do not allow it."""
+    *batch, heads, queries, depth = query.shape
+    if heads % groups or not all(isinstance(d, int) for d in (*batch, queries)):
+        return None
+    g = heads // groups
+    stacked = query.reshape(*batch, groups, g * queries, depth)
+    if mask is None:
+        return stacked, None
+    mask = mask.reshape((1,) * (query.dim() - mask.dim()) + tuple(mask.shape))
+    mask_heads, mask_rows = mask.shape[-3], mask.shape[-2]
+    if mask_heads == 1 and mask_rows == 1:  # the same for every query row: broadcast as it is
+        return stacked, mask
+    mask = mask.expand(*mask.shape[:-2], queries, mask.shape[-1])
+    if mask_heads == heads:  # per head: the heads' rows stacked as the queries are
+        return stacked, mask.reshape(*mask.shape[:-3], groups, g * queries, mask.shape[-1])
+    if mask_heads == 1:  # per query: every head of a group takes the same rows
+        return stacked, mask.repeat(*[1] * (mask.dim() - 2), g, 1)
+    return None
 
 
 # Scans torch-mlir lowers to tm_tensor.scan (no linalg): a model with one was cut in two around it

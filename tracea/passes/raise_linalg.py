@@ -27,7 +27,7 @@ import numpy as np
 from mlir.dialects import linalg, tensor
 
 from ..dialects import builder as td
-from ..dialects.ops import Epilogue
+from ..dialects.ops import Epilogue, view
 from ..errors import OpError
 from .registry import TraceaPass, register
 
@@ -787,6 +787,21 @@ def _masked_scores(op: ir.Operation | None) -> tuple[ir.Operation, bool, _Bias |
     return None
 
 
+def _residual_scores(op: ir.Operation | None) -> tuple[ir.Operation, bool, _Bias] | None:
+    """(the Q K^T fused_gemm, not causal, its residual as the bias) when `op` is a gemm whose one
+    epilogue step adds a residual: scores plus a mask of their whole shape (one per batch entry,
+    head and query), which the gemm raise took for a residual add."""
+    if op is None or op.name != "tracea.fused_gemm" or _flag(op, "transpose_a"):
+        return None
+    v = view(op)
+    residual = list(op.operands)[-1]
+    if [e.kind for e in v.attrs["epilogue"]] != ["residual_add"] or "bias" in v.operands \
+            or str(ir.ShapedType(residual.type).element_type) != "f32":
+        return None
+    shape = list(op.results[0].type.shape)
+    return op, False, _Bias(residual, ir.AffineMap.get_identity(len(shape)), shape)
+
+
 def _raise_attention(op: ir.Operation) -> bool:
     """op: tracea.gemm(P, V) where P = softmax(Q K^T [* scale] [+ causal or zero mask])."""
     if not _plain_gemm(op, transpose_b=False):
@@ -797,7 +812,7 @@ def _raise_attention(op: ir.Operation) -> bool:
     scores = _producer(_through_reshapes(softmax.operands[0]))
     causal, bias = False, None
     if not _scores_gemm(scores):
-        masked = _masked_scores(scores)
+        masked = _masked_scores(scores) or _residual_scores(scores)
         if masked is None:
             return False
         scores, causal, bias = masked
