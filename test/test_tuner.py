@@ -587,6 +587,20 @@ def test_compile_tune_true_searches_on_a_miss(tuning_dir, monkeypatch, capfd):
     assert "tune gemm" not in capfd.readouterr().err
 
 
+def test_an_op_of_run_time_sizes_is_not_timed(tuning_dir):
+    """Attention over K and V of a run-time length has no sizes to time it at: tune=True compiles it
+    with its default schedule and stores nothing; asked for directly, the tuner says why."""
+    from tracea import dialects as td
+    from tracea.errors import TraceaError
+    from tracea.tuner import AutoTuner
+    fn = td.function(td.tensor((2, 1, 16)), td.tensor((2, None, 16)), td.tensor((2, None, 16)))(td.attention)
+    q, k = np.ones((2, 1, 16), np.float32), np.ones((2, 5, 16), np.float32)
+    np.testing.assert_allclose(tracea.compile(fn, threads=1, tune=True)(q, k, k), np.ones((2, 1, 16)), rtol=1e-6)
+    assert not TuningCache().entries()
+    with pytest.raises(TraceaError, match=r"attention 2x1x16 2x\?x16 2x\?x16 f32 has sizes known at run time only"):
+        AutoTuner(budget=2).optimize(fn)
+
+
 def test_an_op_that_cannot_be_tuned_keeps_its_default_and_the_compile_goes_on(tuning_dir):
     from tracea.errors import TraceaError
     from tracea.tuner import AutoTuner

@@ -38,6 +38,11 @@ class TensorSpec:
     def __str__(self) -> str:
         return "tensor<" + "".join(f"{'?' if d is None else d}x" for d in self.shape) + self.dtype + ">"
 
+    @property
+    def dims(self) -> str:
+        """"2x3x?x64": the sizes, `?` for a dynamic one."""
+        return "x".join("?" if d is None else str(d) for d in self.shape)
+
     def to_type(self) -> ir.Type:
         return ir.Type.parse(str(self))
 
@@ -465,7 +470,7 @@ class OpView:
 def describe(v: OpView) -> str:
     """One line for a plan: the op, its operand and result shapes, its attributes that differ
     from their defaults (the schedule left out)."""
-    shape = lambda spec: "x".join("?" if d is None else str(d) for d in spec.shape) or "scalar"  # noqa: E731
+    shape = lambda spec: spec.dims or "scalar"  # noqa: E731
     notes = []
     for key, value in v.attrs.items():
         spec = v.opdef.attrs.get(key)

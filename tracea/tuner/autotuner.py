@@ -143,6 +143,9 @@ class AutoTuner:
         return result
 
     def _tune(self, tp: TuningProblem, retune: bool) -> TunedSchedule:
+        if tp.problem.dynamic:
+            raise TraceaError(f"{tp.label} has sizes known at run time only, which a timing needs; tune it "
+                              "at a representative size (the tuned schedule is the op's, whatever its sizes)")
         decision = plan(tp.problem, self.caps, self.threads, tuned=False)
         chosen = variant_by_id(decision.variant_id)
         key = tuning_cache.entry_key(tp.facts, chosen.id, self.caps, self.threads)
@@ -307,6 +310,8 @@ def tune_program(program, tuner: AutoTuner | None = None, *, retune: bool | None
     tuner = tuner or AutoTuner()
     results = []
     for tp in kernel_problems(program):
+        if tp.problem.dynamic:
+            continue  # (no sizes to time it at: the default schedule, as for a symbolic kernel's other ops)
         try:
             decision = plan(tp.problem, tuner.caps, tuner.threads, tuned=False)
             if variant_by_id(decision.variant_id).search_space is None:

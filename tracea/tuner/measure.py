@@ -93,7 +93,7 @@ class TuningProblem:
 
 def _label(v) -> str:
     kind = v.op.name.removeprefix("tracea.")
-    shapes = " ".join("x".join(map(str, spec.shape)) for spec in v.operands.values() if spec is not None)
+    shapes = " ".join(spec.dims for spec in v.operands.values() if spec is not None)
     return f"{kind} {shapes} {v.result.dtype}"
 
 
