@@ -127,3 +127,16 @@ def test_a_pass_failing_without_a_diagnostic_is_named(monkeypatch):
     assert [str(d) for d in result.diagnostics] == [
         "error: pass 'tracea-widen-i1' failed in stage 'second' without saying why: a bug in Tracea; please report "
         "it with the input"]
+
+
+@pytest.mark.parametrize("chip", ["sm_80", "gfx942", "vulkan-lavapipe"])
+def test_gpu_kernels_refuse_run_time_lengths_and_masks_by_name(chip):
+    """Attention's run-time key length and its mask operand are the CPU kernel's: a GPU compile
+    names them (not a TypeError from inside its planning)."""
+    dynamic = td.function(td.tensor((2, 1, 64), "f16"), *[td.tensor((2, None, 64), "f16")] * 2)(td.attention)
+    with pytest.raises(CompileError, match=r"operand 'key' \(tensor<2x\?x64xf16>\) has a size known at run time only"):
+        tracea.compile_gpu(dynamic, chip=chip)
+    masked = td.function(*[td.tensor((2, 16, 64), "f16")] * 3, td.tensor((1, 1, 16)))(
+        lambda q, k, v, m: td.attention(q, k, v, mask=m))
+    with pytest.raises(CompileError, match="takes no attention mask"):
+        tracea.compile_gpu(masked, chip=chip)

@@ -19,9 +19,12 @@ from ..passes.select_variant import select
 
 
 def fits_in_memory(v: OpView, caps: Capabilities) -> None:
-    """Operands a GPU cannot hold are an input error (their tile loops would also be absurdly
-    long to plan)."""
+    """Operands a GPU cannot hold, or of sizes known at run time only, are an input error (their
+    tile loops would also be absurdly long, or impossible, to plan)."""
     for name, spec in [*v.operands.items(), ("result", v.result)]:
+        if None in spec.shape:
+            raise OpError(f"operand {name!r} ({spec}) has a size known at run time only; GPU kernels are "
+                          "planned for static shapes (the CPU's attention kernel takes a run-time key length)")
         size = math.prod(spec.shape) * {"f16": 2, "bf16": 2}.get(spec.dtype, 4)
         if size > caps.gpu.memory_bytes:
             raise OpError(f"{'the result' if name == 'result' else f'operand {name!r}'} ({spec}) takes "
