@@ -81,14 +81,18 @@ def _machine(table: dict) -> str:
     return m.get("tag") or m.get("host") or m["cpu"]
 
 
-def other_machines(table: dict, tables: dict[str, dict]) -> list[list]:
-    """Hints for replaying `table`, leave-one-machine-out: the evaluations of the same problem
-    recorded on other machines. Strict: a table of the same host with another ISA forced (AVX2 on
-    an AVX-512 host) is the same machine and is left out, as `table` itself is."""
-    from tracea.tuner.search import Evaluation
-    return [[Evaluation(r["config"], r["seconds"], r["error"]) for r in other["configs"].values()]
-            for other in tables.values()
+def other_machines(table: dict, tables: dict[str, dict]) -> list[dict]:
+    """The tables hinting a replay of `table`, leave-one-machine-out: the same problem recorded on
+    other machines. Strict: a table of the same host with another ISA forced (AVX2 on an AVX-512
+    host) is the same machine and is left out, as `table` itself is."""
+    return [other for other in tables.values()
             if other["problem"] == table["problem"] and _machine(other) != _machine(table)]
+
+
+def hints_of(others: list[dict]) -> list[list]:
+    """Each table's evaluations, as search(hints=...) takes them."""
+    from tracea.tuner.search import Evaluation
+    return [[Evaluation(r["config"], r["seconds"], r["error"]) for r in other["configs"].values()] for other in others]
 
 
 def evaluations_to_reach(table: dict, strategy: str, seed: int, cap: int, within: float = 0.05,
@@ -181,9 +185,9 @@ def main() -> int:
                   "random_expected": random_expectation(table), "band": within_band(table)}
         today = todays_default(table)
         result["today_default_ms"] = table["configs"][today]["seconds"] * 1e3 if today else None
-        hints = other_machines(table, tables)
-        result["hints_from"] = sorted({_machine(o) for o in tables.values()
-                                       if o["problem"] == table["problem"] and _machine(o) != _machine(table)})
+        others = other_machines(table, tables)
+        hints = hints_of(others)
+        result["hints_from"] = sorted({_machine(o) for o in others})
         result["hint_tables"] = len(hints)
         for column, strategy, default, given in (
                 ("gp", "gp", None, ()), ("random", "random", None, ()), ("tuner", "gp", table["default"], ()),

@@ -44,8 +44,8 @@ class SymbolicShapes:
         # per dim of an input, in order: ("fixed", size), ("symbol", symbol) or ("derived", expression)
         self._checks = [(i, d, "fixed" if isinstance(want, int) else "symbol" if want.is_Symbol else "derived", want)
                         for i, dims in enumerate(self.inputs) for d, want in enumerate(dims)]
-        self._ranks = [len(dims) for dims in self.inputs]
-        self._bounds = {symbol: (_number(bounds.lower), _number(bounds.upper)) for symbol, bounds in self.ranges.items()}
+        # as Python numbers (torch's and sympy's infinities as inf)
+        self._bounds = {symbol: (float(bounds.lower), float(bounds.upper)) for symbol, bounds in self.ranges.items()}
         self._last: tuple | None = None  # (shapes, env) of the last bind: a call binds twice
 
     def bind(self, shapes) -> dict:
@@ -53,9 +53,9 @@ class SymbolicShapes:
         shapes = tuple(tuple(shape) for shape in shapes)
         if self._last is not None and self._last[0] == shapes:
             return self._last[1]
-        for i, (shape, rank) in enumerate(zip(shapes, self._ranks)):
-            if len(shape) != rank:
-                raise ArgumentError(f"input #{i} has {len(shape)} dimensions, the model was compiled for {rank}")
+        for i, (shape, dims) in enumerate(zip(shapes, self.inputs)):
+            if len(shape) != len(dims):
+                raise ArgumentError(f"input #{i} has {len(shape)} dimensions, the model was compiled for {len(dims)}")
         env = {}
         derived = []
         for i, d, kind, want in self._checks:
@@ -101,11 +101,6 @@ class SymbolicShapes:
                     shape.append(size_of(d))
             shapes.append(tuple(shape))
         return shapes
-
-
-def _number(bound) -> float:
-    """A ValueRanges bound as a Python number (torch's and sympy's infinities as inf)."""
-    return float(bound)
 
 
 def program_shapes(program) -> SymbolicShapes:

@@ -337,9 +337,8 @@ def _functionalized(program):
                     value = value.args[0]
                 yield value
 
-    writes = [value for node in program.graph_module.graph.nodes if node.op == "call_function"
-              for value in written(node)]
-    if not any(value.op == "placeholder" for value in writes):
+    if not any(value.op == "placeholder" for node in program.graph_module.graph.nodes
+               if node.op == "call_function" for value in written(node)):
         return program, []
     try:
         program = program.run_decompositions({})
@@ -439,9 +438,9 @@ def _sdpa_kept_when_dynamic(decompose, query, key, value, attn_mask=None, dropou
     sdpa = torch.ops.aten.scaled_dot_product_attention.default
     if enable_gqa and query.dim() >= 3 and dropout_p == 0.0 and not is_causal:
         heads, groups = query.shape[-3], key.shape[-3]
-        rows = _grouped_rows(query, attn_mask, groups) if isinstance(heads, int) and isinstance(groups, int) else None
         if heads == groups:
             return sdpa(query, key, value, attn_mask, scale=scale)
+        rows = _grouped_rows(query, attn_mask, groups) if isinstance(heads, int) and isinstance(groups, int) else None
         if rows is not None:
             stacked, mask = rows
             return sdpa(stacked, key, value, mask, scale=scale).reshape(*query.shape[:-1], value.shape[-1])
