@@ -4,8 +4,8 @@ right after a pause of 0-20 ms, in one process.
     .venv/bin/python bench/idle_wake.py
     .venv/bin/python bench/idle_wake.py --pauses 0,1,5 --rounds 200
 
-A pause lets the OpenMP team's second thread stop spinning (GNU OpenMP: GOMP_SPINCOUNT, ~1 ms as
-`import tracea` sets it) and sleep; the next parallel call wakes it and waits for it at the end of
+A pause lets the OpenMP team's second thread stop spinning (GNU OpenMP: GOMP_SPINCOUNT, by default
+~7 ms) and sleep; the next parallel call wakes it and waits for it at the end of
 its parallel region. How long that takes is the machine's: on a VM whose idle vCPU halts at once
 (e.g. cpuidle's haltpoll with guest_halt_poll_ns=0) the host may have given the core away. Both
 calls run on the same threads (torch's; runtime/gnu_openmp.py), so a wake-up that costs torch's op

@@ -74,9 +74,8 @@ def share_cores() -> bool:
     """TRACEA_SHARE_CORES=0 leaves other libraries' thread pools as they are. By default, so that
     they do not spin on the cores Tracea's kernels run on: OpenBLAS (numpy's) runs its jobs on
     Tracea's OpenMP threads once a threaded kernel is loaded, and GNU OpenMP (torch's) runs
-    Tracea's kernels too (loaded by `import tracea` when torch is installed and not loaded yet, and
-    then spinning ~1 ms instead of ~7 ms before its idle threads sleep; runtime/blas_threads.py,
-    gnu_openmp.py)."""
+    Tracea's kernels too (loaded by `import tracea` when torch is installed and not loaded yet;
+    runtime/blas_threads.py, gnu_openmp.py)."""
     return _flag("TRACEA_SHARE_CORES", True)
 
 

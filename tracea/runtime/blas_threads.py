@@ -28,13 +28,14 @@ on its own threads called after a torch op shared a core with one (2 threads, GE
 interleaved with torch: 0.60x of torch's speed). So `import tracea` loads torch's libgomp when
 torch is installed but not loaded yet, so that Tracea's kernels run on torch's threads in either
 import order (`share_gnu_openmp`, gnu_openmp.py): its spinning threads are then the ones the next
-kernel needs. libgomp reads the count when it loads; `import tracea` first sets GOMP_SPINCOUNT to
-~1 ms (libomp's setting too, runtime/libraries.py) when the user set neither it nor
-OMP_WAIT_POLICY: long enough that a kernel called right after a torch op finds the threads
-awake, short enough to leave the cores soon after. With 3,000 (~70 us, the earlier setting, from
-before the threads were shared) a short kernel after a torch op met sleeping threads and paid
-their wake-up (Zen 5, 2 threads, one-row GEMMs of 50-70 us: 0.55-0.77x of their speed after
-themselves; with 40,000: 0.95-0.99x).
+kernel needs. Their spin is libgomp's default (or the user's GOMP_SPINCOUNT / OMP_WAIT_POLICY),
+the same whichever is imported first: a kernel called up to ~7 ms after the last parallel call
+finds the team awake, and no other pool needs the cores meanwhile (OpenBLAS's jobs run on this team,
+its own workers asleep). A shorter spin costs short kernels the team's wake-up: with ~1 ms
+(GOMP_SPINCOUNT=40000, set by `import tracea` until 2026-11-30) a 2-thread kernel called 1 ms after
+the last parallel call kept 0.47-0.96x of its speed after itself (Zen 5 VM, `bench/cpu.py --after`),
+with the default 0.70-1.01x; with ~70 us (3,000) even one-row GEMMs right after a torch op kept
+0.55-0.77x.
 TRACEA_SHARE_CORES=0 does none of this.
 """
 from __future__ import annotations
@@ -193,27 +194,23 @@ def _callback(team: str, libomp: ctypes.CDLL | None) -> int:
     return _callbacks[team][1]
 
 
-GOMP_SPINCOUNT = "40000"  # ~1 ms of pauses (see above)
 _gnu_openmp = "not set: TRACEA_SHARE_CORES=0"  # what share_gnu_openmp found and did
 gnu_openmp_library: str | None = None  # the libgomp Tracea's threaded kernels run on (gnu_openmp.py)
 
 
 def share_gnu_openmp() -> None:
-    """At `import tracea`: GOMP_SPINCOUNT for a GNU OpenMP not loaded yet (see above) and, when
-    torch is installed, its libgomp loaded now, so that torch's ops and Tracea's kernels run on one
-    team of threads whichever of the two the program imports first (gnu_openmp.py)."""
+    """At `import tracea`: when torch is installed, its libgomp loaded now, so that torch's ops and
+    Tracea's kernels run on one team of threads whichever of the two the program imports first
+    (gnu_openmp.py)."""
     global _gnu_openmp, gnu_openmp_library
     if not knobs.share_cores():
         return
-    if loaded := _loaded_libraries("libgomp"):  # too late for settings: it read them when it loaded
+    chosen = [f"{v}={os.environ[v]}" for v in ("GOMP_SPINCOUNT", "OMP_WAIT_POLICY") if os.environ.get(v)]
+    _gnu_openmp = f"idle threads spin as you set: {', '.join(chosen)}" if chosen else \
+        "idle threads spin its default (~7 ms)"
+    if loaded := _loaded_libraries("libgomp"):
         gnu_openmp_library = loaded[0]
-        _gnu_openmp = "its own settings (libgomp was loaded before tracea)"
         return
-    if chosen := [f"{v}={os.environ[v]}" for v in ("GOMP_SPINCOUNT", "OMP_WAIT_POLICY") if os.environ.get(v)]:
-        _gnu_openmp = f"yours: {', '.join(chosen)}"
-    else:
-        os.environ["GOMP_SPINCOUNT"] = GOMP_SPINCOUNT
-        _gnu_openmp = f"GOMP_SPINCOUNT={GOMP_SPINCOUNT}, set by tracea (~1 ms of spinning)"
     try:
         keep_libomp = knobs.openmp_runtime() == "llvm"
     except ValueError:  # a bad value is reported where kernels are compiled, not by `import tracea`

@@ -5,8 +5,8 @@ Why: torch's intra-op threads are GNU OpenMP's (libgomp), whose idle threads spi
 torch; import tracea` (the natural order) every Tracea kernel on its own (libomp) threads called
 after a torch op shared its cores with two spinning threads. Measured (2 threads, Zen 3, pieces of
 a GPT-2-style block interleaved with eager torch): a 128x256x768 linear 5.2 ms instead of
-0.58 ms, a layer norm 3.9 ms instead of 0.16 ms. Even with the spin shortened (`import tracea`
-first, runtime/blas_threads.py), a 2-thread GEMM 256^3 right after a torch op ran at 0.88x of its
+0.58 ms, a layer norm 3.9 ms instead of 0.16 ms. Even with the spin shortened
+(GOMP_SPINCOUNT set before torch loaded it), a 2-thread GEMM 256^3 right after a torch op ran at 0.88x of its
 speed after another Tracea call, in two runs: torch's threads still held the cores. So `import
 tracea` loads torch's libgomp when torch is installed but not loaded yet (torch then finds it
 loaded), and in either order one team of threads runs both (the same GEMM after torch:
