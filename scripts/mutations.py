@@ -187,6 +187,9 @@ MUTATIONS = {
     "grouped-mask-rows-interleaved": (  # a per-query mask's rows, stacked for grouped heads, in the wrong order
         "tracea/frontend/torch_import.py", "mask.repeat(*[1] * (mask.dim() - 2), g, 1)",
         "mask.repeat_interleave(g, dim=-2)", ["test/test_torch.py", "-k", "grouped_query"]),
+    "run-time-length-mask-dropped": (  # a padded batch's decoding step raised to attention without its mask
+        "tracea/passes/raise_linalg.py", "scale=scale * key_scale * query_scale, mask=mask)",
+        "scale=scale * key_scale * query_scale)", ["test/test_torch.py", "-k", "masked_sdpa_over"]),
     "torch-libgomp-not-found": (  # torch's GNU OpenMP looked for in one of its wheels' two folders only
         "tracea/runtime/blas_threads.py", 'for folder in (root / "lib", root.parent / "torch.libs"):',
         'for folder in (root.parent / "torch.libs",):', ["test/test_blas_threads.py", "-k", "torchs_threads"]),

@@ -444,12 +444,35 @@ def _sdpa_kept_when_dynamic(decompose, query, key, value, attn_mask=None, dropou
         if rows is not None:
             stacked, mask = rows
             return sdpa(stacked, key, value, mask, scale=scale).reshape(*query.shape[:-1], value.shape[-1])
-    plain = attn_mask is None and dropout_p == 0.0 and not is_causal and not enable_gqa
     # only the key length may be symbolic: tracea.attention's one dynamic size
     others = [*query.shape, *key.shape[:-2], key.shape[-1], *value.shape[:-2], value.shape[-1]]
-    if plain and not isinstance(key.shape[-2], int) and all(isinstance(d, int) for d in others):
-        return NotImplemented
+    if not isinstance(key.shape[-2], int) and all(isinstance(d, int) for d in others) and dropout_p == 0.0 \
+            and not is_causal and not enable_gqa and query.dim() >= 3:
+        if attn_mask is None:
+            return NotImplemented
+        if query.dtype == torch.float32 and attn_mask.dtype in (torch.bool, torch.float32):
+            return _masked_attention_of_symbolic_length(query, key, value, attn_mask, scale)
     return decompose(query, key, value, attn_mask, dropout_p, is_causal, scale=scale, enable_gqa=enable_gqa)
+
+
+def _masked_attention_of_symbolic_length(query, key, value, mask, scale):
+    """SDPA with a mask over a key length known at run time only (a padded batch's decoding step),
+    written as ops whose torch-mlir lowering raise_linalg makes tracea.attention with the mask
+    operand: products over the batch dims flattened (torch's decomposition broadcasts K and V to
+    symbolic sizes, by tensor.extract, which no pattern takes; torch-mlir's own takes no mask), the
+    mask added to the scaled scores, a softmax. Torch's safe softmax (0 for a query whose keys are
+    all masked) is a select after the product, by the mask's rows: the kernel's result already,
+    so only it stays beside the kernel, over the mask alone."""
+    import torch
+    *batch, queries, depth = query.shape
+    rows, length, value_depth = math.prod(batch), key.shape[-2], value.shape[-1]
+    bias = torch.where(mask, 0.0, -math.inf) if mask.dtype == torch.bool else mask
+    scores = torch.bmm(query.reshape(rows, queries, depth), key.reshape(rows, length, depth).transpose(1, 2))
+    scores = scores * (1 / math.sqrt(depth) if scale is None else scale)
+    probabilities = torch.softmax(scores.reshape(*batch, queries, length) + bias, -1)
+    out = torch.bmm(probabilities.reshape(rows, queries, length), value.reshape(rows, length, value_depth))
+    unseen = (bias == -math.inf).all(-1, keepdim=True)
+    return torch.where(unseen, 0.0, out.reshape(*batch, queries, value_depth))
 
 
 def _grouped_rows(query, mask, groups: int):

@@ -24,7 +24,7 @@ from dataclasses import dataclass
 import mlir.ir as ir
 import numpy as np
 
-from mlir.dialects import linalg, tensor
+from mlir.dialects import arith, linalg, tensor
 
 from ..dialects import builder as td
 from ..dialects.ops import Epilogue, view
@@ -726,7 +726,8 @@ class _Bias:
 
     def mask(self) -> ir.Value:
         """It as tracea.attention's mask operand, [batch or 1, Sq or 1, Skv]: broadcast over the
-        batch dims and the queries only where it varies along them, the batch dims flattened."""
+        batch dims and the queries only where it varies along them, the batch dims flattened. A
+        key length known at run time only is read from the bias."""
         rank = len(self.scores_shape)
         used = {e.position for e in self.amap.results if isinstance(e, ir.AffineDimExpr)}
         per_batch = any(d in used and self.scores_shape[d] > 1 for d in range(rank - 2))
@@ -734,7 +735,12 @@ class _Bias:
         shape = [n if per_batch else 1 for n in self.scores_shape[:-2]] + \
             [self.scores_shape[-2] if per_query else 1, self.scores_shape[-1]]
         f32 = ir.F32Type.get()
-        out = tensor.empty(shape, f32)
+        keys = shape[-1]
+        if ir.ShapedType.is_dynamic_size(keys):
+            position = next(i for i, e in enumerate(self.amap.results)
+                            if isinstance(e, ir.AffineDimExpr) and e.position == rank - 1)
+            keys = tensor.dim(self.value, arith.constant(ir.IndexType.get(), position))
+        out = tensor.empty(shape[:-1] + [keys], f32)
         identity = ir.AffineMap.get_identity(rank)
 
         @linalg.generic([self.value], [out], [self.amap, identity], [linalg.IteratorType.parallel] * rank)
@@ -745,7 +751,8 @@ class _Bias:
         if rank == 3:
             return copied
         if rank == 2:  # no batch dims: one of size 1
-            return tensor.expand_shape(ir.RankedTensorType.get(flat, f32), copied, [[0, 1], [2]], [], flat)
+            dynamic = [keys] if isinstance(keys, ir.Value) else []
+            return tensor.expand_shape(ir.RankedTensorType.get(flat, f32), copied, [[0, 1], [2]], dynamic, flat)
         return tensor.collapse_shape(ir.RankedTensorType.get(flat, f32), copied,
                                      [list(range(rank - 2)), [rank - 2], [rank - 1]])
 
@@ -755,19 +762,12 @@ def _masked_scores(op: ir.Operation | None) -> tuple[ir.Operation, bool, _Bias |
     constant that masks nothing (all 0) or is torch's causal mask (0 where key j <= query i, else
     -inf), else any f32 bias (the mask operand: a mask of the inputs, a sliding window): how
     torch-mlir lowers SDPA with is_causal, or with an additive or boolean mask."""
-    if op is None or op.name != "linalg.generic" or len(_ins(op)) != 2 or not _all_parallel(op):
-        return None
-    add = _producer(_yielded(op)[0])
-    arguments = list(_body(op).arguments)[:2]
-    if add is None or add.name != "arith.addf" or set(add.operands) != set(arguments):
-        return None
-    rank = len(op.results[0].type.shape)
-    for gemm_side, bias_side in ((0, 1), (1, 0)):
-        gemm = _producer(_through_reshapes(_ins(op)[gemm_side]))
-        bias_map = _maps(op)[bias_side]
-        if not _scores_gemm(gemm) or str(_maps(op)[gemm_side]) != _identity(rank):
+    rank = len(op.results[0].type.shape) if op is not None else 0
+    for scores, value, bias_map in _bias_adds(op):
+        gemm = _producer(_through_reshapes(scores))
+        if not _scores_gemm(gemm):
             continue
-        bias = _constant_tensor(_ins(op)[bias_side])
+        bias = _constant_tensor(value)
         if bias is not None and not any(isinstance(e, ir.AffineDimExpr) and e.position < rank - 2
                                         for e in bias_map.results):
             queries, keys = op.results[0].type.shape[-2:]
@@ -779,12 +779,30 @@ def _masked_scores(op: ir.Operation | None) -> tuple[ir.Operation, bool, _Bias |
             if np.all(plane[keep] == 0) and np.all(plane[~keep] == -np.inf):
                 return gemm, True, None
         # any other bias (of the inputs, or a constant window or per-head bias): the mask operand
-        value = _ins(op)[bias_side]
-        if str(ir.ShapedType(value.type).element_type) != "f32" or not all(
-                isinstance(e, (ir.AffineDimExpr, ir.AffineConstantExpr)) for e in bias_map.results):
-            return None  # (read through index arithmetic: not a broadcast mask)
-        return gemm, False, _Bias(value, bias_map, list(op.results[0].type.shape))
+        bias = _mask_bias(op, value, bias_map)
+        return None if bias is None else (gemm, False, bias)
     return None
+
+
+def _bias_adds(op: ir.Operation | None) -> list[tuple[ir.Value, ir.Value, ir.AffineMap]]:
+    """(x, b, b's map) for each way `op` may be x + b elementwise with x read whole (its map the
+    identity): the scores and a bias added to them."""
+    if op is None or op.name != "linalg.generic" or len(_ins(op)) != 2 or not _all_parallel(op):
+        return []
+    add = _producer(_yielded(op)[0])
+    if add is None or add.name != "arith.addf" or set(add.operands) != set(list(_body(op).arguments)[:2]):
+        return []
+    identity = _identity(len(op.results[0].type.shape))
+    return [(_ins(op)[x], _ins(op)[b], _maps(op)[b]) for x, b in ((0, 1), (1, 0)) if str(_maps(op)[x]) == identity]
+
+
+def _mask_bias(op: ir.Operation, value: ir.Value, bias_map: ir.AffineMap) -> _Bias | None:
+    """`value`, added to op's scores through `bias_map`, as the attention's mask: an f32 tensor
+    broadcast to them (not read through index arithmetic)."""
+    if str(ir.ShapedType(value.type).element_type) != "f32" or not all(
+            isinstance(e, (ir.AffineDimExpr, ir.AffineConstantExpr)) for e in bias_map.results):
+        return None
+    return _Bias(value, bias_map, list(op.results[0].type.shape))
 
 
 def _residual_scores(op: ir.Operation | None) -> tuple[ir.Operation, bool, _Bias] | None:
@@ -852,7 +870,14 @@ def _raise_dynamic_attention(op: ir.Operation) -> bool:
     found = _softmax_of(_through_reshapes(probabilities))
     if found is None or found[1] != len(found[0].type.shape) - 1:
         return False
-    scores, scale = _unscaled(found[0])
+    scores, bias = found[0], None
+    for x, added, bias_map in _bias_adds(_producer(scores)):  # a mask: tensor_import's masked SDPA
+        if _plain_batch_matmul(_producer(_through_reshapes(_unscaled(_through_reshapes(x))[0]))):
+            scores, bias = x, _mask_bias(_producer(scores), added, bias_map)
+            if bias is None:
+                return False
+            break
+    scores, scale = _unscaled(_through_reshapes(scores))
     product = _producer(_through_reshapes(scores))
     if not _plain_batch_matmul(product):
         return False
@@ -862,8 +887,9 @@ def _raise_dynamic_attention(op: ir.Operation) -> bool:
             return False
         key, key_scale = keyed
         query, query_scale = _query_of_scores(product.operands[0])
+        mask = bias.mask() if bias is not None else None
         try:  # (a query of dynamic length, say, is not tracea.attention's)
-            new = td.attention(query, key, value, scale=scale * key_scale * query_scale)
+            new = td.attention(query, key, value, scale=scale * key_scale * query_scale, mask=mask)
         except OpError:
             return False
     op.results[0].replace_all_uses_with(new)
