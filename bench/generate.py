@@ -3,13 +3,16 @@
     .venv/bin/python bench/generate.py                      # GPT-2 and Llama, 1 and 2 threads, prompts of 32 and 512
     .venv/bin/python bench/generate.py --only gpt2 --threads 2 --markdown
     .venv/bin/python bench/generate.py --cache static       # HF's static cache: one length, a mask
+    .venv/bin/python bench/generate.py --batch 4            # 4 prompts, left-padded to one length
 
 What a user of Hugging Face transformers does: `model.forward = torch.compile(model.forward,
 backend=...)`, then `model.generate(...)` (greedy, the KV cache on). The first call traces and
 compiles the prompt's graph and the decoding step's graphs: Dynamo makes the cache's length
 symbolic after it has grown twice, so the steps after run one kernel of symbolic sizes. With
 `--cache static` (`generate(cache_implementation="static")`) the cache has one length, its
-unfilled positions masked, and every step runs the same static kernel. A long prompt is where the
+unfilled positions masked, and every step runs the same static kernel. With `--batch N`, N prompts
+of which all but the first are left-padded (by up to half the prompt, as a tokenizer pads prompts
+of different lengths for a decoder), their attention mask given: every step's attention is masked. A long prompt is where the
 decoding steps' attention over the cache weighs; a short one (32) mostly times the GEMMs. Models are
 built from configs with random weights (nothing is downloaded): a GPT-2 of 4 layers d768 with
 its 50,257-token vocabulary, and a Llama of 4 layers d512 (grouped queries 8/2, RoPE, SwiGLU,
@@ -48,7 +51,8 @@ def models() -> dict:
     }
 
 
-def worker(threads: int, names: list[str], prompts: list[int], tokens: int, rounds: int, cache: str) -> list[dict]:
+def worker(threads: int, names: list[str], prompts: list[int], tokens: int, rounds: int, cache: str,
+           batch: int = 1) -> list[dict]:
     import tracea  # first: see tracea/runtime/blas_threads.py
     import torch
     from model_zoo import import_torchvision  # noqa: F401 - lets transformers import (see model_zoo)
@@ -60,14 +64,18 @@ def worker(threads: int, names: list[str], prompts: list[int], tokens: int, roun
         description, build = models()[name]
         torch.manual_seed(0)
         model = build().eval()
-        ids = torch.randint(1, model.config.vocab_size, (1, prompt), generator=torch.Generator().manual_seed(1))
+        ids = torch.randint(1, model.config.vocab_size, (batch, prompt), generator=torch.Generator().manual_seed(1))
+        mask = torch.ones_like(ids)
+        for i in range(1, batch):  # left padding (pad token 0), by up to half the prompt
+            mask[i, :i * prompt // (2 * batch)] = 0
+        ids = ids * mask
 
         def generate(m, count=tokens):
-            return m.generate(ids, max_new_tokens=count, min_new_tokens=count, do_sample=False, pad_token_id=0,
-                              **options)
+            return m.generate(ids, attention_mask=mask, max_new_tokens=count, min_new_tokens=count, do_sample=False,
+                              pad_token_id=0, **options)
         runs = {"eager": model}
-        row = {"model": description, "threads": threads, "prompt": prompt, "cache": cache, "tokens": tokens,
-               "first_s": {}, "equal": {}}
+        row = {"model": description, "threads": threads, "prompt": prompt, "batch": batch, "cache": cache,
+               "tokens": tokens, "first_s": {}, "equal": {}}
         with torch.inference_mode():
             expected = generate(model)
             for backend in ("tracea", "inductor"):
@@ -110,19 +118,19 @@ def _line(row: dict) -> str:
         t, x = row[ms], row[ratio]
         parts.append(f"{title}: eager {t['eager']:.1f} ms, inductor {t['inductor']:.1f}, tracea {t['tracea']:.1f} "
                      f"({x['eager']:.2f}x eager, {x['inductor']:.2f}x inductor)")
-    return (f"{row['model']}, prompt {row['prompt']}, {row['cache']} cache, {row['threads']}T: " + "; ".join(parts)
+    return (f"{row['model']}, prompt {row['prompt']} x {row.get('batch', 1)}, {row['cache']} cache, {row['threads']}T: " + "; ".join(parts)
             + f"; first call tracea {row['first_s']['tracea']:.1f} s, inductor {row['first_s']['inductor']:.1f} s;"
             f" tokens equal to eager's: {row['equal']}")
 
 
 def markdown(rows: list[dict]) -> str:
-    lines = ["| model | prompt | cache | threads | ms/token: eager | inductor | Tracea | vs eager | vs inductor "
+    lines = ["| model | prompt | batch | cache | threads | ms/token: eager | inductor | Tracea | vs eager | vs inductor "
              "| the prompt: Tracea ms | vs eager | vs inductor | each later token: Tracea ms | vs eager | vs inductor "
              "| first call Tracea | first call inductor | tokens as eager's |",
-             "|" + " --- |" * 18]
+             "|" + " --- |" * 19]
     for r in rows:
         ms, first, p, st = r["ms_per_token"], r["first_s"], r["prompt_speedup"], r["step_speedup"]
-        lines.append(f"| {r['model']} | {r['prompt']} | {r['cache']} | {r['threads']} | {ms['eager']:.1f} | "
+        lines.append(f"| {r['model']} | {r['prompt']} | {r.get('batch', 1)} | {r['cache']} | {r['threads']} | {ms['eager']:.1f} | "
                      f"{ms['inductor']:.1f} | {ms['tracea']:.1f} | **{r['speedup']['eager']:.2f}x** | "
                      f"**{r['speedup']['inductor']:.2f}x** | {r['prompt_ms']['tracea']:.1f} | {p['eager']:.2f}x | "
                      f"{p['inductor']:.2f}x | {r['step_ms']['tracea']:.2f} | **{st['eager']:.2f}x** | "
@@ -138,6 +146,8 @@ def main() -> int:
     parser.add_argument("--prompt", default="32,512", help="comma-separated prompt lengths in tokens (default 32,512)")
     parser.add_argument("--cache", choices=["dynamic", "static"], default="dynamic",
                         help="the KV cache: HF's default, growing (dynamic), or of one length (static)")
+    parser.add_argument("--batch", type=int, default=1,
+                        help="prompts per call, all but the first left-padded, with their attention mask (default 1)")
     parser.add_argument("--tokens", type=int, default=32, help="new tokens per generate() call (default 32)")
     parser.add_argument("--rounds", type=int, default=7, help="timed rounds at least (median reported)")
     parser.add_argument("--markdown", action="store_true", help="print a Markdown table at the end")
@@ -146,12 +156,13 @@ def main() -> int:
     names = args.only.split(",") if args.only else ["gpt2", "llama"]
     if args.worker:
         print(json.dumps(worker(args.worker, names, [int(p) for p in args.prompt.split(",")], args.tokens,
-                                args.rounds, args.cache)))
+                                args.rounds, args.cache, args.batch)))
         return 0
     from torch_models import per_thread_workers
     with tempfile.TemporaryDirectory() as inductor_cache:  # inductor compiles cold too
         rows = per_thread_workers(__file__, args.threads, ["--only", ",".join(names), "--prompt", args.prompt, "--cache",
-                                                           args.cache, "--tokens", str(args.tokens),
+                                                           args.cache, "--batch", str(args.batch),
+                                                           "--tokens", str(args.tokens),
                                                            "--rounds", str(args.rounds)],
                                   {"TORCHINDUCTOR_CACHE_DIR": inductor_cache, "TORCHINDUCTOR_FX_GRAPH_CACHE": "0"})
     if rows is None:
