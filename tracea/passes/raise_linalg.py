@@ -860,22 +860,24 @@ def _plain_batch_matmul(op: ir.Operation | None) -> bool:
 
 
 def _raise_dynamic_attention(op: ir.Operation) -> bool:
-    """op: linalg.batch_matmul(P, V) where P = softmax(Q K^T * scale) over a key length known at
-    run time only: torch-mlir's lowering of SDPA without mask, dropout or causal (a decoding step
-    over a KV cache that grows; see torch_import.decomposition_table). The linalg ops stay
-    unraised there (tracea's gemm and softmax take static shapes), so this matches them directly."""
+    """op: linalg.batch_matmul(P, V) where P = softmax(Q K^T * scale [+ mask]) over a key length
+    known at run time only: torch-mlir's lowering of SDPA without mask, dropout or causal (a
+    decoding step over a KV cache that grows), or torch_import's decomposition of it with a mask
+    (a padded batch's; see torch_import.decomposition_table). The linalg ops stay unraised there
+    (tracea's gemm and softmax take static shapes), so this matches them directly."""
     if not _plain_batch_matmul(op):
         return False
     probabilities, value = op.operands[0], op.operands[1]
     found = _softmax_of(_through_reshapes(probabilities))
     if found is None or found[1] != len(found[0].type.shape) - 1:
         return False
-    scores, bias = found[0], None
-    for x, added, bias_map in _bias_adds(_producer(scores)):  # a mask: tensor_import's masked SDPA
+    scores, bias, add = found[0], None, _producer(found[0])
+    for x, added, bias_map in _bias_adds(add):  # a mask: torch_import's masked SDPA
         if _plain_batch_matmul(_producer(_through_reshapes(_unscaled(_through_reshapes(x))[0]))):
-            scores, bias = x, _mask_bias(_producer(scores), added, bias_map)
+            bias = _mask_bias(add, added, bias_map)
             if bias is None:
                 return False
+            scores = x
             break
     scores, scale = _unscaled(_through_reshapes(scores))
     product = _producer(_through_reshapes(scores))
