@@ -32,10 +32,10 @@ kernel needs. Their spin is libgomp's default (or the user's GOMP_SPINCOUNT / OM
 the same whichever is imported first: a kernel called up to ~7 ms after the last parallel call
 finds the team awake, and no other pool needs the cores meanwhile (OpenBLAS's jobs run on this team,
 its own workers asleep). A shorter spin costs short kernels the team's wake-up: with ~1 ms
-(GOMP_SPINCOUNT=40000, set by `import tracea` until 2026-11-30) a 2-thread kernel called 1 ms after
-the last parallel call kept 0.47-0.96x of its speed after itself (Zen 5 VM, `bench/cpu.py --after`),
-with the default 0.70-1.01x; with ~70 us (3,000) even one-row GEMMs right after a torch op kept
-0.55-0.77x.
+(GOMP_SPINCOUNT=40000, set by `import tracea` until 2026-11-30), of 39 2-thread kernels called 1 ms
+after the last parallel call 20 kept less than 0.9x of their speed after themselves, 0.47x at the
+lowest (Zen 5 VM, `bench/cpu.py --after`); with the default 9, 0.70x at the lowest. With ~70 us
+(3,000) even one-row GEMMs right after a torch op kept 0.55-0.77x.
 TRACEA_SHARE_CORES=0 does none of this.
 """
 from __future__ import annotations
