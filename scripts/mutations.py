@@ -190,6 +190,12 @@ MUTATIONS = {
     "run-time-length-mask-dropped": (  # a padded batch's decoding step raised to attention without its mask
         "tracea/passes/raise_linalg.py", "scale=scale * key_scale * query_scale, mask=mask)",
         "scale=scale * key_scale * query_scale)", ["test/test_torch.py", "-k", "masked_sdpa_over"]),
+    "run-time-products-of-the-static-kernel": (  # the static kernel's plan read: the slow symbolic kernel used
+        "tracea/frontend/dynamic.py", "RUN_TIME_PRODUCTS in self.general.explain()",
+        "RUN_TIME_PRODUCTS in self.static.explain()", ["test/test_torch.py", "-k", "slow_products"]),
+    "run-time-products-uncounted": (  # a contraction of run-time size not counted by the CPU lowering
+        "tracea/targets/cpu/linalg.py", "            products += _run_time_product(op)\n", "",
+        ["test/test_torch.py", "-k", "slow_products"]),
     "torch-libgomp-not-found": (  # torch's GNU OpenMP looked for in one of its wheels' two folders only
         "tracea/runtime/blas_threads.py", 'for folder in (root / "lib", root.parent / "torch.libs"):',
         'for folder in (root.parent / "torch.libs",):', ["test/test_blas_threads.py", "-k", "torchs_threads"]),

@@ -18,6 +18,7 @@ F = torch.nn.functional
 from tracea import ops  # noqa: E402
 from tracea.frontend import dynamo  # noqa: E402
 from tracea.frontend.torch_import import import_module  # noqa: E402
+from tracea.targets.cpu.linalg import RUN_TIME_PRODUCTS  # noqa: E402
 
 
 class ResidualBlock(nn.Module):
@@ -648,7 +649,7 @@ def test_sdpa_over_a_kv_cache_of_symbolic_length_runs_the_attention_kernel(heads
     for length in (300, 5, 257, 1031):
         torch.testing.assert_close(compiled(*inputs(length)), Step()(*inputs(length)), rtol=2e-5, atol=2e-5)
     plan = compiled.general.explain()
-    assert compiled.compiles == 2 and "generic loop" not in plan, plan
+    assert compiled.compiles == 2 and "generic loop" not in plan and not compiled.eager_shapes, plan
     # grouped: one attention over the key heads, their query heads as rows
     assert f"attention {2 * kv_heads}x{heads // kv_heads * queries}x32, {2 * kv_heads}x?x32" in plan, plan
 
@@ -688,7 +689,7 @@ def test_masked_sdpa_over_a_kv_cache_of_symbolic_length_runs_the_attention_kerne
     for length in (300, 5, 257, 1031):
         torch.testing.assert_close(compiled(*inputs(length)), Step()(*inputs(length)), rtol=2e-5, atol=2e-5)
     plan = compiled.general.explain()
-    assert compiled.compiles == 2 and "attention" in plan and "?x32" in plan, plan
+    assert compiled.compiles == 2 and "attention" in plan and "?x32" in plan and not compiled.eager_shapes, plan
 
 
 def test_sdpa_of_symbolic_length_that_the_kernel_cannot_take_stays_right():
@@ -1066,9 +1067,11 @@ def test_binding_symbolic_sizes_checks_every_call():
         shared.bind([(5, 4), (6, 4)])
 
 
-def test_dynamic_dims_compile_once_for_every_size():
+def test_dynamic_dims_compile_once_for_every_size(monkeypatch):
     """The example shapes get their own kernel; the first other size compiles one kernel with
-    symbolic sizes, which serves every later size (batch 1 included: traced from a doubled one)."""
+    symbolic sizes, which serves every later size (batch 1 included: traced from a doubled one);
+    here even with its GEMMs of run-time rows as generic loops (TRACEA_SYMBOLIC_KERNEL=always)."""
+    monkeypatch.setenv("TRACEA_SYMBOLIC_KERNEL", "always")
     torch.manual_seed(0)
     model = mlp().eval()
     compiled = tracea.compile(model, (torch.randn(8, 64),), dynamic_dims={0: 0})
@@ -1076,13 +1079,32 @@ def test_dynamic_dims_compile_once_for_every_size():
         for rows in (8, 3, 1, 17, 64, 5):
             x = torch.randn(rows, 64)
             torch.testing.assert_close(compiled(x), model(x), rtol=1e-4, atol=1e-4)
-    assert compiled.compiles == 2 and not compiled.special
+    assert compiled.compiles == 2 and not compiled.special and not compiled.eager_shapes
     assert None in compiled.general.kernel.signature.inputs[-1].shape  # a '?' size in the kernel
     with pytest.raises(tracea.ArgumentError, match="compiled for 64 only"):
         compiled(torch.randn(3, 65))  # a dim not named in dynamic_dims
 
 
-def test_dynamic_sequence_length_of_a_transformer():
+def test_a_symbolic_kernel_of_slow_products_runs_new_shapes_in_pytorch_then_compiles_them():
+    """A kernel for symbolic sizes whose GEMMs have run-time rows runs them as generic loops
+    (10-100x slower than eager; a transformer prefill of symbolic length 40-300x): by default it
+    is not used. A new shape runs in PyTorch, its second call compiles a kernel for it, its third
+    runs that kernel; explain() says so. A symbolic kernel without such products is used (the
+    KV-cache tests)."""
+    torch.manual_seed(0)
+    model = mlp().eval()
+    compiled = tracea.compile(model, (torch.randn(8, 64),), dynamic_dims={0: 0})
+    with torch.no_grad():
+        for rows, compiles, shapes in ((5, 2, 1), (5, 3, 1), (5, 3, 1), (9, 3, 2), (9, 4, 2)):
+            x = torch.randn(rows, 64)
+            torch.testing.assert_close(compiled(x), model(x), rtol=1e-4, atol=1e-4)
+            assert (compiled.compiles, len(compiled.eager_shapes)) == (compiles, shapes), rows
+    assert compiled.general_slow and RUN_TIME_PRODUCTS in compiled.general.explain()
+    assert list(compiled.special) == [((5, 64),), ((9, 64),)] and "not used: its products" in compiled.explain()
+
+
+def test_dynamic_sequence_length_of_a_transformer(monkeypatch):
+    monkeypatch.setenv("TRACEA_SYMBOLIC_KERNEL", "always")  # the symbolic kernel itself, right
     import model_zoo
     from torch.utils._pytree import tree_leaves
     model, (ids,) = model_zoo.build("bert")
@@ -1096,7 +1118,8 @@ def test_dynamic_sequence_length_of_a_transformer():
     assert compiled.compiles == 2, compiled.explain()
 
 
-def test_dynamo_dynamic_shapes_compile_once():
+def test_dynamo_dynamic_shapes_compile_once(monkeypatch):
+    monkeypatch.setenv("TRACEA_SYMBOLIC_KERNEL", "always")  # (an MLP's: products of run-time rows)
     from tracea.frontend.torch_import import warn_once  # noqa: F401  (the backend is registered)
     torch._dynamo.reset()
     torch.manual_seed(0)
@@ -1114,6 +1137,7 @@ def test_dynamo_dynamic_shapes_compile_once():
             torch.testing.assert_close(compiled(x), model(x), rtol=1e-4, atol=1e-4)
     assert len(runners) == 1 and isinstance(runners[0], dynamo._Symbolic)  # one Dynamo graph
     assert runners[0].model.compiles == 2 and not runners[0].model.special  # and two Tracea compiles
+    assert not runners[0].model.eager_shapes
 
 
 CACHED_MODEL = """

@@ -88,6 +88,18 @@ def parallel_runtime() -> str:
     return value
 
 
+def symbolic_kernel() -> str:
+    """TRACEA_SYMBOLIC_KERNEL: which sizes a model compiled for symbolic sizes (`dynamic_dims`, or
+    a graph TorchDynamo traced with symbolic sizes) runs on its kernel of symbolic sizes: "auto"
+    (the default) all of them unless that kernel runs products of run-time size as generic loops
+    (10-100x slower than the kernels; then a new shape runs in PyTorch, and is compiled for at its
+    second call), "always" all of them (frontend/dynamic.py)."""
+    value = os.environ.get("TRACEA_SYMBOLIC_KERNEL", "auto").strip().lower() or "auto"
+    if value not in ("auto", "always"):
+        raise ValueError(f"TRACEA_SYMBOLIC_KERNEL must be 'auto' or 'always', got {value!r}")
+    return value
+
+
 def openmp_runtime() -> str:
     """TRACEA_OPENMP: whose threads threaded CPU kernels run on: "auto" (the default: GNU OpenMP's,
     torch's, when torch is loaded or installed, else LLVM's libomp), "gnu" or "llvm"

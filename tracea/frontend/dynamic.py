@@ -5,12 +5,21 @@
 with other sizes, one more kernel whose named dimensions are symbolic (torch.export's symbols
 become `?` sizes in MLIR; the kernel reads them from its memref descriptors at run time). Every
 later size is served by that kernel: no recompiles. `SymbolicShapes` binds the symbols to the
-sizes of a call, checks them, and gives the result shapes the caller allocates."""
+sizes of a call, checks them, and gives the result shapes the caller allocates.
+
+Where the symbolic kernel would run products (GEMMs, convs) of run-time size as generic loops
+(tracea's GEMM and conv kernels take static shapes; a 96x768x3072 linear ran 110 ms there, torch
+4.5 ms: a transformer whose sequence length Dynamo made symbolic ran 40-300x slower than eager),
+it is not used (TRACEA_SYMBOLIC_KERNEL=always uses it): a new shape runs in PyTorch, and is
+compiled for at its second call, so shapes that recur run Tracea's kernels and one-off shapes
+(prompts of every length) cost no compile."""
 from __future__ import annotations
 
 import time
 
+from .. import knobs
 from ..errors import ArgumentError, CompileError
+from ..targets.cpu.linalg import RUN_TIME_PRODUCTS
 from .torch_import import dims_named, warn_once
 
 
@@ -142,6 +151,8 @@ class DynamicModel:
         self.general = None  # compiled at the first call with other sizes
         self.special = {}  # shapes the general kernel cannot take -> a model compiled for them
         self.general_failed = None  # why the general kernel could not be compiled
+        self.general_slow = False  # it runs products of run-time size as generic loops: not used
+        self.eager_shapes = set()  # shapes run in PyTorch once (compiled for at their second call)
         self.compiles = 1
         self._example = [tuple(x.shape) if hasattr(x, "shape") else x for x in example_inputs]
         self.compile_seconds = static.compile_seconds
@@ -155,6 +166,10 @@ class DynamicModel:
         general = ("compiled for symbolic sizes too:\n" + self.general.explain()) if self.general else \
             f"no kernel for symbolic sizes: {self.general_failed}" if self.general_failed else \
             "a kernel for symbolic sizes is compiled at the first call with other sizes"
+        if self.general_slow:
+            general += ("\nnot used: its products of run-time size are generic loops (TRACEA_SYMBOLIC_KERNEL=always "
+                        "uses it); a new shape runs in PyTorch, and is compiled for at its second call "
+                        f"({len(self.eager_shapes)} shape(s) so far)")
         if self.special:
             general += f"\nand for {len(self.special)} other shape(s): {', '.join(map(str, self.special))}"
         return f"for the example shapes:\n{self.static.explain()}\n{general}"
@@ -169,15 +184,26 @@ class DynamicModel:
             except CompileError as e:
                 self.general_failed = str(e)
                 warn_once(f"dynamic: {e}", f"{e}; the model is compiled for each new shape instead")
-        if self.general is not None and self.general.accepts(inputs):
+            else:
+                # (said by explain(): a policy, not a problem to warn of)
+                self.general_slow = knobs.symbolic_kernel() == "auto" and RUN_TIME_PRODUCTS in self.general.explain()
+        if self.general is not None and not self.general_slow and self.general.accepts(inputs):
             return self.general(*inputs)
         self._check_fixed_dims(shapes)
         # sizes outside the symbolic kernel's range (0 or 1 where torch.export traced only 2 and
-        # up): a kernel for these shapes, kept
+        # up), or every size when that kernel is slow: a kernel for these shapes, kept
         key = tuple(shapes)
+        if self.general_slow and key not in self.special and key not in self.eager_shapes:
+            self.eager_shapes.add(key)
+            return self._eager(inputs)
         if key not in self.special:
             self.special[key] = self._compiled(lambda: self._compile_model(self.model, inputs, None))
         return self.special[key](*inputs)
+
+    def _eager(self, inputs):
+        import torch
+        with torch.no_grad():
+            return self.model(*inputs)
 
     def _check_fixed_dims(self, shapes) -> None:
         """ArgumentError unless `shapes` differ from the example's in the dynamic dims only."""

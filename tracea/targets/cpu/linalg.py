@@ -27,13 +27,17 @@ from ...doctor.capabilities import host_cpu
 from .transpose import transpose_kernel_text, transposed_dims
 from ...passes.int_division import INTEGER_DIVISIONS
 from ...passes.lower_to_linalg import inline_kernel
-from ...passes.plan import count
+from ...passes.plan import count, plan_of
 from ...passes.registry import PassFailed, TraceaPass, option, register
 
 TAG = "tracea.tile_linalg"
 # a module attribute: some loop nest here is MLIR's generic lowering of a linalg op (not a Tracea
 # kernel); the code generator then optimizes the whole module (targets/cpu/native.py)
 GENERIC_LOOPS = "tracea.generic_loops"
+# the plan's count of products no kernel took because a size is known at run time only (tracea's
+# GEMM, conv and softmax kernels take static shapes): as generic loops they run 10-100x slower
+# than the kernels (a 96x768x3072 linear 110 ms, torch 4.5), which frontend/dynamic.py avoids
+RUN_TIME_PRODUCTS = "products of run-time size (generic loops, 10-100x slower than the kernels)"
 _VECTOR_BODY_DIALECTS = ("arith.", "math.")
 # Not vectorized: the CPU has no vector integer division (LLVM divides lane by lane anyway), and
 # the masked-off lanes of a remainder vector would divide by their padding, 0, which the guard of
@@ -410,7 +414,7 @@ class CpuTileLinalgPass(TraceaPass):
         host = host_cpu()
         threads = self.threads or host.cores
         fuse_row_groups(module, threads)
-        scripts, hoisting = [], []
+        scripts, hoisting, products = [], [], 0
         for op in _function_body_ops(module) + _fused_ops(module):
             if op.name != "linalg.generic":
                 continue
@@ -424,6 +428,7 @@ class CpuTileLinalgPass(TraceaPass):
                 count(module, "transposes (register-block kernel)")
                 continue
             module.attributes[GENERIC_LOOPS] = ir.UnitAttr.get()
+            products += _run_time_product(op)
             op_threads = 1 if in_row_group else threads
             plan = plan_for(op, op_threads, host.f32_lanes, self.min_work)
             if plan is None:
@@ -432,6 +437,8 @@ class CpuTileLinalgPass(TraceaPass):
             hoisting.append(plan.hoisting(len(scripts)))
             scripts.append(plan.script(len(scripts), op_threads))
         count(module, "generic loop nests (split among threads and/or vectorized)", len(scripts))
+        # (the pass runs again after bufferization, on the same ops)
+        count(module, RUN_TIME_PRODUCTS, products - plan_of(module).get(RUN_TIME_PRODUCTS, 0))
         if not scripts:
             return
         kernels_own = _reductions(module)
@@ -499,6 +506,20 @@ class CopiesToLinalgPass(TraceaPass):
                 with op.location, ir.InsertionPoint(op):
                     linalg.copy(op.operands[0], outs=[op.operands[1]])
                 op.erase()
+
+
+def _run_time_product(op: ir.Operation) -> bool:
+    """A contraction (two inputs read along one reduction loop: a matmul, a conv) with a size
+    known at run time only."""
+    shaped = [v.type for v in list(op.operands) + list(op.results) if isinstance(v.type, ir.ShapedType)]
+    if all(ir.ShapedType(t).has_static_shape for t in shaped):
+        return False
+    kinds = [str(k) for k in ir.ArrayAttr(op.attributes["iterator_types"])]
+    reductions = {d for d, k in enumerate(kinds) if "reduction" in k}
+    maps = [ir.AffineMapAttr(m).value for m in ir.ArrayAttr(op.attributes["indexing_maps"])]
+    inputs = maps[:len(op.operands) - len(op.results)]
+    return any(sum(any(isinstance(e, ir.AffineDimExpr) and e.position == d for e in m.results) for m in inputs) >= 2
+               for d in reductions)
 
 
 def _function_body_ops(module: ir.Operation) -> list[ir.Operation]:
