@@ -10,9 +10,9 @@ sizes of a call, checks them, and gives the result shapes the caller allocates.
 Where the symbolic kernel would run products (GEMMs, convs) of run-time size as generic loops
 (tracea's GEMM and conv kernels take static shapes; a 96x768x3072 linear ran 110 ms there, torch
 4.5 ms: a transformer whose sequence length Dynamo made symbolic ran 40-300x slower than eager),
-it is not used (TRACEA_SYMBOLIC_KERNEL=always uses it): a new shape runs in PyTorch, and is
-compiled for at its second call, so shapes that recur run Tracea's kernels and one-off shapes
-(prompts of every length) cost no compile."""
+it is not used (TRACEA_SYMBOLIC_KERNEL=always uses it), and where it cannot be compiled there is
+none: then a new shape runs in PyTorch, and is compiled for at its second call, so shapes that
+recur run Tracea's kernels and one-off shapes (prompts of every length) cost no compile."""
 from __future__ import annotations
 
 import time
@@ -183,7 +183,8 @@ class DynamicModel:
                 self.general = self._compiled(lambda: self._compile_model(self.model, inputs, self.dynamic_dims))
             except CompileError as e:
                 self.general_failed = str(e)
-                warn_once(f"dynamic: {e}", f"{e}; the model is compiled for each new shape instead")
+                warn_once(f"dynamic: {e}", f"{e}; a new shape runs in PyTorch instead, and is compiled for at its "
+                                           "second call")
             else:
                 # (said by explain(): a policy, not a problem to warn of)
                 self.general_slow = knobs.symbolic_kernel() == "auto" and RUN_TIME_PRODUCTS in self.general.explain()
@@ -191,9 +192,10 @@ class DynamicModel:
             return self.general(*inputs)
         self._check_fixed_dims(shapes)
         # sizes outside the symbolic kernel's range (0 or 1 where torch.export traced only 2 and
-        # up), or every size when that kernel is slow: a kernel for these shapes, kept
+        # up), or every size when there is no such kernel or it is slow (after one call in
+        # PyTorch: a shape that never recurs costs no compile): a kernel for these shapes, kept
         key = tuple(shapes)
-        if self.general_slow and key not in self.special and key not in self.eager_shapes:
+        if (self.general_slow or self.general_failed) and key not in self.special and key not in self.eager_shapes:
             self.eager_shapes.add(key)
             return self._eager(inputs)
         if key not in self.special:
