@@ -196,6 +196,9 @@ MUTATIONS = {
     "run-time-products-uncounted": (  # a contraction of run-time size not counted by the CPU lowering
         "tracea/targets/cpu/linalg.py", "            products += _run_time_product(op)\n", "",
         ["test/test_torch.py", "-k", "slow_products"]),
+    "expanded-output-without-run-time-sizes": (  # a reshape undone onto the caller's buffer without its ? sizes
+        "tracea/targets/cpu/target.py", "for collapsed, others in _expanded_sizes(view):",
+        "for collapsed, others in []:", ["test/test_torch.py", "-k", "reshaped_from_run_time"]),
     "torch-libgomp-not-found": (  # torch's GNU OpenMP looked for in one of its wheels' two folders only
         "tracea/runtime/blas_threads.py", 'for folder in (root / "lib", root.parent / "torch.libs"):',
         'for folder in (root.parent / "torch.libs",):', ["test/test_blas_threads.py", "-k", "torchs_threads"]),

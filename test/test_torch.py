@@ -627,6 +627,25 @@ def test_a_copy_of_symbolic_size_is_a_loop_of_the_kernel():
     assert compiled.compiles == 2 and "memrefCopy" not in compiled.general.kernel.stages["llvm"]
 
 
+def test_a_result_reshaped_from_run_time_sizes_is_computed_in_the_callers_buffer():
+    """HF Llama's repeat_kv with a run-time length ([B, 2, ?, D] -> [B, 2, 2, ?, D] -> [B, 4, ?, D]):
+    the result is computed in the caller's buffer seen through the reshape undone, whose run-time
+    size is read from that buffer (the expand_shape without it was invalid: Llama's kernel for a
+    prompt of symbolic length failed to compile, and every new length was compiled for)."""
+    class RepeatKV(nn.Module):
+        def forward(self, k):
+            b, h, n, d = k.shape
+            return (k[:, :, None, :, :].expand(b, h, 2, n, d) * 2).reshape(b, h * 2, n, d)
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # no failed compile
+        compiled = tracea.compile(RepeatKV(), (torch.randn(1, 2, 9, 16),), dynamic_dims={0: 2})
+        for length in (5, 300, 7):
+            k = torch.randn(1, 2, length, 16)
+            torch.testing.assert_close(compiled(k), RepeatKV()(k))
+    assert compiled.compiles == 2 and compiled.general is not None and not compiled.eager_shapes
+
+
 @pytest.mark.parametrize("heads, kv_heads, queries", [(4, 4, 1), (4, 2, 1), (6, 2, 2)],
                          ids=["heads", "grouped-heads", "grouped-heads-two-queries"])
 def test_sdpa_over_a_kv_cache_of_symbolic_length_runs_the_attention_kernel(heads, kv_heads, queries):

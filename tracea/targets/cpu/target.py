@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import functools
 import importlib.metadata
+import math
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -158,7 +159,8 @@ class ForwardOutputsPass(TraceaPass):
                     views.append(value.owner.operation)
                     value = value.owner.operands[0]
                 if not isinstance(value, ir.OpResult) or value.owner.name != "memref.alloc" \
-                        or value.owner.parent != func_op or src.type != dst.type:
+                        or value.owner.parent != func_op or src.type != dst.type \
+                        or any(_expanded_sizes(view) is None for view in views):
                     continue
                 users = [use.owner.operation for v in [value] + [w.results[0] for w in views] for use in v.uses]
                 if any(u != op and u not in views and u.block == block and not u.is_before_in_block(op)
@@ -209,16 +211,40 @@ class DistinctResultsPass(TraceaPass):
                     returned.operands[i] = copy
 
 
+def _expanded_sizes(view: ir.Operation) -> list[tuple[int, int]] | None:
+    """For undoing the collapse `view` (an expand_shape back to its source's type): each size of
+    that type known at run time only, as (the collapsed dim it is part of, the product of the
+    other sizes there); None when a collapsed dim holds two of them (no way to split it)."""
+    if view.name != "memref.collapse_shape":
+        return []
+    shape = ir.MemRefType(view.operands[0].type).shape
+    sizes = []
+    for collapsed, group in enumerate(ir.ArrayAttr(view.attributes["reassociation"])):
+        dims = [ir.IntegerAttr(d).value for d in ir.ArrayAttr(group)]
+        dynamic = [d for d in dims if ir.ShapedType.is_dynamic_size(shape[d])]
+        if len(dynamic) > 1:
+            return None
+        if dynamic:
+            sizes.append((collapsed, math.prod(shape[d] for d in dims if d != dynamic[0])))
+    return sizes
+
+
 def _inverse_reshape(view: ir.Operation, value: ir.Value) -> ir.Value:
-    """`value` (shaped as the reshape `view`'s result) shaped as its source, by the opposite reshape."""
+    """`value` (shaped as the reshape `view`'s result) shaped as its source, by the opposite reshape
+    (an expand's run-time sizes read from `value`: memref.expand_shape takes them as operands)."""
     source_type = view.operands[0].type
     attributes = {"reassociation": view.attributes["reassociation"]}
+    operands = [value]
     if view.name == "memref.collapse_shape":
         name = "memref.expand_shape"
         attributes["static_output_shape"] = ir.DenseI64ArrayAttr.get(list(ir.MemRefType(source_type).shape))
+        index = ir.IndexType.get()
+        for collapsed, others in _expanded_sizes(view):
+            size = memref.DimOp(value, arith.ConstantOp(index, collapsed)).result
+            operands.append(size if others == 1 else arith.DivUIOp(size, arith.ConstantOp(index, others)).result)
     else:
         name = "memref.collapse_shape"
-    return ir.Operation.create(name, results=[source_type], operands=[value], attributes=attributes).results[0]
+    return ir.Operation.create(name, results=[source_type], operands=operands, attributes=attributes).results[0]
 
 
 STRATEGIES = ("tiled", "reference")
