@@ -998,6 +998,7 @@ def test_numbers_computed_from_tensors_are_returned_and_their_checks_run():
         assert got["mean"] == pytest.approx(want["mean"], abs=1e-6 * float(x.abs().mean()))
         torch.testing.assert_close(got["y"], want["y"])
     assert compiled.general_failed and list(compiled.special) == [((9, 3), (2,))] and len(compiled.eager_shapes) == 2
+    assert "a new shape runs in PyTorch" in compiled.explain()
     for values, fails in (([50, 1], "u0 <= 50"), ([1, 1], "u0 >= 4")):  # eager raises here too
         with pytest.raises(RuntimeError, match=f"assertion failed .*{fails}"):
             compiled(x, torch.tensor(values))
@@ -1123,6 +1124,7 @@ def test_a_symbolic_kernel_of_slow_products_runs_new_shapes_in_pytorch_then_comp
             assert (compiled.compiles, len(compiled.eager_shapes)) == (compiles, shapes), rows
     assert compiled.general_slow and RUN_TIME_PRODUCTS in compiled.general.explain()
     assert list(compiled.special) == [((5, 64),), ((9, 64),)] and "not used: its products" in compiled.explain()
+    assert "a new shape runs in PyTorch, and is compiled for at its second call (2 shape(s)" in compiled.explain()
 
 
 def test_dynamic_sequence_length_of_a_transformer(monkeypatch):

@@ -167,9 +167,10 @@ class DynamicModel:
             f"no kernel for symbolic sizes: {self.general_failed}" if self.general_failed else \
             "a kernel for symbolic sizes is compiled at the first call with other sizes"
         if self.general_slow:
-            general += ("\nnot used: its products of run-time size are generic loops (TRACEA_SYMBOLIC_KERNEL=always "
-                        "uses it); a new shape runs in PyTorch, and is compiled for at its second call "
-                        f"({len(self.eager_shapes)} shape(s) so far)")
+            general += "\nnot used: its products of run-time size are generic loops (TRACEA_SYMBOLIC_KERNEL=always uses it)"
+        if self.general_slow or self.general_failed:
+            general += (f"\na new shape runs in PyTorch, and is compiled for at its second call ({len(self.eager_shapes)} "
+                        "shape(s) so far)")
         if self.special:
             general += f"\nand for {len(self.special)} other shape(s): {', '.join(map(str, self.special))}"
         return f"for the example shapes:\n{self.static.explain()}\n{general}"
