@@ -159,6 +159,12 @@ class DynamicModel:
         self.placement = static.placement
 
     @property
+    def new_shapes_start_eager(self) -> bool:
+        """No kernel for symbolic sizes to use (it failed, or is slow): a new shape runs in PyTorch,
+        and is compiled for at its second call."""
+        return self.general_slow or self.general_failed is not None
+
+    @property
     def kernel(self):
         return self.static.kernel
 
@@ -168,7 +174,7 @@ class DynamicModel:
             "a kernel for symbolic sizes is compiled at the first call with other sizes"
         if self.general_slow:
             general += "\nnot used: its products of run-time size are generic loops (TRACEA_SYMBOLIC_KERNEL=always uses it)"
-        if self.general_slow or self.general_failed:
+        if self.new_shapes_start_eager:
             general += (f"\na new shape runs in PyTorch, and is compiled for at its second call ({len(self.eager_shapes)} "
                         "shape(s) so far)")
         if self.special:
@@ -196,7 +202,7 @@ class DynamicModel:
         # up), or every size when there is no such kernel or it is slow (after one call in
         # PyTorch: a shape that never recurs costs no compile): a kernel for these shapes, kept
         key = tuple(shapes)
-        if (self.general_slow or self.general_failed) and key not in self.special and key not in self.eager_shapes:
+        if self.new_shapes_start_eager and key not in self.special and key not in self.eager_shapes:
             self.eager_shapes.add(key)
             return self._eager(inputs)
         if key not in self.special:

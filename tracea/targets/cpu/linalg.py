@@ -517,7 +517,7 @@ def _run_time_product(op: ir.Operation) -> bool:
     kinds = [str(k) for k in ir.ArrayAttr(op.attributes["iterator_types"])]
     reductions = {d for d, k in enumerate(kinds) if "reduction" in k}
     maps = [ir.AffineMapAttr(m).value for m in ir.ArrayAttr(op.attributes["indexing_maps"])]
-    inputs = maps[:len(op.operands) - len(op.results)]
+    inputs = maps[:op.attributes["operandSegmentSizes"][0]]  # (on tensors and on buffers alike)
     return any(sum(any(isinstance(e, ir.AffineDimExpr) and e.position == d for e in m.results) for m in inputs) >= 2
                for d in reductions)
 
