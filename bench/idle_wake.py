@@ -9,7 +9,11 @@ A pause lets the OpenMP team's second thread stop spinning (GNU OpenMP: GOMP_SPI
 its parallel region. How long that takes is the machine's: on a VM whose idle vCPU halts at once
 (e.g. cpuidle's haltpoll with guest_halt_poll_ns=0) the host may have given the core away. Both
 calls run on the same threads (torch's; runtime/gnu_openmp.py), so a wake-up that costs torch's op
-as much as Tracea's kernel is not Tracea's doing. Prints the median, 10th and 90th percentile of
+as much as Tracea's kernel is not Tracea's doing. A third call uses no thread pool at all: numpy
+copying 8 MiB (layer norm 512x4096's input) on the calling thread. What it loses after a pause is
+the caches': called back to back, its data stays in the L3 (32 MiB, shared with the host's other
+tenants), and after 1 ms, idle or busy, part of it is gone (on this project's Zen 5 VM 8 MiB
+copied in 0.14 ms back to back, 0.18-0.19 ms after 1 ms asleep or spinning). Prints the median, 10th and 90th percentile of
 each call after each pause; nothing is asserted.
 """
 from __future__ import annotations
@@ -52,8 +56,10 @@ def main() -> int:
     linear = tracea.compile(td.function(td.tensor((1, 768)), td.tensor((2304, 768)), name="linear")(
         lambda a, b: td.gemm(a, b, transpose_b=True)), threads=2)
     big = torch.ones(1 << 20)
+    source, copy = np.ones(1 << 21, np.float32), np.empty(1 << 21, np.float32)
     calls = {"Tracea linear 1x2304x768 (B^T)": lambda: linear(x, w),
-             "torch add, 4 MB": lambda: torch.add(big, big)}
+             "torch add, 4 MB": lambda: torch.add(big, big),
+             "numpy copy, 8 MB, 1 thread": lambda: np.copyto(copy, source)}
     for call in calls.values():
         call()
     print(f"{torch.get_num_threads()} threads; median (10th-90th percentile) in us, {args.rounds} calls each")
