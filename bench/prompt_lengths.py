@@ -9,7 +9,8 @@ have rows known at run time only. Tracea's kernel for such a graph would run the
 (10-100x slower than eager), so it runs a new length in PyTorch and compiles for it at its second
 call (frontend/dynamic.py). Timed: each implementation on prompts of lengths not seen before
 (every call a new one, the implementations in turn), then one recurring length interleaved
-(tracea/tools/timing.py); each call generates a few tokens. Medians; every implementation's tokens
+(tracea/tools/timing.py); each call generates a few tokens. Medians, and the first three lengths'
+calls in all (Dynamo's traces and the compiles: what a chat's first turns cost); every implementation's tokens
 are checked equal to eager's. Models are built from configs with random weights (bench/generate.py).
 """
 from __future__ import annotations
@@ -57,7 +58,7 @@ def main() -> int:
         return model.generate(ids, max_new_tokens=args.tokens, min_new_tokens=args.tokens, do_sample=False,
                               pad_token_id=0)
 
-    new_ms = {k: [] for k in runs}
+    new_ms, first_s = {k: [] for k in runs}, {k: 0.0 for k in runs}
     with torch.inference_mode():
         lengths = [480 - 7 * i for i in range(args.new + 3)]
         for i, length in enumerate(lengths):  # the first three: Dynamo's static, then symbolic, traces
@@ -67,6 +68,8 @@ def main() -> int:
                 got = generate(model, ids)
                 if i >= 3:
                     new_ms[name].append((time.perf_counter() - start) * 1e3)
+                else:
+                    first_s[name] += time.perf_counter() - start
                 want = got if want is None else want
                 if not torch.equal(got, want):
                     print(f"{name}: tokens differ from eager's at prompt length {length}", file=sys.stderr)
@@ -79,13 +82,16 @@ def main() -> int:
     print(f"{description}, {args.threads}T, {args.tokens} tokens a call: a new prompt length: eager {new['eager']:.0f} "
           f"ms, inductor {new['inductor']:.0f}, tracea {new['tracea']:.0f}; a recurring one (400): eager "
           f"{recurring['eager']:.0f} ms, inductor {recurring['inductor']:.0f}, tracea {recurring['tracea']:.0f} "
-          f"({ratio['eager']:.2f}x eager, {ratio['inductor']:.2f}x inductor)", file=sys.stderr)
+          f"({ratio['eager']:.2f}x eager, {ratio['inductor']:.2f}x inductor); the first three lengths: eager "
+          f"{first_s['eager']:.1f} s, inductor {first_s['inductor']:.1f}, tracea {first_s['tracea']:.1f}", file=sys.stderr)
     if args.markdown:
         print("| model | threads | a new prompt length: eager ms | inductor | Tracea | a recurring one: eager ms "
-              "| inductor | Tracea | vs eager | vs inductor |\n" + "|" + " --- |" * 10)
+              "| inductor | Tracea | vs eager | vs inductor | the first three lengths: eager s | inductor | Tracea |\n"
+              + "|" + " --- |" * 13)
         print(f"| {description} | {args.threads} | {new['eager']:.0f} | {new['inductor']:.0f} | {new['tracea']:.0f} | "
               f"{recurring['eager']:.0f} | {recurring['inductor']:.0f} | {recurring['tracea']:.0f} | "
-              f"**{ratio['eager']:.2f}x** | **{ratio['inductor']:.2f}x** |")
+              f"**{ratio['eager']:.2f}x** | **{ratio['inductor']:.2f}x** | {first_s['eager']:.1f} | "
+              f"{first_s['inductor']:.1f} | {first_s['tracea']:.1f} |")
     return 0
 
 

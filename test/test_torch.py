@@ -1111,20 +1111,40 @@ def test_dynamic_dims_compile_once_for_every_size(monkeypatch):
 def test_a_symbolic_kernel_of_slow_products_runs_new_shapes_in_pytorch_then_compiles_them():
     """A kernel for symbolic sizes whose GEMMs have run-time rows runs them as generic loops
     (10-100x slower than eager; a transformer prefill of symbolic length 40-300x): by default it
-    is not used. A new shape runs in PyTorch, its second call compiles a kernel for it, its third
-    runs that kernel; explain() says so. A symbolic kernel without such products is used (the
-    KV-cache tests)."""
+    is not used, and the traced graph's linears of symbolic rows say so before it is compiled.
+    A new shape runs in PyTorch, its second call compiles a kernel for it, its third runs that
+    kernel; explain() says so. A symbolic kernel without such products is used (the KV-cache
+    tests)."""
     torch.manual_seed(0)
     model = mlp().eval()
     compiled = tracea.compile(model, (torch.randn(8, 64),), dynamic_dims={0: 0})
     with torch.no_grad():
-        for rows, compiles, shapes in ((5, 2, 1), (5, 3, 1), (5, 3, 1), (9, 3, 2), (9, 4, 2)):
+        for rows, compiles, shapes in ((5, 1, 1), (5, 2, 1), (5, 2, 1), (9, 2, 2), (9, 3, 2)):
             x = torch.randn(rows, 64)
             torch.testing.assert_close(compiled(x), model(x), rtol=1e-4, atol=1e-4)
             assert (compiled.compiles, len(compiled.eager_shapes)) == (compiles, shapes), rows
-    assert compiled.general_slow and RUN_TIME_PRODUCTS in compiled.general.explain()
-    assert list(compiled.special) == [((5, 64),), ((9, 64),)] and "not used: its products" in compiled.explain()
+    assert compiled.general_slow and compiled.general is None  # never compiled
+    assert list(compiled.special) == [((5, 64),), ((9, 64),)]
+    assert "not compiled: the graph's products of symbolic size (aten.linear.default x3)" in compiled.explain()
     assert "a new shape runs in PyTorch, and is compiled for at its second call (2 shape(s)" in compiled.explain()
+
+
+def test_slow_products_the_graph_does_not_show_are_read_from_the_compiled_kernels_plan():
+    """x @ x.T of run-time rows (both operands of symbolic size, as attention's q @ k^T, which the
+    attention kernel may take) is left to the compile: its plan counts the generic loops, and the
+    kernel is set aside."""
+    import model_zoo
+    from tracea.frontend.dynamic import products_of_run_time_size
+    from tracea.frontend.torch_import import export_model
+    model = model_zoo.Fn(lambda x: torch.relu(x @ x.T))
+    assert products_of_run_time_size(export_model(model, (torch.randn(8, 16),), dynamic_dims={0: 0}).program) == []
+    compiled = tracea.compile(model, (torch.randn(8, 16),), dynamic_dims={0: 0})
+    with torch.no_grad():
+        for rows in (5, 5, 5):
+            x = torch.randn(rows, 16)
+            torch.testing.assert_close(compiled(x), model(x), rtol=1e-4, atol=1e-4)
+    assert compiled.general_slow and RUN_TIME_PRODUCTS in compiled.general.explain()
+    assert "not used: its products" in compiled.explain() and list(compiled.special) == [((5, 16),)]
 
 
 def test_dynamic_sequence_length_of_a_transformer(monkeypatch):
@@ -1160,8 +1180,33 @@ def test_dynamo_dynamic_shapes_compile_once(monkeypatch):
             x = torch.randn(rows, 64)
             torch.testing.assert_close(compiled(x), model(x), rtol=1e-4, atol=1e-4)
     assert len(runners) == 1 and isinstance(runners[0], dynamo._Symbolic)  # one Dynamo graph
-    assert runners[0].model.compiles == 2 and not runners[0].model.special  # and two Tracea compiles
+    # and one Tracea compile: for symbolic sizes (none for the shape Dynamo met first)
+    assert runners[0].model.compiles == 1 and not runners[0].model.special and runners[0].model.static is None
     assert not runners[0].model.eager_shapes
+
+
+def test_a_dynamo_graph_of_slow_symbolic_products_compiles_nothing_for_a_shape_met_once():
+    """A graph Dynamo traced with symbolic rows (an MLP's linears: products of run-time size) gets
+    no kernel for symbolic sizes and none for the shape Dynamo met first: every shape runs in
+    PyTorch at its first call and is compiled for at its second (a chat loop's prompt graph:
+    compiles of 1-2 s each for prompts that never recur)."""
+    torch._dynamo.reset()
+    torch.manual_seed(0)
+    model = mlp().eval()
+    runners = []
+
+    def backend(gm, example_inputs):
+        runners.append(dynamo.tracea_backend(gm, example_inputs))
+        return runners[-1]
+
+    compiled = torch.compile(model, backend=backend, dynamic=True)
+    with torch.no_grad():
+        for rows, compiles, eager in ((4, 0, 1), (6, 0, 2), (4, 1, 2), (4, 1, 2), (9, 1, 3)):
+            x = torch.randn(rows, 64)
+            torch.testing.assert_close(compiled(x), model(x), rtol=1e-4, atol=1e-4)
+            assert (runners[0].model.compiles, len(runners[0].model.eager_shapes)) == (compiles, eager), rows
+    assert len(runners) == 1 and runners[0].model.general is None and len(runners[0].model.special) == 1
+    assert "not compiled: the graph's products of symbolic size" in runners[0].model.explain()
 
 
 CACHED_MODEL = """

@@ -10,8 +10,10 @@ sizes of a call, checks them, and gives the result shapes the caller allocates.
 Where the symbolic kernel would run products (GEMMs, convs) of run-time size as generic loops
 (tracea's GEMM and conv kernels take static shapes; a 96x768x3072 linear ran 110 ms there, torch
 4.5 ms: a transformer whose sequence length Dynamo made symbolic ran 40-300x slower than eager),
-it is not used (TRACEA_SYMBOLIC_KERNEL=always uses it), and where it cannot be compiled there is
-none: then a new shape runs in PyTorch, and is compiled for at its second call, so shapes that
+it is not used (TRACEA_SYMBOLIC_KERNEL=always uses it): the traced graph's linears and convs of
+symbolic size say so before anything is compiled (products_of_run_time_size), the compiled
+kernel's plan in the cases that graph does not show. Where it cannot be compiled there is none:
+then a new shape runs in PyTorch, and is compiled for at its second call, so shapes that
 recur run Tracea's kernels and one-off shapes (prompts of every length) cost no compile."""
 from __future__ import annotations
 
@@ -20,7 +22,37 @@ import time
 from .. import knobs
 from ..errors import ArgumentError, CompileError
 from ..targets.cpu.linalg import RUN_TIME_PRODUCTS
+from .partition import Placement
 from .torch_import import dims_named, warn_once
+
+
+# Products a kernel for symbolic sizes runs as generic loops whenever an operand has a symbolic
+# size: no GEMM or conv kernel takes one. matmul-like ops count only with one operand of symbolic
+# size (x @ W); two (attention's q @ k^T, a KV cache's) may become the attention kernel, which does.
+_WEIGHT_PRODUCTS = {"aten.linear.default", "aten.addmm.default", "aten.mm.default", "aten.convolution.default",
+                    "aten.conv1d.default", "aten.conv2d.default", "aten.conv3d.default"}
+_MATMULS = {"aten.matmul.default", "aten.bmm.default", "aten.baddbmm.default"}
+
+
+class SlowSymbolicKernel(Exception):
+    """The kernel for symbolic sizes would run products of run-time size as generic loops; raised
+    before it is compiled (its compile costs seconds: 6.5 s for a 4-layer GPT-2)."""
+
+
+def products_of_run_time_size(program) -> list[str]:
+    """The ops of an ExportedProgram's graph that a kernel of symbolic sizes runs as generic loops
+    (see _WEIGHT_PRODUCTS), with their counts: ["aten.linear.default x14"]."""
+    import torch
+    counts: dict[str, int] = {}
+    for node in program.graph_module.graph.nodes:
+        target = str(node.target)
+        if node.op != "call_function" or target not in _WEIGHT_PRODUCTS | _MATMULS:
+            continue
+        symbolic = [any(isinstance(d, torch.SymInt) for d in getattr(a.meta.get("val"), "shape", ()))
+                    for a in node.args if isinstance(a, torch.fx.Node)]
+        if sum(symbolic) >= 1 if target in _WEIGHT_PRODUCTS else sum(symbolic) == 1:
+            counts[target] = counts.get(target, 0) + 1
+    return [f"{target} x{count}" for target, count in counts.items()]
 
 
 def _dims(value) -> list:
@@ -143,20 +175,22 @@ def traceable_example(inputs, dynamic_dims):
 
 
 class DynamicModel:
-    """A model compiled for its example shapes, and once more for any sizes of `dynamic_dims`."""
+    """A model compiled for its example shapes (`static`; None for a graph Dynamo traced with
+    symbolic sizes, whose example is a shape like any other), and once more for any sizes of
+    `dynamic_dims`."""
 
-    def __init__(self, model, example_inputs, dynamic_dims, compile_model, static):
+    def __init__(self, model, example_inputs, dynamic_dims, compile_model, static=None):
         self.model, self.dynamic_dims, self._compile_model = model, dynamic_dims, compile_model
         self.static = static
         self.general = None  # compiled at the first call with other sizes
         self.special = {}  # shapes the general kernel cannot take -> a model compiled for them
         self.general_failed = None  # why the general kernel could not be compiled
         self.general_slow = False  # it runs products of run-time size as generic loops: not used
+        self.general_skipped = None  # the graph's products that said so before it was compiled
         self.eager_shapes = set()  # shapes run in PyTorch once (compiled for at their second call)
-        self.compiles = 1
+        self.compiles = 0 if static is None else 1
         self._example = [tuple(x.shape) if hasattr(x, "shape") else x for x in example_inputs]
-        self.compile_seconds = static.compile_seconds
-        self.placement = static.placement
+        self.compile_seconds = 0.0 if static is None else static.compile_seconds
 
     @property
     def new_shapes_start_eager(self) -> bool:
@@ -164,30 +198,41 @@ class DynamicModel:
         and is compiled for at its second call."""
         return self.general_slow or self.general_failed is not None
 
+    def _models(self) -> list:
+        return [m for m in (self.static, self.general, *self.special.values()) if m is not None]
+
     @property
     def kernel(self):
-        return self.static.kernel
+        return self._models()[0].kernel if self._models() else None
+
+    @property
+    def placement(self) -> Placement:
+        return self._models()[0].placement if self._models() else Placement()
 
     def explain(self) -> str:
         general = ("compiled for symbolic sizes too:\n" + self.general.explain()) if self.general else \
             f"no kernel for symbolic sizes: {self.general_failed}" if self.general_failed else \
+            f"no kernel for symbolic sizes: {self.general_skipped}" if self.general_skipped else \
             "a kernel for symbolic sizes is compiled at the first call with other sizes"
-        if self.general_slow:
-            general += "\nnot used: its products of run-time size are generic loops (TRACEA_SYMBOLIC_KERNEL=always uses it)"
+        if self.general_slow and self.general:
+            general += ("\nnot used: its products of run-time size are generic loops "
+                        "(TRACEA_SYMBOLIC_KERNEL=always uses it)")
         if self.new_shapes_start_eager:
-            general += (f"\na new shape runs in PyTorch, and is compiled for at its second call ({len(self.eager_shapes)} "
-                        "shape(s) so far)")
+            general += ("\na new shape runs in PyTorch, and is compiled for at its second call "
+                        f"({len(self.eager_shapes)} shape(s) so far)")
         if self.special:
             general += f"\nand for {len(self.special)} other shape(s): {', '.join(map(str, self.special))}"
-        return f"for the example shapes:\n{self.static.explain()}\n{general}"
+        return f"for the example shapes:\n{self.static.explain()}\n{general}" if self.static else general
 
     def __call__(self, *inputs):
         shapes = [tuple(x.shape) if hasattr(x, "shape") else x for x in inputs]
-        if shapes == self._example:
+        if self.static is not None and shapes == self._example:
             return self.static(*inputs)
-        if self.general is None and self.general_failed is None:
+        if self.general is None and self.general_failed is None and not self.general_slow:
             try:
                 self.general = self._compiled(lambda: self._compile_model(self.model, inputs, self.dynamic_dims))
+            except SlowSymbolicKernel as e:
+                self.general_slow, self.general_skipped = True, str(e)
             except CompileError as e:
                 self.general_failed = str(e)
                 warn_once(f"dynamic: {e}", f"{e}; a new shape runs in PyTorch instead, and is compiled for at its "

@@ -11,6 +11,7 @@ import re
 import threading
 import time
 
+from ..errors import CompileError
 from .dynamic import DynamicModel
 from .partition import Placement
 from .torch_import import MODULE_KEY, warn_once
@@ -132,8 +133,10 @@ class _PerShape:
 
 class _Symbolic:
     """A graph Dynamo traced with symbolic sizes, compiled once for all of them
-    (dynamic.DynamicModel) at its first call (compiling inside the backend call trips Dynamo's own
-    guards); its size arguments are read from the tensors' shapes at each call."""
+    (dynamic.DynamicModel, with no kernel for the shapes Dynamo met first) at its first call
+    (compiling inside the backend call trips Dynamo's own guards); its size arguments are read
+    from the tensors' shapes at each call. Where a shape cannot be compiled for, the graph is
+    compiled per shape from then on (_PerShape: falling back to PyTorch with a warning)."""
 
     def __init__(self, gm, example_inputs):
         import torch
@@ -169,9 +172,13 @@ class _Symbolic:
             except Exception as e:  # noqa: BLE001 - the graph still runs, per shape
                 log.debug("graph compiled per shape: %s", _reason(e))
                 self.model = _PerShape(self.gm)
-        if isinstance(self.model, _PerShape):
-            return self.model(*args)
-        return self.model(*tensors)
+        if isinstance(self.model, DynamicModel):
+            try:
+                return self.model(*tensors)
+            except CompileError as e:
+                log.debug("graph compiled per shape: %s", _reason(e))
+                self.model = _PerShape(self.gm)
+        return self.model(*args)
 
     def _compile(self, tensors):
         import torch
@@ -187,7 +194,8 @@ class _Symbolic:
                 return self.gm(*[tensors[sizes[i][0]].shape[sizes[i][1]] if i in sizes else next(it)
                                  for i in range(n_args)])
 
-        return compile_model(SizesFromShapes(), tensors, export_fallback=None, dynamic_dims=self.dims)
+        return compile_model(SizesFromShapes(), tensors, export_fallback=None, dynamic_dims=self.dims,
+                             example_kernel=False)
 
 
 def tracea_backend(gm, example_inputs):

@@ -9,12 +9,13 @@ from __future__ import annotations
 import sys
 import time
 
+from .. import knobs
 from ..compiler import compile_program
 from ..errors import ArgumentError, CompileError, InternalCompilerError
 from ..runtime import disk_cache
 from . import layers
 from .bridge import TensorBridge
-from .dynamic import DynamicModel, program_shapes, traceable_example
+from .dynamic import DynamicModel, SlowSymbolicKernel, products_of_run_time_size, program_shapes, traceable_example
 from .partition import Placement, op_kind, partition
 from .weight_layouts import WeightLayouts, channels_last
 from .torch_import import (IMPORT_REVISION, SCALAR_INPUTS, decomposed_program, export_model, tensor_bytes, to_linalg,
@@ -140,12 +141,14 @@ def is_torch_module(program) -> bool:
 
 def compile_model(model, example_inputs, *, target: str = "cpu", threads: int | None = None,
                   strategy: str = "tiled", export_fallback=None, dynamic_dims=None, keep_stages: bool = False,
-                  tune=None):
+                  tune=None, example_kernel: bool = True):
     """Compile `model` for `example_inputs` -> CompiledModel. A model torch.export cannot trace
     is given to `export_fallback(model, example_inputs, why)` when there is one (tracea.compile's
     is TorchDynamo: dynamo.DynamoModel, with a warning), else refused. dynamic_dims ({input
     position: dim or dims}) adds one compile for symbolic sizes of those dims, made at the first
-    call with other sizes (a dynamic.DynamicModel)."""
+    call with other sizes (a dynamic.DynamicModel); with example_kernel=False that is the only
+    compile, the example's shapes being one of the sizes (a graph Dynamo traced with symbolic
+    sizes: the shape it met is no likelier to recur than the next one)."""
     if example_inputs is None:
         raise CompileError("compiling a torch.nn.Module needs example_inputs (a tuple of tensors of the "
                            "shapes it will be called with)")
@@ -153,9 +156,11 @@ def compile_model(model, example_inputs, *, target: str = "cpu", threads: int | 
         raise CompileError(f"PyTorch models compile for the CPU target only so far, not '{target}'")
     example_inputs = (example_inputs,) if not isinstance(example_inputs, (tuple, list)) else tuple(example_inputs)
     options = dict(target=target, threads=threads, strategy=strategy, keep_stages=keep_stages, tune=tune)
-    static = _compile(model, example_inputs, options, export_fallback, None)
-    if not dynamic_dims or not isinstance(static, CompiledModel):  # (a fallback's model)
-        return static
+    static = None
+    if example_kernel or not dynamic_dims:
+        static = _compile(model, example_inputs, options, export_fallback, None)
+        if not dynamic_dims or not isinstance(static, CompiledModel):  # (a fallback's model)
+            return static
 
     def compile_general(model, inputs, dynamic_dims):
         if dynamic_dims is None:  # for these shapes only
@@ -226,6 +231,9 @@ def _compile(model, example_inputs, options, export_fallback, dynamic_dims):
         _progress(f"compiling {text.count(chr(10))} lines of linalg", start)
         return compile_program(text, **options)
 
+    if dynamic_dims and knobs.symbolic_kernel() == "auto" and (products := products_of_run_time_size(exported.program)):
+        raise SlowSymbolicKernel(f"not compiled: the graph's products of symbolic size ({', '.join(products)}) would "
+                                 "run as generic loops (TRACEA_SYMBOLIC_KERNEL=always compiles and uses it)")
     placement = Placement()
     try:
         if dynamic_dims:  # symbolic sizes: torch-mlir's own path (it keeps them '?')
