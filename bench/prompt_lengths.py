@@ -10,15 +10,19 @@ have rows known at run time only. Tracea's kernel for such a graph would run the
 call (frontend/dynamic.py). Timed: each implementation on prompts of lengths not seen before
 (every call a new one, the implementations in turn), then one recurring length interleaved
 (tracea/tools/timing.py); each call generates a few tokens. Medians, and the first three lengths'
-calls in all (Dynamo's traces and the compiles: what a chat's first turns cost); every implementation's tokens
+calls in all (Dynamo's traces and the compiles: what a chat's first turns cost; Tracea's and
+inductor's disk caches start empty, in a temporary directory, unless --warm-caches); every implementation's tokens
 are checked equal to eager's. Models are built from configs with random weights (bench/generate.py).
 """
 from __future__ import annotations
 
 import argparse
+import atexit
 import os
+import shutil
 import statistics
 import sys
+import tempfile
 import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -34,7 +38,14 @@ def main() -> int:
     parser.add_argument("--tokens", type=int, default=4, help="new tokens per call (default 4)")
     parser.add_argument("--rounds", type=int, default=7, help="rounds of the recurring length (default 7)")
     parser.add_argument("--markdown", action="store_true", help="print a Markdown table at the end")
+    parser.add_argument("--warm-caches", action="store_true",
+                        help="use the disk caches Tracea and inductor already have (default: empty ones)")
     args = parser.parse_args()
+    if not args.warm_caches:  # a first run's compiles, for both
+        caches = tempfile.mkdtemp(prefix="prompt-lengths-")
+        atexit.register(shutil.rmtree, caches, True)
+        os.environ["TRACEA_CACHE_DIR"] = os.path.join(caches, "tracea")
+        os.environ["TORCHINDUCTOR_CACHE_DIR"] = os.path.join(caches, "inductor")
     import tracea  # noqa: F401  first: see tracea/runtime/blas_threads.py
     import torch
     from model_zoo import import_torchvision  # noqa: F401 - lets transformers import (see model_zoo)
