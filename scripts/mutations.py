@@ -196,6 +196,19 @@ MUTATIONS = {
     "run-time-products-uncounted": (  # a contraction of run-time size not counted by the CPU lowering
         "tracea/targets/cpu/linalg.py", "            products += _run_time_product(op)\n", "",
         ["test/test_torch.py", "-k", "slow_products"]),
+    "symbolic-products-unseen": (  # the exported graph's linears of symbolic rows not seen before the compile
+        "tracea/frontend/dynamic.py", "if sum(symbolic) >= 1 if target in _WEIGHT_PRODUCTS else sum(symbolic) == 1:",
+        "if sum(symbolic) > 1 if target in _WEIGHT_PRODUCTS else sum(symbolic) == 1:",
+        ["test/test_torch.py", "-k", "slow_products or slow_symbolic"]),
+    "symbolic-matmuls-all-counted": (  # q @ k^T (both operands symbolic) predicted slow: attention of a KV cache too
+        "tracea/frontend/dynamic.py", "if sum(symbolic) >= 1 if target in _WEIGHT_PRODUCTS else sum(symbolic) == 1:",
+        "if sum(symbolic) >= 1:", ["test/test_torch.py", "-k", "slow_products"]),
+    "dynamo-example-kernel-compiled": (  # a symbolic Dynamo graph compiled for the shape it met first too
+        "tracea/frontend/dynamo.py", "                             example_kernel=False)", "                             example_kernel=True)",
+        ["test/test_torch.py", "-k", "dynamo_dynamic_shapes_compile_once or slow_symbolic"]),
+    "dynamo-shape-compile-error-raised": (  # a symbolic graph's failed compile for a shape reaches the user
+        "tracea/frontend/dynamo.py", "            except CompileError as e:\n", "            except ArithmeticError as e:\n",
+        ["test/test_torch.py", "-k", "cannot_be_compiled_for"]),
     "expanded-output-without-run-time-sizes": (  # a reshape undone onto the caller's buffer without its ? sizes
         "tracea/targets/cpu/target.py", "for collapsed, others in _expanded_sizes(view):",
         "for collapsed, others in []:", ["test/test_torch.py", "-k", "reshaped_from_run_time"]),

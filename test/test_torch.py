@@ -1209,6 +1209,32 @@ def test_a_dynamo_graph_of_slow_symbolic_products_compiles_nothing_for_a_shape_m
     assert "not compiled: the graph's products of symbolic size" in runners[0].model.explain()
 
 
+
+def test_a_dynamo_graph_whose_shape_cannot_be_compiled_for_runs_in_pytorch(monkeypatch):
+    """A symbolic graph's kernel for one shape failing to compile is no error for the user: the
+    graph is compiled per shape from then on, and falls back to PyTorch with a warning."""
+    import tracea.frontend.torch_model as torch_model
+    real = torch_model._compile
+
+    def failing(model, inputs, options, export_fallback, dynamic_dims):
+        if dynamic_dims is None:
+            raise tracea.CompileError("no kernel for this shape (injected)")
+        return real(model, inputs, options, export_fallback, dynamic_dims)
+
+    monkeypatch.setattr(torch_model, "_compile", failing)
+    dynamo.fallbacks.clear()
+    torch._dynamo.reset()
+    torch.manual_seed(0)
+    model = mlp().eval()
+    compiled = torch.compile(model, backend="tracea", dynamic=True)
+    with torch.no_grad(), warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        for rows in (4, 4, 4):  # in PyTorch once, then its compile fails
+            x = torch.randn(rows, 64)
+            torch.testing.assert_close(compiled(x), model(x), rtol=1e-4, atol=1e-4)
+    assert len(dynamo.fallbacks) == 1 and "(injected)" in next(iter(dynamo.fallbacks)), dynamo.fallbacks
+    assert any("injected" in str(w.message) for w in caught)
+
 CACHED_MODEL = """
 import sys, torch, tracea
 from tracea.frontend import torch_import
