@@ -13,8 +13,8 @@ as much as Tracea's kernel is not Tracea's doing. A third call uses no thread po
 copying 8 MiB (layer norm 512x4096's input) on the calling thread. What it loses after a pause is
 the caches': called back to back, its data stays in the L3 (32 MiB, shared with the host's other
 tenants), and after 1 ms, idle or busy, part of it is gone (on this project's Zen 5 VM 8 MiB
-copied in 0.14 ms back to back, 0.18-0.19 ms after 1 ms asleep or spinning). Prints the median, 10th and 90th percentile of
-each call after each pause; nothing is asserted.
+copied in 0.14 ms back to back, 0.17-0.19 ms after 1 ms asleep or spinning). Prints the median,
+10th and 90th percentile of each call after each pause; nothing is asserted.
 """
 from __future__ import annotations
 
