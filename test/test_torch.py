@@ -310,7 +310,7 @@ def test_layer_and_rms_norms_are_as_accurate_as_eager(shape):
 def test_each_row_group_is_fused_in_a_function_of_its_own_and_put_back(monkeypatch):
     """MLIR's fusion prints the ops it fuses (a diagnostic made whatever the outcome), and printing
     numbers the whole function around them: fused in one function, a model's row groups cost its
-    size each (MaxViT: 85 s of a 105 s compile). Each group is fused in a private function of its
+    size each (MaxViT: 59 s of a 105 s compile). Each group is fused in a private function of its
     own, then put back: 8 layer norms of distinct widths (no repeated layer to cut out), each group
     alone in its function when the fusion runs, none left after, and the numbers right."""
     from tracea.targets.cpu import linalg as cpu_linalg
