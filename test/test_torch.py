@@ -1203,19 +1203,21 @@ def test_dynamic_sequence_length_of_a_transformer(monkeypatch):
     assert compiled.compiles == 2, compiled.explain()
 
 
-def test_dynamo_dynamic_shapes_compile_once(monkeypatch):
-    monkeypatch.setenv("TRACEA_SYMBOLIC_KERNEL", "always")  # (an MLP's: products of run-time rows)
-    from tracea.frontend.torch_import import warn_once  # noqa: F401  (the backend is registered)
+def _mlp_under_dynamo_dynamic():
+    """(an MLP, it under torch.compile(dynamic=True) with Tracea's backend, the backend's runners)."""
     torch._dynamo.reset()
     torch.manual_seed(0)
-    model = mlp().eval()
-    runners = []
+    model, runners = mlp().eval(), []
 
     def backend(gm, example_inputs):
         runners.append(dynamo.tracea_backend(gm, example_inputs))
         return runners[-1]
+    return model, torch.compile(model, backend=backend, dynamic=True), runners
 
-    compiled = torch.compile(model, backend=backend, dynamic=True)
+
+def test_dynamo_dynamic_shapes_compile_once(monkeypatch):
+    monkeypatch.setenv("TRACEA_SYMBOLIC_KERNEL", "always")  # (an MLP's: products of run-time rows)
+    model, compiled, runners = _mlp_under_dynamo_dynamic()
     with torch.no_grad():
         for rows in (4, 6, 9, 13, 30):
             x = torch.randn(rows, 64)
@@ -1231,16 +1233,7 @@ def test_a_dynamo_graph_of_slow_symbolic_products_compiles_nothing_for_a_shape_m
     no kernel for symbolic sizes and none for the shape Dynamo met first: every shape runs in
     PyTorch at its first call and is compiled for at its second (a chat loop's prompt graph:
     compiles of 1-2 s each for prompts that never recur)."""
-    torch._dynamo.reset()
-    torch.manual_seed(0)
-    model = mlp().eval()
-    runners = []
-
-    def backend(gm, example_inputs):
-        runners.append(dynamo.tracea_backend(gm, example_inputs))
-        return runners[-1]
-
-    compiled = torch.compile(model, backend=backend, dynamic=True)
+    model, compiled, runners = _mlp_under_dynamo_dynamic()
     with torch.no_grad():
         for rows, compiles, eager in ((4, 0, 1), (6, 0, 2), (4, 1, 2), (4, 1, 2), (9, 1, 3)):
             x = torch.randn(rows, 64)
