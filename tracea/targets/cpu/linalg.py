@@ -376,7 +376,8 @@ def _outlined(module: ir.Operation, consumer: ir.Operation, producers: list[ir.O
             for value in nested.operands:
                 if outside(value) and not any(value == seen for seen in external):
                     external.append(value)
-    copied = [v for v in external if isinstance(v, ir.OpResult) and v.owner.operation.name in _COPIED_INTO_GROUPS]
+    copied = [v for v in external if isinstance(v, ir.OpResult) and v.owner.operation.name in _COPIED_INTO_GROUPS
+              and not len(v.owner.operation.operands)]  # (an empty tensor of run-time size reads its sizes)
     arguments = [v for v in external if not any(v == c for c in copied)]
     with ir.InsertionPoint(module.regions[0].blocks[0]), consumer.location:
         callee = func.FuncOp(f"__tracea_row_group_{index}", ([v.type for v in arguments], [consumer.results[0].type]))
