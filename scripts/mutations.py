@@ -211,7 +211,7 @@ MUTATIONS = {
         ["test/test_torch.py", "-k", "cannot_be_compiled_for"]),
     "row-groups-fused-in-the-whole-function": (  # each fusion then costs the whole function's size
         "tracea/targets/cpu/linalg.py",
-        "        outlined.append(_outlined(module, op, sorted(producers, key=_position), len(outlined)))\n", "",
+        "        outlined.append(_outlined(module, op, ordered, len(outlined)))\n", "",
         ["test/test_torch.py", "-k", "each_row_group"]),
     "expanded-output-without-run-time-sizes": (  # a reshape undone onto the caller's buffer without its ? sizes
         "tracea/targets/cpu/target.py", "for collapsed, others in _expanded_sizes(view):",

@@ -315,11 +315,12 @@ def fuse_row_groups(module: ir.Operation, threads: int) -> None:
         claimed += [op] + producers
         for member in [op] + producers:
             _own_empty_init(member)
-        outlined.append(_outlined(module, op, sorted(producers, key=_position), len(outlined)))
+        ordered = sorted(producers, key=_position)  # (before the move: positions in the function)
+        outlined.append(_outlined(module, op, ordered, len(outlined)))
         i = len(scripts)
         handles = []
         # program order, last first: each fused producer's own producers are then in the loop
-        for producer in [op] + sorted(producers, key=_position, reverse=True):
+        for producer in [op] + ordered[::-1]:
             producer.attributes[ROW_TAG] = ir.IntegerAttr.get(ir.IntegerType.get_signless(64), tags)
             handles.append(f"%g{tags}")
             scripts.append(f"%g{tags} = transform.structured.match attributes{{{ROW_TAG} = {tags} : i64}} in %root "
@@ -372,7 +373,7 @@ def _outlined(module: ir.Operation, consumer: ir.Operation, producers: list[ir.O
 
     external = []  # values defined around the group and read in it (its ops' regions included)
     for op in group:
-        for nested in _nested_ops(op):
+        for nested in _ops_where(op, lambda _: True):
             for value in nested.operands:
                 if outside(value) and not any(value == seen for seen in external):
                     external.append(value)
@@ -394,16 +395,10 @@ def _outlined(module: ir.Operation, consumer: ir.Operation, producers: list[ir.O
         func.ReturnOp([consumer.results[0]])
     for old, new in replacements:
         for use in list(old.uses):
-            owner = use.owner.operation if hasattr(use.owner, "operation") else use.owner
+            owner = getattr(use.owner, "operation", use.owner)
             if _inside(owner, callee.operation):
                 owner.operands[use.operand_number] = new
     return call, callee
-
-
-def _nested_ops(op: ir.Operation) -> list[ir.Operation]:
-    ops = []
-    op.walk(lambda nested: ops.append(nested) or ir.WalkResult.ADVANCE)
-    return ops
 
 
 def _inside(op: ir.Operation, ancestor: ir.Operation) -> bool:
@@ -426,8 +421,6 @@ def _put_back(call, callee) -> None:
     call.results[0].replace_all_uses_with(ops[-1].operands[0])
     call.erase()
     callee.erase()
-
-
 
 
 def _ops_where(module: ir.Operation, keep) -> list[ir.Operation]:
